@@ -1,0 +1,136 @@
+# coder-k8s — build, test and local stack.
+#
+#   make dev     the local stack (kube-apiserver, etcd, PostgreSQL, coderd) plus the operator
+#   make test    every test suite, against the real components built by `make tools`
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+
+GO      ?= go
+BIN     := $(CURDIR)/bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v0.0.0-dev)
+COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X github.com/coder/coder-k8s/internal/version.version=$(VERSION) \
+           -X github.com/coder/coder-k8s/internal/version.commit=$(COMMIT)
+
+# Tests find the pinned binaries here (envtest reads KUBEBUILDER_ASSETS).
+export KUBEBUILDER_ASSETS := $(BIN)
+export CODER_K8S_BIN_DIR := $(BIN)
+
+# go test flags; CI and people can add -run, -v, -count.
+TEST_FLAGS ?=
+TEST_TIMEOUT ?= 30m
+
+##@ Build
+
+.PHONY: build
+build: ## Build bin/coder-k8s.
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/coder-k8s ./cmd/coder-k8s
+
+.PHONY: docker-build
+docker-build: ## Build the container image (needs a Docker engine).
+	docker build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t coder-k8s:$(VERSION) .
+
+##@ Test
+
+.PHONY: test
+test: tools build ## Run every test suite against the real components.
+	$(GO) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+
+.PHONY: test-unit
+test-unit: ## Run only the tests that need no external binary.
+	$(GO) test -short $(TEST_FLAGS) ./...
+
+.PHONY: lint
+lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); \
+	  if [ -n "$$out" ]; then echo "gofmt needs to run on:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(BIN)/staticcheck ./...
+
+##@ Generate
+
+.PHONY: generate
+generate: $(BIN)/controller-gen ## Regenerate deepcopy, CRDs, RBAC and the defaults golden file.
+	$(GO) test ./internal/config/ -run TestDefaultsGolden -update >/dev/null
+
+.PHONY: verify-generate
+verify-generate: generate ## Fail when generated files differ from what is committed.
+	@if [ -n "$$(git status --porcelain -- . )" ]; then \
+	  echo "generated files are out of date; run 'make generate' and commit:"; \
+	  git status --porcelain -- .; git diff --stat; exit 1; fi
+
+##@ Tools (pinned, built from the Go modules under hack/tools into bin/)
+
+# Each binary depends on its helper module's go.mod and go.sum, so a second
+# run does nothing and a version bump rebuilds only that binary.
+# The version a helper module requires of module $(2), read from its go.mod.
+modversion = $(shell awk -v m=$(2) '$$1=="require" && $$2==m {print $$3; exit} $$1==m && $$2 ~ /^v/ {print $$2; exit}' hack/tools/$(1)/go.mod)
+KUBE_VERSION  := $(call modversion,kube,k8s.io/kubernetes)
+CODER_VERSION := $(call modversion,coder,github.com/coder/coder/v2)
+KUBE_MINOR    := $(word 2,$(subst ., ,$(KUBE_VERSION)))
+KUBE_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
+                 -X k8s.io/component-base/version.gitMajor=1 \
+                 -X k8s.io/component-base/version.gitMinor=$(KUBE_MINOR) \
+                 -X k8s.io/client-go/pkg/version.gitVersion=$(KUBE_VERSION) \
+                 -X k8s.io/client-go/pkg/version.gitMajor=1 \
+                 -X k8s.io/client-go/pkg/version.gitMinor=$(KUBE_MINOR)
+
+TOOLS := $(BIN)/kube-apiserver $(BIN)/kubectl $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
+         $(BIN)/helm $(BIN)/ct $(BIN)/staticcheck $(BIN)/controller-gen
+
+.PHONY: tools
+tools: $(TOOLS) postgresql yamllint ## Build every pinned test binary into bin/ (cached).
+
+# Built one after the other: each is a large link and the machines have two cores.
+.NOTPARALLEL:
+
+$(BIN)/kube-apiserver: hack/tools/kube/go.mod hack/tools/kube/go.sum
+	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kube-apiserver
+
+$(BIN)/kubectl: hack/tools/kube/go.mod hack/tools/kube/go.sum
+	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kubectl
+
+$(BIN)/etcd: hack/tools/etcd/go.mod hack/tools/etcd/go.sum hack/tools/etcd/main.go
+	cd hack/tools/etcd && $(GO) build -trimpath -o $@ .
+
+$(BIN)/coder: hack/tools/coder/go.mod hack/tools/coder/go.sum hack/tools/coder/main.go
+	cd hack/tools/coder && $(GO) build -trimpath -ldflags "-X github.com/coder/coder/v2/buildinfo.tag=$(CODER_VERSION:v%=%)" -o $@ .
+
+# OpenTofu, installed under the name coderd's provisioner looks for.
+$(BIN)/terraform: hack/tools/tofu/go.mod hack/tools/tofu/go.sum
+	cd hack/tools/tofu && $(GO) build -trimpath -o $@ github.com/opentofu/opentofu/cmd/tofu
+
+$(BIN)/helm: hack/tools/helm/go.mod hack/tools/helm/go.sum
+	cd hack/tools/helm && $(GO) build -trimpath -o $@ helm.sh/helm/v3/cmd/helm
+
+$(BIN)/ct: hack/tools/ct/go.mod hack/tools/ct/go.sum
+	cd hack/tools/ct && $(GO) build -trimpath -o $@ github.com/helm/chart-testing/v3/ct
+
+$(BIN)/staticcheck: hack/tools/lint/go.mod hack/tools/lint/go.sum
+	cd hack/tools/lint && $(GO) build -trimpath -o $@ honnef.co/go/tools/cmd/staticcheck
+
+$(BIN)/controller-gen: hack/tools/lint/go.mod hack/tools/lint/go.sum
+	cd hack/tools/lint && $(GO) build -trimpath -o $@ sigs.k8s.io/controller-tools/cmd/controller-gen
+
+# PostgreSQL and yamllint come from Debian; install them only when missing.
+.PHONY: postgresql
+postgresql:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then \
+	  echo "installing PostgreSQL from Debian"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; fi
+
+.PHONY: yamllint
+yamllint:
+	@if ! command -v yamllint >/dev/null; then \
+	  echo "installing yamllint from Debian"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq yamllint >/dev/null; fi
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+##@ Help
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2} /^##@/ {printf "\n%s\n", substr($$0, 5)}' $(MAKEFILE_LIST)

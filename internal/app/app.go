@@ -1,0 +1,184 @@
+// Package app is the composition root: the one place that knows every
+// component and wires them to the configuration, to one another and to the
+// process lifecycle for each application mode.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/coder/coder-k8s/internal/aggregated/apiserver"
+	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/controller"
+	"github.com/coder/coder-k8s/internal/mcpserver"
+	"github.com/coder/coder-k8s/internal/scheme"
+)
+
+// gracefulShutdown bounds how long runnables may take to stop after
+// SIGTERM; it stays below the 30s default pod termination grace period.
+const gracefulShutdown = 25 * time.Second
+
+// Run runs the components cfg.App selects until ctx is cancelled.
+func Run(ctx context.Context, cfg *config.Configuration, log logr.Logger) error {
+	run, ok := modes[cfg.App]
+	if !ok {
+		return fmt.Errorf("unknown app mode %q: valid modes are %s", cfg.App, modeList())
+	}
+	kube, err := kubeConnection(cfg.Kubernetes)
+	if err != nil {
+		return err
+	}
+	return run(ctx, cfg, kube, log)
+}
+
+type runFunc func(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger) error
+
+// modes maps each application mode onto what it runs.
+var modes = map[config.AppMode]runFunc{
+	config.AppAll: func(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger) error {
+		return runManager(ctx, cfg, kube, log, true)
+	},
+	config.AppController: func(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger) error {
+		return runManager(ctx, cfg, kube, log, false)
+	},
+	config.AppAggregatedAPIServer: func(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger) error {
+		return apiserver.New(cfg.AggregatedAPIServer, kube.file, log).Start(ctx)
+	},
+	config.AppMCPHTTP: func(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger) error {
+		return mcpserver.New(cfg.MCP, apiReachable(kube.rest), log).Start(ctx)
+	},
+}
+
+// runManager runs one controller-runtime manager, with one cache, that
+// hosts the reconcilers (leader only) and, in all mode, the aggregated API
+// server and MCP server (every replica).
+func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger, all bool) error {
+	le := cfg.Controller.LeaderElection
+	mgr, err := ctrl.NewManager(kube.rest, ctrl.Options{
+		Scheme:                        scheme.New(),
+		Logger:                        log,
+		Metrics:                       metricsserver.Options{BindAddress: cfg.Controller.MetricsBindAddress},
+		HealthProbeBindAddress:        cfg.Controller.HealthProbeBindAddress,
+		LeaderElection:                le.Enabled,
+		LeaderElectionID:              le.LeaseName,
+		LeaderElectionNamespace:       le.Namespace,
+		LeaderElectionResourceLock:    resourcelock.LeasesResourceLock,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &le.LeaseDuration.Duration,
+		RenewDeadline:                 &le.RenewDeadline.Duration,
+		RetryPeriod:                   &le.RetryPeriod.Duration,
+		GracefulShutdownTimeout:       ptr(gracefulShutdown),
+	})
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("add health check: %w", err)
+	}
+	cacheSynced := cacheSyncedChecker(mgr)
+	if err := mgr.AddReadyzCheck("cache", cacheSynced); err != nil {
+		return fmt.Errorf("add readiness check: %w", err)
+	}
+	if err := controller.Setup(mgr); err != nil {
+		return fmt.Errorf("set up controllers: %w", err)
+	}
+	if all {
+		if err := mgr.Add(apiserver.New(cfg.AggregatedAPIServer, kube.file, log)); err != nil {
+			return fmt.Errorf("add aggregated API server: %w", err)
+		}
+		if err := mgr.Add(mcpserver.New(cfg.MCP, cacheSynced, log)); err != nil {
+			return fmt.Errorf("add MCP server: %w", err)
+		}
+	}
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+	return nil
+}
+
+// cacheSyncedChecker is ready once the shared cache has synced.
+func cacheSyncedChecker(mgr manager.Manager) healthz.Checker {
+	return func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), time.Second)
+		defer cancel()
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return errors.New("caches have not synced")
+		}
+		return nil
+	}
+}
+
+// apiReachable is ready while the Kubernetes API answers discovery.
+func apiReachable(cfg *rest.Config) healthz.Checker {
+	return func(*http.Request) error {
+		dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		if _, err := dc.ServerVersion(); err != nil {
+			return fmt.Errorf("kubernetes API unreachable: %w", err)
+		}
+		return nil
+	}
+}
+
+// kubeConn is how the process reaches the Kubernetes API: the client
+// config, and the kubeconfig file it came from (empty in-cluster), which
+// the aggregated API server's delegated authentication reads itself.
+type kubeConn struct {
+	rest *rest.Config
+	file string
+}
+
+func kubeConnection(k config.Kubernetes) (*kubeConn, error) {
+	file := k.Kubeconfig
+	if file == "" {
+		// Like kubectl: the first existing $KUBECONFIG entry.
+		for _, p := range filepath.SplitList(os.Getenv(clientcmd.RecommendedConfigPathEnvVar)) {
+			if _, err := os.Stat(p); err == nil {
+				file = p
+				break
+			}
+		}
+	}
+	var rc *rest.Config
+	var err error
+	if file != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", file)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config (kubernetes.kubeconfig %q): %w", file, err)
+	}
+	rc.QPS = k.QPS
+	rc.Burst = k.Burst
+	rc.UserAgent = "coder-k8s"
+	return &kubeConn{rest: rc, file: file}, nil
+}
+
+func modeList() string {
+	s := make([]string, len(config.AppModes))
+	for i, m := range config.AppModes {
+		s[i] = string(m)
+	}
+	return strings.Join(s, ", ")
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,322 @@
+package config
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/defaults.golden.yaml from Default()")
+
+const golden = "testdata/defaults.golden.yaml"
+
+// The golden file makes every change to a default visible in review.
+func TestDefaultsGolden(t *testing.T) {
+	got, err := yaml.Marshal(Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *update {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("read %s (run `make generate`): %v", golden, err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("defaults differ from %s; if the change is intended run `make generate`\n--- got\n%s\n--- want\n%s", golden, got, want)
+	}
+}
+
+func TestDefaultsAreValid(t *testing.T) {
+	cfg := Default()
+	if errs := Validate(&cfg); len(errs) > 0 {
+		t.Fatalf("defaults are invalid: %v", errs.ToAggregate())
+	}
+	// The golden file is itself a valid configuration file.
+	got, err := Load(Source{File: golden, Environ: []string{}})
+	if err != nil {
+		t.Fatalf("load golden file: %v", err)
+	}
+	if got.AggregatedAPIServer.TemplateBuildWait.Timeout.Duration != 25*time.Minute {
+		t.Errorf("build wait timeout = %s, want 25m", got.AggregatedAPIServer.TemplateBuildWait.Timeout)
+	}
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const envelope = "apiVersion: config.coder.com/v1alpha1\nkind: CoderK8sConfiguration\n"
+
+func flags(t *testing.T, args ...string) *pflag.FlagSet {
+	t.Helper()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+func TestNoFileMeansDefaults(t *testing.T) {
+	cfg, err := Load(Source{Environ: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.App != AppAll || cfg.MCP.BindAddress != ":8090" || cfg.AggregatedAPIServer.SecurePort != 6443 {
+		t.Errorf("unexpected defaults: app=%s mcp=%s port=%d", cfg.App, cfg.MCP.BindAddress, cfg.AggregatedAPIServer.SecurePort)
+	}
+}
+
+// defaults < file < environment < explicitly set flags.
+func TestPrecedence(t *testing.T) {
+	file := writeFile(t, envelope+`
+app: controller
+logging:
+  level: debug
+aggregatedAPIServer:
+  templateBuildWait:
+    timeout: 10m
+    backoffAfter: 1m
+  coder:
+    requestTimeout: 20s
+`)
+	env := []string{
+		"CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT=12m",
+		"UNRELATED=1",
+	}
+
+	t.Run("file over defaults", func(t *testing.T) {
+		cfg, err := Load(Source{File: file, Environ: []string{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertEqual(t, "app", cfg.App, AppController)
+		assertEqual(t, "logging.level", cfg.Logging.Level, "debug")
+		assertEqual(t, "timeout", cfg.AggregatedAPIServer.TemplateBuildWait.Timeout.Duration, 10*time.Minute)
+		// Keys the file does not set keep their defaults.
+		assertEqual(t, "logging.format", cfg.Logging.Format, "json")
+		assertEqual(t, "maxPollInterval", cfg.AggregatedAPIServer.TemplateBuildWait.MaxPollInterval.Duration, 10*time.Second)
+	})
+	t.Run("environment over file", func(t *testing.T) {
+		cfg, err := Load(Source{File: file, Environ: env})
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertEqual(t, "timeout", cfg.AggregatedAPIServer.TemplateBuildWait.Timeout.Duration, 12*time.Minute)
+		assertEqual(t, "backoffAfter", cfg.AggregatedAPIServer.TemplateBuildWait.BackoffAfter.Duration, time.Minute)
+	})
+	t.Run("explicit flags over environment and file", func(t *testing.T) {
+		cfg, err := Load(Source{File: file, Environ: env, Flags: flags(t, "--app=all", "--coder-request-timeout=5s")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertEqual(t, "app", cfg.App, AppAll)
+		assertEqual(t, "coder.requestTimeout", cfg.AggregatedAPIServer.Coder.RequestTimeout.Duration, 5*time.Second)
+	})
+	t.Run("flags left at their defaults do not override the file", func(t *testing.T) {
+		cfg, err := Load(Source{File: file, Environ: []string{}, Flags: flags(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertEqual(t, "app", cfg.App, AppController)
+		assertEqual(t, "logging.level", cfg.Logging.Level, "debug")
+		assertEqual(t, "coder.requestTimeout", cfg.AggregatedAPIServer.Coder.RequestTimeout.Duration, 20*time.Second)
+	})
+}
+
+// The environment variables of the original design notes keep working.
+func TestDesignNotesEnvironment(t *testing.T) {
+	cfg, err := Load(Source{Environ: []string{
+		"CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT=20m",
+		"CODER_K8S_TEMPLATE_BUILD_BACKOFF_AFTER=90s",
+		"CODER_K8S_TEMPLATE_BUILD_INITIAL_POLL_INTERVAL=1s",
+		"CODER_K8S_TEMPLATE_BUILD_MAX_POLL_INTERVAL=30s",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := cfg.AggregatedAPIServer.TemplateBuildWait
+	assertEqual(t, "timeout", w.Timeout.Duration, 20*time.Minute)
+	assertEqual(t, "backoffAfter", w.BackoffAfter.Duration, 90*time.Second)
+	assertEqual(t, "initialPollInterval", w.InitialPollInterval.Duration, time.Second)
+	assertEqual(t, "maxPollInterval", w.MaxPollInterval.Duration, 30*time.Second)
+}
+
+// The flags of the original design notes keep working.
+func TestDesignNotesFlags(t *testing.T) {
+	cfg, err := Load(Source{Environ: []string{}, Flags: flags(t,
+		"--app=aggregated-apiserver",
+		"--coder-url=https://coder.example.com",
+		"--coder-session-token=s3cret",
+		"--coder-namespace=coder-system",
+		"--coder-request-timeout=45s",
+		"--kubeconfig=/etc/kube/config",
+	)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.AggregatedAPIServer.Coder.StaticBackend
+	assertEqual(t, "app", cfg.App, AppAggregatedAPIServer)
+	assertEqual(t, "url", s.URL, "https://coder.example.com")
+	assertEqual(t, "token", s.SessionToken, "s3cret")
+	assertEqual(t, "namespace", s.Namespace, "coder-system")
+	assertEqual(t, "requestTimeout", cfg.AggregatedAPIServer.Coder.RequestTimeout.Duration, 45*time.Second)
+	assertEqual(t, "kubeconfig", cfg.Kubernetes.Kubeconfig, "/etc/kube/config")
+
+	// The token never appears when the configuration is written out.
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "s3cret") {
+		t.Errorf("session token leaked into the rendered configuration:\n%s", out)
+	}
+}
+
+func TestRejects(t *testing.T) {
+	tests := []struct {
+		name  string
+		file  string
+		env   []string
+		flags []string
+		want  []string
+	}{{
+		name: "misspelled key",
+		file: envelope + "aggregatedAPIServer:\n  templateBuildWait:\n    timout: 5m\n",
+		want: []string{"aggregatedAPIServer.templateBuildWait.timout: unknown field"},
+	}, {
+		name: "build wait above request timeout",
+		file: envelope + "aggregatedAPIServer:\n  templateBuildWait:\n    timeout: 45m\n",
+		want: []string{"aggregatedAPIServer.templateBuildWait.timeout: Invalid value: \"45m0s\": must not exceed requestTimeout (30m0s)"},
+	}, {
+		name: "build wait above request timeout from the environment",
+		file: envelope,
+		env:  []string{"CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT=45m"},
+		want: []string{"aggregatedAPIServer.templateBuildWait.timeout", "set by environment variable CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT"},
+	}, {
+		name: "unknown apiVersion",
+		file: "apiVersion: config.coder.com/v2\nkind: CoderK8sConfiguration\n",
+		want: []string{"apiVersion: Unsupported value: config.coder.com/v2"},
+	}, {
+		name: "unknown kind",
+		file: "apiVersion: config.coder.com/v1alpha1\nkind: Deployment\n",
+		want: []string{"kind: Unsupported value: Deployment"},
+	}, {
+		name: "missing envelope",
+		file: "app: all\n",
+		want: []string{"apiVersion: Required value", "kind: Required value"},
+	}, {
+		name: "unknown mode",
+		file: envelope + "app: everything\n",
+		want: []string{`app: Unsupported value: "everything"`},
+	}, {
+		name:  "unknown mode from a flag",
+		file:  envelope,
+		flags: []string{"--app=everything"},
+		want:  []string{`app: Unsupported value: "everything"`, "set by flag --app"},
+	}, {
+		name: "wrong types, every one reported",
+		file: envelope + "kubernetes:\n  qps: fast\ncontroller:\n  leaderElection:\n    enabled: \"yes\"\naggregatedAPIServer:\n  securePort: \"6443\"\n  requestTimeout: 30\n",
+		want: []string{
+			`kubernetes.qps: Invalid value: "fast": must be a number`,
+			`controller.leaderElection.enabled: Invalid value: "yes": must be true or false`,
+			`aggregatedAPIServer.securePort: Invalid value: "6443": must be an integer`,
+			`aggregatedAPIServer.requestTimeout: Invalid value: 30: must be a duration`,
+		},
+	}, {
+		name: "case matters",
+		file: envelope + "App: all\n",
+		want: []string{"App: unknown field"},
+	}, {
+		name: "every validation problem at once",
+		file: envelope + `
+logging: {level: loud, format: xml}
+controller:
+  healthProbeBindAddress: "8081"
+  leaderElection: {leaseDuration: 5s, renewDeadline: 10s}
+aggregatedAPIServer:
+  bindAddress: everywhere
+  securePort: 70000
+mcp: {bindAddress: nowhere}
+`,
+		want: []string{
+			"logging.level: Unsupported value", "logging.format: Unsupported value",
+			"controller.healthProbeBindAddress: Invalid value", "controller.leaderElection.renewDeadline: Invalid value",
+			"aggregatedAPIServer.bindAddress: Invalid value", "aggregatedAPIServer.securePort: Invalid value",
+			"mcp.bindAddress: Invalid value",
+		},
+	}, {
+		name: "standalone aggregated API server needs a static backend",
+		file: envelope + "app: aggregated-apiserver\n",
+		want: []string{"aggregatedAPIServer.coder.staticBackend.url: Required value"},
+	}, {
+		name: "static backend needs a token and a namespace",
+		file: envelope + "aggregatedAPIServer:\n  coder:\n    staticBackend:\n      url: https://coder.example.com\n",
+		want: []string{"staticBackend.namespace: Required value", "staticBackend.sessionTokenFile: Required value"},
+	}, {
+		name: "static backend URL must be absolute",
+		file: envelope + "aggregatedAPIServer:\n  coder:\n    staticBackend: {url: coder.example.com, namespace: coder, sessionTokenFile: /t}\n",
+		want: []string{"staticBackend.url: Invalid value"},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := tc.env
+			if env == nil {
+				env = []string{}
+			}
+			_, err := Load(Source{File: writeFile(t, tc.file), Environ: env, Flags: flags(t, tc.flags...)})
+			if err == nil {
+				t.Fatal("Load succeeded, want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not mention %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestMissingFile(t *testing.T) {
+	_, err := Load(Source{File: filepath.Join(t.TempDir(), "absent.yaml"), Environ: []string{}})
+	if err == nil || !strings.Contains(err.Error(), "absent.yaml") {
+		t.Fatalf("want an error naming the file, got %v", err)
+	}
+}
+
+// Every environment variable and flag must target a real key, or it would
+// be silently ignored.
+func TestOverridesTargetRealKeys(t *testing.T) {
+	for name, key := range EnvKeys {
+		if _, ok := fieldTypes[key]; !ok {
+			t.Errorf("environment variable %s maps to unknown key %s", name, key)
+		}
+	}
+	for name, key := range flagKeys {
+		if _, ok := fieldTypes[key]; !ok {
+			t.Errorf("flag --%s maps to unknown key %s", name, key)
+		}
+	}
+}
+
+func assertEqual[T comparable](t *testing.T, what string, got, want T) {
+	t.Helper()
+	if got != want {
+		t.Errorf("%s = %v, want %v", what, got, want)
+	}
+}

@@ -1,0 +1,51 @@
+package config
+
+import "time"
+
+// Default returns the fully defaulted configuration. It is the only place
+// defaults live; testdata/defaults.golden.yaml pins it so that every change
+// to a default shows up in review.
+func Default() Configuration {
+	return Configuration{
+		APIVersion: APIVersion,
+		Kind:       Kind,
+		App:        AppAll,
+		Logging: Logging{
+			Level:  "info",
+			Format: "json",
+		},
+		Kubernetes: Kubernetes{
+			QPS:   50,
+			Burst: 100,
+		},
+		Controller: Controller{
+			HealthProbeBindAddress: ":8081",
+			MetricsBindAddress:     ":8080",
+			LeaderElection: LeaderElection{
+				Enabled:       true,
+				LeaseName:     "coder-k8s-leader",
+				LeaseDuration: D(15 * time.Second),
+				RenewDeadline: D(10 * time.Second),
+				RetryPeriod:   D(2 * time.Second),
+			},
+		},
+		AggregatedAPIServer: AggregatedAPIServer{
+			BindAddress:    "0.0.0.0",
+			SecurePort:     6443,
+			RequestTimeout: D(30 * time.Minute),
+			TemplateBuildWait: TemplateBuildWait{
+				Timeout:             D(25 * time.Minute),
+				BackoffAfter:        D(2 * time.Minute),
+				InitialPollInterval: D(2 * time.Second),
+				MaxPollInterval:     D(10 * time.Second),
+			},
+			WatchPollInterval: D(5 * time.Second),
+			Coder: Coder{
+				RequestTimeout: D(30 * time.Second),
+			},
+		},
+		MCP: MCP{
+			BindAddress: ":8090",
+		},
+	}
+}

@@ -1,0 +1,253 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/confmap"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/rawbytes"
+	"github.com/knadh/koanf/v2"
+	"github.com/spf13/pflag"
+	k8syaml "sigs.k8s.io/yaml"
+)
+
+// EnvKeys maps the supported environment variables onto configuration keys.
+// The mapping is explicit because koanf keys are case-sensitive camelCase
+// and these names come from the original design notes.
+var EnvKeys = map[string]string{
+	"CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT":          "aggregatedAPIServer.templateBuildWait.timeout",
+	"CODER_K8S_TEMPLATE_BUILD_BACKOFF_AFTER":         "aggregatedAPIServer.templateBuildWait.backoffAfter",
+	"CODER_K8S_TEMPLATE_BUILD_INITIAL_POLL_INTERVAL": "aggregatedAPIServer.templateBuildWait.initialPollInterval",
+	"CODER_K8S_TEMPLATE_BUILD_MAX_POLL_INTERVAL":     "aggregatedAPIServer.templateBuildWait.maxPollInterval",
+}
+
+// Source says where a configuration comes from besides the built-in
+// defaults. Later layers win: defaults < File < Environ < Flags.
+type Source struct {
+	// File is the configuration file path; empty means no file.
+	File string
+	// Environ holds KEY=VALUE pairs; nil means os.Environ().
+	Environ []string
+	// Flags are the command-line flags registered by AddFlags; only flags
+	// the user set explicitly override the other layers.
+	Flags *pflag.FlagSet
+}
+
+// Error lists every problem found in a configuration, each with the field
+// path or key it concerns.
+type Error struct {
+	Problems []string
+}
+
+func (e *Error) Error() string {
+	return "invalid configuration:\n  - " + strings.Join(e.Problems, "\n  - ")
+}
+
+// Load builds the configuration from the built-in defaults, the file, the
+// environment and explicitly set flags, decodes it strictly and validates
+// it. It returns an *Error listing every problem when anything is wrong.
+func Load(src Source) (*Configuration, error) {
+	k := koanf.New(".")
+	origin := map[string]string{} // key -> where a non-file value came from
+
+	defaults, err := k8syaml.Marshal(Default())
+	if err != nil {
+		return nil, fmt.Errorf("render defaults: %w", err)
+	}
+	if err := k.Load(rawbytes.Provider(defaults), yaml.Parser()); err != nil {
+		return nil, fmt.Errorf("load defaults: %w", err)
+	}
+
+	var problems []string
+	if src.File != "" {
+		fk := koanf.New(".")
+		if err := fk.Load(file.Provider(src.File), yaml.Parser()); err != nil {
+			return nil, fmt.Errorf("read config file %s: %w", src.File, err)
+		}
+		problems = append(problems, checkEnvelope(fk)...)
+		if err := k.Merge(fk); err != nil {
+			return nil, fmt.Errorf("merge config file %s: %w", src.File, err)
+		}
+	}
+
+	environ := src.Environ
+	if environ == nil {
+		environ = os.Environ()
+	}
+	if err := k.Load(env.Provider(".", env.Opt{
+		EnvironFunc: func() []string { return environ },
+		TransformFunc: func(name, value string) (string, any) {
+			key, ok := EnvKeys[name]
+			if !ok {
+				return "", nil
+			}
+			origin[key] = "environment variable " + name
+			return key, value
+		},
+	}), nil); err != nil {
+		return nil, fmt.Errorf("load environment: %w", err)
+	}
+
+	var sessionToken string
+	if src.Flags != nil {
+		set := map[string]any{}
+		src.Flags.Visit(func(f *pflag.Flag) {
+			if f.Name == flagCoderSessionToken {
+				sessionToken = f.Value.String()
+				return
+			}
+			if key, ok := flagKeys[f.Name]; ok {
+				set[key] = f.Value.String()
+				origin[key] = "flag --" + f.Name
+			}
+		})
+		if err := k.Load(confmap.Provider(set, "."), nil); err != nil {
+			return nil, fmt.Errorf("load flags: %w", err)
+		}
+	}
+
+	var cfg Configuration
+	if problems = append(problems, checkKeys(k)...); len(problems) > 0 {
+		return nil, &Error{Problems: problems}
+	}
+	if err := decodeValue(k.Raw(), &cfg); err != nil {
+		return nil, fmt.Errorf("decode configuration: %w", err)
+	}
+	cfg.AggregatedAPIServer.Coder.StaticBackend.SessionToken = sessionToken
+
+	for _, fe := range Validate(&cfg) {
+		msg := fe.Error()
+		if o, ok := origin[fe.Field]; ok {
+			msg += " (set by " + o + ")"
+		}
+		problems = append(problems, msg)
+	}
+	if len(problems) > 0 {
+		return nil, &Error{Problems: problems}
+	}
+	return &cfg, nil
+}
+
+// checkEnvelope requires a file to say what it is, so that a file written
+// for another program or another version is refused rather than misread.
+func checkEnvelope(fk *koanf.Koanf) []string {
+	var problems []string
+	switch v := fk.Get("apiVersion"); {
+	case v == nil:
+		problems = append(problems, fmt.Sprintf("apiVersion: Required value: must be %q", APIVersion))
+	case v != APIVersion:
+		problems = append(problems, fmt.Sprintf("apiVersion: Unsupported value: %v: supported values: %q", v, APIVersion))
+	}
+	switch v := fk.Get("kind"); {
+	case v == nil:
+		problems = append(problems, fmt.Sprintf("kind: Required value: must be %q", Kind))
+	case v != Kind:
+		problems = append(problems, fmt.Sprintf("kind: Unsupported value: %v: supported values: %q", v, Kind))
+	}
+	return problems
+}
+
+// fieldTypes maps every configuration key (leaf fields and the objects
+// that hold them) onto its Go type.
+var fieldTypes = func() map[string]reflect.Type {
+	m := map[string]reflect.Type{}
+	collectKeys(reflect.TypeOf(Configuration{}), "", m)
+	return m
+}()
+
+var durationType = reflect.TypeOf(Duration{})
+
+func collectKeys(t reflect.Type, prefix string, m map[string]reflect.Type) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		key := prefix + name
+		m[key] = f.Type
+		if f.Type.Kind() == reflect.Struct && f.Type != durationType {
+			collectKeys(f.Type, key+".", m)
+		}
+	}
+}
+
+// checkKeys names every key that is not a configuration field and every
+// value of the wrong type, each with its full path, so that all typos are
+// found before anything starts.
+func checkKeys(k *koanf.Koanf) []string {
+	var problems []string
+	for _, key := range k.Keys() {
+		t, ok := fieldTypes[key]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("%s: unknown field", key))
+			continue
+		}
+		if err := decodeValue(k.Get(key), reflect.New(t).Interface()); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: Invalid value: %s: %s", key, quote(k.Get(key)), expected(t)))
+		}
+	}
+	sort.Strings(problems)
+	return problems
+}
+
+func expected(t reflect.Type) string {
+	switch {
+	case t == durationType:
+		return `must be a duration such as "30s" or "25m"`
+	case t.Kind() == reflect.Struct:
+		return "must be an object"
+	case t.Kind() == reflect.Bool:
+		return "must be true or false"
+	case t.Kind() == reflect.Int:
+		return "must be an integer"
+	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
+		return "must be a number"
+	default:
+		return "must be a string"
+	}
+}
+
+func quote(v any) string {
+	if s, ok := v.(string); ok {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprint(v)
+}
+
+// decodeValue decodes strictly: exact key names, no weak typing.
+func decodeValue(in, out any) error {
+	d, err := mapstructure.NewDecoder(&mapstructure.DecoderConfig{
+		DecodeHook: durationHook,
+		MatchName:  func(key, field string) bool { return key == field },
+		TagName:    "json",
+		Result:     out,
+	})
+	if err != nil {
+		return err
+	}
+	return d.Decode(in)
+}
+
+func durationHook(from, to reflect.Type, data any) (any, error) {
+	if to != durationType {
+		return data, nil
+	}
+	s, ok := data.(string)
+	if !ok {
+		return nil, fmt.Errorf("expected a duration string such as \"30s\" or \"25m\", got %v", data)
+	}
+	var d Duration
+	if err := d.UnmarshalText([]byte(s)); err != nil {
+		return nil, err
+	}
+	return d, nil
+}

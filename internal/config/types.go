@@ -1,0 +1,180 @@
+// Package config holds coder-k8s's versioned configuration file: its types,
+// its defaults (in one place, pinned by a golden file), the layered loader
+// (defaults < file < environment < explicitly set flags) and validation that
+// reports every problem with its field path.
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// The envelope every configuration file carries.
+const (
+	GroupName  = "config.coder.com"
+	APIVersion = GroupName + "/v1alpha1"
+	Kind       = "CoderK8sConfiguration"
+)
+
+// AppMode selects which components the process runs.
+type AppMode string
+
+// The application modes. AppAll runs every component on one shared manager.
+const (
+	AppAll                 AppMode = "all"
+	AppController          AppMode = "controller"
+	AppAggregatedAPIServer AppMode = "aggregated-apiserver"
+	AppMCPHTTP             AppMode = "mcp-http"
+)
+
+// AppModes lists the valid modes in the order help texts show them.
+var AppModes = []AppMode{AppAll, AppController, AppAggregatedAPIServer, AppMCPHTTP}
+
+// Configuration is the whole coder-k8s configuration file
+// (apiVersion config.coder.com/v1alpha1, kind CoderK8sConfiguration).
+type Configuration struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+
+	// App selects the components to run: all, controller,
+	// aggregated-apiserver or mcp-http.
+	App AppMode `json:"app"`
+
+	Logging             Logging             `json:"logging"`
+	Kubernetes          Kubernetes          `json:"kubernetes"`
+	Controller          Controller          `json:"controller"`
+	AggregatedAPIServer AggregatedAPIServer `json:"aggregatedAPIServer"`
+	MCP                 MCP                 `json:"mcp"`
+}
+
+// Logging configures the zap logger shared by every component.
+type Logging struct {
+	// Level is debug, info, warn or error.
+	Level string `json:"level"`
+	// Format is json (for log collectors) or console (for people).
+	Format string `json:"format"`
+}
+
+// Kubernetes configures the client every component uses to reach the
+// Kubernetes API.
+type Kubernetes struct {
+	// Kubeconfig is a kubeconfig file path. Empty means $KUBECONFIG, then
+	// the in-cluster service account.
+	Kubeconfig string `json:"kubeconfig"`
+	// QPS and Burst bound the client's request rate.
+	QPS   float32 `json:"qps"`
+	Burst int     `json:"burst"`
+}
+
+// Controller configures the controller-runtime manager.
+type Controller struct {
+	// HealthProbeBindAddress serves /healthz and /readyz.
+	HealthProbeBindAddress string `json:"healthProbeBindAddress"`
+	// MetricsBindAddress serves Prometheus metrics; "0" disables them.
+	MetricsBindAddress string         `json:"metricsBindAddress"`
+	LeaderElection     LeaderElection `json:"leaderElection"`
+}
+
+// LeaderElection configures the Lease that makes one replica reconcile.
+type LeaderElection struct {
+	Enabled   bool   `json:"enabled"`
+	LeaseName string `json:"leaseName"`
+	// Namespace of the Lease. Empty means the pod's own namespace.
+	Namespace     string   `json:"namespace"`
+	LeaseDuration Duration `json:"leaseDuration"`
+	RenewDeadline Duration `json:"renewDeadline"`
+	RetryPeriod   Duration `json:"retryPeriod"`
+}
+
+// AggregatedAPIServer configures the aggregation.coder.com API server.
+type AggregatedAPIServer struct {
+	// BindAddress is the IP the secure port listens on.
+	BindAddress string `json:"bindAddress"`
+	SecurePort  int    `json:"securePort"`
+	// CertDir holds tls.crt and tls.key. Empty, or a directory without
+	// them, means a self-signed certificate generated at start.
+	CertDir string `json:"certDir"`
+	// RequestTimeout bounds every request, including template build waits.
+	RequestTimeout    Duration          `json:"requestTimeout"`
+	TemplateBuildWait TemplateBuildWait `json:"templateBuildWait"`
+	// WatchPollInterval is how often the shared poller lists from coderd
+	// to turn changes made anywhere into watch events.
+	WatchPollInterval Duration `json:"watchPollInterval"`
+	Coder             Coder    `json:"coder"`
+}
+
+// TemplateBuildWait tunes how long a template update waits for Coder to
+// build the new version before promoting it: polls every
+// InitialPollInterval until BackoffAfter, then doubles up to MaxPollInterval,
+// giving up after Timeout.
+type TemplateBuildWait struct {
+	Timeout             Duration `json:"timeout"`
+	BackoffAfter        Duration `json:"backoffAfter"`
+	InitialPollInterval Duration `json:"initialPollInterval"`
+	MaxPollInterval     Duration `json:"maxPollInterval"`
+}
+
+// Coder configures how the aggregated API server calls coderd.
+type Coder struct {
+	// RequestTimeout bounds each call to coderd.
+	RequestTimeout Duration      `json:"requestTimeout"`
+	StaticBackend  StaticBackend `json:"staticBackend"`
+}
+
+// StaticBackend is one coderd given in the configuration rather than
+// discovered from CoderControlPlane objects; standalone aggregated-apiserver
+// mode requires it.
+type StaticBackend struct {
+	// URL of coderd, for example https://coder.example.com.
+	URL string `json:"url"`
+	// SessionTokenFile is the path of a file holding the session token
+	// (mounted from a Secret). The token itself never goes in this file.
+	SessionTokenFile string `json:"sessionTokenFile"`
+	// Namespace is the Kubernetes namespace the backend's objects appear in.
+	Namespace string `json:"namespace"`
+
+	// SessionToken comes only from the --coder-session-token flag; it is
+	// never read from or written to a configuration file.
+	SessionToken string `json:"-"`
+}
+
+// Enabled reports whether a static backend is configured.
+func (s StaticBackend) Enabled() bool { return s.URL != "" }
+
+// MCP configures the Model Context Protocol server.
+type MCP struct {
+	// BindAddress serves /mcp, /healthz and /readyz.
+	BindAddress string `json:"bindAddress"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("30s",
+// "25m") in the configuration file.
+type Duration struct {
+	time.Duration
+}
+
+// D wraps a time.Duration.
+func D(d time.Duration) Duration { return Duration{Duration: d} }
+
+// MarshalJSON writes the duration as a string such as "25m0s".
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// UnmarshalJSON reads a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("expected a duration string such as \"30s\": %w", err)
+	}
+	return d.UnmarshalText([]byte(s))
+}
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("expected a duration such as \"30s\" or \"25m\", got %q", string(b))
+	}
+	d.Duration = v
+	return nil
+}

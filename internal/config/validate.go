@@ -1,0 +1,168 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Validate returns every problem in cfg, each with its field path. It checks
+// what can be known before anything starts; reachability is the process's
+// job at run time.
+func Validate(cfg *Configuration) field.ErrorList {
+	var errs field.ErrorList
+	if !slices.Contains(AppModes, cfg.App) {
+		errs = append(errs, field.NotSupported(field.NewPath("app"), cfg.App, AppModes))
+	}
+	errs = append(errs, validateLogging(&cfg.Logging, field.NewPath("logging"))...)
+	errs = append(errs, validateKubernetes(&cfg.Kubernetes, field.NewPath("kubernetes"))...)
+	errs = append(errs, validateController(&cfg.Controller, field.NewPath("controller"))...)
+	errs = append(errs, validateAggregated(cfg, field.NewPath("aggregatedAPIServer"))...)
+	errs = append(errs, validateAddress(cfg.MCP.BindAddress, field.NewPath("mcp", "bindAddress"), false)...)
+	return errs
+}
+
+func validateLogging(l *Logging, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if levels := []string{"debug", "info", "warn", "error"}; !slices.Contains(levels, l.Level) {
+		errs = append(errs, field.NotSupported(p.Child("level"), l.Level, levels))
+	}
+	if formats := []string{"json", "console"}; !slices.Contains(formats, l.Format) {
+		errs = append(errs, field.NotSupported(p.Child("format"), l.Format, formats))
+	}
+	return errs
+}
+
+func validateKubernetes(k *Kubernetes, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if k.QPS <= 0 {
+		errs = append(errs, field.Invalid(p.Child("qps"), k.QPS, "must be greater than 0"))
+	}
+	if k.Burst < 1 {
+		errs = append(errs, field.Invalid(p.Child("burst"), k.Burst, "must be at least 1"))
+	}
+	return errs
+}
+
+func validateController(c *Controller, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	errs = append(errs, validateAddress(c.HealthProbeBindAddress, p.Child("healthProbeBindAddress"), true)...)
+	errs = append(errs, validateAddress(c.MetricsBindAddress, p.Child("metricsBindAddress"), true)...)
+
+	le, lp := &c.LeaderElection, p.Child("leaderElection")
+	for _, msg := range validation.IsDNS1123Subdomain(le.LeaseName) {
+		errs = append(errs, field.Invalid(lp.Child("leaseName"), le.LeaseName, msg))
+	}
+	if le.Namespace != "" {
+		for _, msg := range validation.IsDNS1123Label(le.Namespace) {
+			errs = append(errs, field.Invalid(lp.Child("namespace"), le.Namespace, msg))
+		}
+	}
+	errs = append(errs, positive(le.LeaseDuration, lp.Child("leaseDuration"))...)
+	errs = append(errs, positive(le.RenewDeadline, lp.Child("renewDeadline"))...)
+	errs = append(errs, positive(le.RetryPeriod, lp.Child("retryPeriod"))...)
+	// client-go's leader elector refuses these combinations at run time;
+	// refuse them here, where the field can be named.
+	if le.RenewDeadline.Duration >= le.LeaseDuration.Duration {
+		errs = append(errs, field.Invalid(lp.Child("renewDeadline"), le.RenewDeadline.String(),
+			fmt.Sprintf("must be less than leaseDuration (%s)", le.LeaseDuration)))
+	}
+	if float64(le.RenewDeadline.Duration) <= 1.2*float64(le.RetryPeriod.Duration) {
+		errs = append(errs, field.Invalid(lp.Child("renewDeadline"), le.RenewDeadline.String(),
+			fmt.Sprintf("must be more than 1.2 × retryPeriod (%s)", le.RetryPeriod)))
+	}
+	return errs
+}
+
+func validateAggregated(cfg *Configuration, p *field.Path) field.ErrorList {
+	a := &cfg.AggregatedAPIServer
+	var errs field.ErrorList
+	if net.ParseIP(a.BindAddress) == nil {
+		errs = append(errs, field.Invalid(p.Child("bindAddress"), a.BindAddress, "must be an IP address such as 0.0.0.0"))
+	}
+	if a.SecurePort < 1 || a.SecurePort > 65535 {
+		errs = append(errs, field.Invalid(p.Child("securePort"), a.SecurePort, "must be between 1 and 65535"))
+	}
+	errs = append(errs, positive(a.RequestTimeout, p.Child("requestTimeout"))...)
+	errs = append(errs, positive(a.WatchPollInterval, p.Child("watchPollInterval"))...)
+
+	w, wp := &a.TemplateBuildWait, p.Child("templateBuildWait")
+	errs = append(errs, positive(w.Timeout, wp.Child("timeout"))...)
+	errs = append(errs, positive(w.InitialPollInterval, wp.Child("initialPollInterval"))...)
+	errs = append(errs, positive(w.MaxPollInterval, wp.Child("maxPollInterval"))...)
+	if w.BackoffAfter.Duration < 0 {
+		errs = append(errs, field.Invalid(wp.Child("backoffAfter"), w.BackoffAfter.String(), "must not be negative"))
+	}
+	// A build wait longer than the request would be cut off by the request
+	// timeout and report a misleading error.
+	if w.Timeout.Duration > a.RequestTimeout.Duration {
+		errs = append(errs, field.Invalid(wp.Child("timeout"), w.Timeout.String(),
+			fmt.Sprintf("must not exceed requestTimeout (%s)", a.RequestTimeout)))
+	}
+	if w.InitialPollInterval.Duration > w.MaxPollInterval.Duration {
+		errs = append(errs, field.Invalid(wp.Child("initialPollInterval"), w.InitialPollInterval.String(),
+			fmt.Sprintf("must not exceed maxPollInterval (%s)", w.MaxPollInterval)))
+	}
+
+	c, cp := &a.Coder, p.Child("coder")
+	errs = append(errs, positive(c.RequestTimeout, cp.Child("requestTimeout"))...)
+	if c.RequestTimeout.Duration > a.RequestTimeout.Duration {
+		errs = append(errs, field.Invalid(cp.Child("requestTimeout"), c.RequestTimeout.String(),
+			fmt.Sprintf("must not exceed aggregatedAPIServer.requestTimeout (%s)", a.RequestTimeout)))
+	}
+
+	s, sp := &c.StaticBackend, cp.Child("staticBackend")
+	switch {
+	case s.Enabled():
+		if u, err := url.Parse(s.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, field.Invalid(sp.Child("url"), s.URL, "must be an absolute http or https URL"))
+		}
+		if s.Namespace == "" {
+			errs = append(errs, field.Required(sp.Child("namespace"), "the namespace the static backend's objects appear in"))
+		} else {
+			for _, msg := range validation.IsDNS1123Label(s.Namespace) {
+				errs = append(errs, field.Invalid(sp.Child("namespace"), s.Namespace, msg))
+			}
+		}
+		switch {
+		case s.SessionTokenFile == "" && s.SessionToken == "":
+			errs = append(errs, field.Required(sp.Child("sessionTokenFile"), "or the --coder-session-token flag"))
+		case s.SessionTokenFile != "" && s.SessionToken != "":
+			errs = append(errs, field.Forbidden(sp.Child("sessionTokenFile"), "may not be combined with the --coder-session-token flag"))
+		}
+	case cfg.App == AppAggregatedAPIServer:
+		errs = append(errs, field.Required(sp.Child("url"),
+			"aggregated-apiserver mode has no CoderControlPlane discovery and needs a static backend (or the --coder-url flag)"))
+	case s.Namespace != "" || s.SessionTokenFile != "" || s.SessionToken != "":
+		errs = append(errs, field.Required(sp.Child("url"), "namespace and session token are set but the URL is not"))
+	}
+	return errs
+}
+
+func positive(d Duration, p *field.Path) field.ErrorList {
+	if d.Duration <= 0 {
+		return field.ErrorList{field.Invalid(p, d.String(), "must be greater than 0")}
+	}
+	return nil
+}
+
+// validateAddress checks a [host]:port listen address; disableable
+// addresses also accept "0", controller-runtime's "off".
+func validateAddress(addr string, p *field.Path, disableable bool) field.ErrorList {
+	if disableable && addr == "0" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return field.ErrorList{field.Invalid(p, addr, "must be a listen address such as \":8080\"")}
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return field.ErrorList{field.Invalid(p, addr, "port must be a number between 0 and 65535")}
+	}
+	return nil
+}

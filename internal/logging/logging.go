@@ -1,0 +1,48 @@
+// Package logging builds the process's zap logger from the configuration
+// and installs it for controller-runtime and klog, so every component,
+// including the Kubernetes libraries, logs in one format.
+package logging
+
+import (
+	"fmt"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/zapr"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/coder/coder-k8s/internal/config"
+)
+
+// New builds a logger for cfg. The returned function flushes buffered
+// entries; call it before the process exits.
+func New(cfg config.Logging) (logr.Logger, func(), error) {
+	level, err := zapcore.ParseLevel(cfg.Level)
+	if err != nil {
+		return logr.Discard(), nil, fmt.Errorf("logging.level: %w", err)
+	}
+	var zc zap.Config
+	switch cfg.Format {
+	case "console":
+		zc = zap.NewDevelopmentConfig()
+		zc.Development = false
+	default:
+		zc = zap.NewProductionConfig()
+		zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	}
+	zc.Level = zap.NewAtomicLevelAt(level)
+	zc.DisableStacktrace = level > zapcore.DebugLevel
+	zl, err := zc.Build()
+	if err != nil {
+		return logr.Discard(), nil, fmt.Errorf("build logger: %w", err)
+	}
+	return zapr.NewLogger(zl), func() { _ = zl.Sync() }, nil
+}
+
+// Install makes log the logger of controller-runtime and klog.
+func Install(log logr.Logger) {
+	ctrl.SetLogger(log)
+	klog.SetLoggerWithOptions(log, klog.ContextualLogger(true))
+}

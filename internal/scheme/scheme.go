@@ -1,0 +1,16 @@
+// Package scheme builds the runtime.Scheme shared by every component's
+// Kubernetes clients and caches.
+package scheme
+
+import (
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+)
+
+// New returns a scheme with the built-in Kubernetes types and coder-k8s's own.
+func New() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	return s
+}
