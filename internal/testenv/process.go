@@ -1,0 +1,240 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ownerEnv marks every process the test stack starts with the PID of the
+// process that owns it, so that a later run can find and stop what a killed
+// run left behind (see Sweep).
+const ownerEnv = "CODER_K8S_TESTENV_OWNER"
+
+// BinDir is where the pinned binaries live: $CODER_K8S_BIN_DIR, else bin/
+// at the repository root.
+func BinDir() (string, error) {
+	if d := os.Getenv("CODER_K8S_BIN_DIR"); d != "" {
+		return filepath.Abs(d)
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find repository root: %w", err)
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			bytes.HasPrefix(b, []byte("module github.com/coder/coder-k8s\n")) {
+			return filepath.Join(dir, "bin"), nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("cannot find the coder-k8s repository root (set CODER_K8S_BIN_DIR)")
+		}
+		dir = parent
+	}
+}
+
+// Binary returns the path of a pinned binary, or an error telling the user
+// how to build it.
+func Binary(name string) (string, error) {
+	dir, err := BinDir()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, name)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s not found in %s: run `make tools` to build the test binaries", name, dir)
+	}
+	return p, nil
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Process is a component of the test stack running as a child process.
+type Process struct {
+	Name    string
+	LogPath string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // set before done is closed
+	once sync.Once
+}
+
+// StartProcess starts cmd with its output in logPath. The child is killed
+// if this process dies (Pdeathsig), and carries ownerEnv so Sweep can find
+// it should that fail.
+func StartProcess(name string, cmd *exec.Cmd, logPath string) (*Process, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("%s: open log: %w", name, err)
+	}
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, ownerEnv+"="+strconv.Itoa(os.Getpid()))
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	cmd.SysProcAttr.Setpgid = true
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Exited reports whether the process has ended, and how.
+func (p *Process) Exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// Stop sends SIGTERM to the process group, then SIGKILL after grace, and
+// waits for the process to end.
+func (p *Process) Stop(grace time.Duration) {
+	p.once.Do(func() {
+		pgid := -p.cmd.Process.Pid
+		_ = syscall.Kill(pgid, syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(grace):
+			_ = syscall.Kill(pgid, syscall.SIGKILL)
+			<-p.done
+		}
+	})
+}
+
+// LogTail returns the last n lines of the process's output.
+func (p *Process) LogTail(n int) string { return LogTail(p.LogPath, n) }
+
+// LogTail returns the last n lines of a log file.
+func LogTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// WaitReady polls check until it succeeds, the process exits, or timeout
+// passes; failures carry the process's log tail so the cause is visible.
+func (p *Process) WaitReady(ctx context.Context, timeout time.Duration, check func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		if exited, err := p.Exited(); exited {
+			return fmt.Errorf("%s exited before it was ready (%v); log tail:\n%s", p.Name, err, p.LogTail(30))
+		}
+		if last = check(ctx); last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready after %s: %v; log tail:\n%s", p.Name, timeout, last, p.LogTail(30))
+		case <-p.done:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// stackRoot holds every data directory the test stack creates, one
+// directory per owning process, so Sweep can remove what dead owners left.
+func stackRoot() string { return filepath.Join(os.TempDir(), "coder-k8s-testenv") }
+
+// newStackDir makes a private directory for one component of this run.
+func newStackDir(name string) (string, error) {
+	base := filepath.Join(stackRoot(), strconv.Itoa(os.Getpid()))
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return "", fmt.Errorf("create test stack directory: %w", err)
+	}
+	dir, err := os.MkdirTemp(base, name+"-")
+	if err != nil {
+		return "", fmt.Errorf("create %s directory: %w", name, err)
+	}
+	return dir, nil
+}
+
+var sweepOnce sync.Once
+
+// Sweep stops processes and removes directories left by earlier runs whose
+// owning process is gone (a test binary killed by a timeout or SIGKILL), so
+// every run starts clean. It runs once per process, from every Start*.
+func Sweep() {
+	sweepOnce.Do(func() {
+		// Children inherit the marker, so envtest's kube-apiserver and
+		// etcd carry it too.
+		_ = os.Setenv(ownerEnv, strconv.Itoa(os.Getpid()))
+		procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+		for _, envPath := range procs {
+			b, err := os.ReadFile(envPath)
+			if err != nil {
+				continue
+			}
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(envPath)))
+			if pid == os.Getpid() {
+				continue
+			}
+			for _, kv := range bytes.Split(b, []byte{0}) {
+				owner, ok := strings.CutPrefix(string(kv), ownerEnv+"=")
+				if !ok {
+					continue
+				}
+				if o, err := strconv.Atoi(owner); err == nil && o != pid && !alive(o) {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+				break
+			}
+		}
+		dirs, _ := os.ReadDir(stackRoot())
+		for _, d := range dirs {
+			if o, err := strconv.Atoi(d.Name()); err == nil && !alive(o) {
+				_ = os.RemoveAll(filepath.Join(stackRoot(), d.Name()))
+			}
+		}
+	})
+}
+
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}

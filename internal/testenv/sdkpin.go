@@ -1,0 +1,3 @@
+package testenv
+
+import _ "github.com/coder/coder/v2/codersdk"
