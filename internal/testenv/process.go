@@ -27,6 +27,16 @@ func BinDir() (string, error) {
 	if d := os.Getenv("CODER_K8S_BIN_DIR"); d != "" {
 		return filepath.Abs(d)
 	}
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "bin"), nil
+}
+
+// RepoRoot finds the coder-k8s repository root above the working directory
+// (tests run in their package's directory).
+func RepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", fmt.Errorf("find repository root: %w", err)
@@ -34,11 +44,11 @@ func BinDir() (string, error) {
 	for {
 		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
 			bytes.HasPrefix(b, []byte("module github.com/coder/coder-k8s\n")) {
-			return filepath.Join(dir, "bin"), nil
+			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errors.New("cannot find the coder-k8s repository root (set CODER_K8S_BIN_DIR)")
+			return "", errors.New("cannot find the coder-k8s repository root above the working directory (set CODER_K8S_BIN_DIR)")
 		}
 		dir = parent
 	}

@@ -1,0 +1,321 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// KubeAPI is a real kube-apiserver backed by a real etcd, with the
+// aggregation layer's front proxy configured as in a cluster and the
+// project's CRDs installed.
+type KubeAPI struct {
+	// Config is an admin (system:masters) client configuration.
+	Config *rest.Config
+	// KubeconfigPath is a kubeconfig file for Config, for kubectl, helm and
+	// the coder-k8s binary.
+	KubeconfigPath string
+	Clientset      *kubernetes.Clientset
+	// Dir holds the kubeconfig and the front-proxy certificates.
+	Dir string
+
+	env *envtest.Environment
+}
+
+// KubeAPIOptions tunes StartKubeAPI.
+type KubeAPIOptions struct {
+	// CRDDirs are directories of CRD manifests to install; empty means the
+	// repository's config/crd/bases.
+	CRDDirs []string
+}
+
+// frontProxyUser is the identity kube-apiserver presents when it proxies a
+// request to an aggregated API server, as in clusters set up by kubeadm.
+const frontProxyUser = "front-proxy-client"
+
+// StartKubeAPI starts etcd and kube-apiserver and installs the CRDs.
+func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
+	Sweep()
+	bin, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range []string{"kube-apiserver", "etcd"} {
+		if _, err := Binary(name); err != nil {
+			return nil, err
+		}
+	}
+	crdDirs := opts.CRDDirs
+	if len(crdDirs) == 0 {
+		root, err := RepoRoot()
+		if err != nil {
+			return nil, err
+		}
+		if d := filepath.Join(root, "config", "crd", "bases"); dirExists(d) {
+			crdDirs = []string{d}
+		}
+	}
+	dir, err := newStackDir("kube")
+	if err != nil {
+		return nil, err
+	}
+	k := &KubeAPI{Dir: dir}
+
+	// The front proxy: kube-apiserver authenticates to aggregated API
+	// servers with this client certificate and passes the user in
+	// X-Remote-* headers, which aggregated servers trust because the
+	// certificate chains to the requestheader CA.
+	proxyCA, err := NewCA("front-proxy-ca")
+	if err != nil {
+		return nil, err
+	}
+	proxyClient, err := proxyCA.ClientCert(frontProxyUser)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string][]byte{
+		"front-proxy-ca.crt":     proxyCA.CertPEM,
+		"front-proxy-client.crt": proxyClient.CertPEM,
+		"front-proxy-client.key": proxyClient.KeyPEM,
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			return nil, fmt.Errorf("write %s: %w", name, err)
+		}
+	}
+
+	k.env = &envtest.Environment{
+		BinaryAssetsDirectory: bin,
+		CRDDirectoryPaths:     crdDirs,
+		ErrorIfCRDPathMissing: len(opts.CRDDirs) > 0,
+	}
+	args := k.env.ControlPlane.GetAPIServer().Configure()
+	args.Set("requestheader-client-ca-file", filepath.Join(dir, "front-proxy-ca.crt"))
+	args.Set("requestheader-allowed-names", frontProxyUser)
+	args.Set("requestheader-username-headers", "X-Remote-User")
+	args.Set("requestheader-group-headers", "X-Remote-Group")
+	args.Set("requestheader-extra-headers-prefix", "X-Remote-Extra-")
+	args.Set("proxy-client-cert-file", filepath.Join(dir, "front-proxy-client.crt"))
+	args.Set("proxy-client-key-file", filepath.Join(dir, "front-proxy-client.key"))
+
+	cfg, err := k.env.Start()
+	if err != nil {
+		k.Stop()
+		return nil, fmt.Errorf("start kube-apiserver and etcd: %w", err)
+	}
+	k.Config = cfg
+	if k.Clientset, err = kubernetes.NewForConfig(cfg); err != nil {
+		k.Stop()
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	user, err := k.env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		k.Stop()
+		return nil, fmt.Errorf("add admin user: %w", err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		k.Stop()
+		return nil, fmt.Errorf("admin kubeconfig: %w", err)
+	}
+	k.KubeconfigPath = filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(k.KubeconfigPath, kubeconfig, 0o600); err != nil {
+		k.Stop()
+		return nil, fmt.Errorf("write kubeconfig: %w", err)
+	}
+	return k, nil
+}
+
+// NewKubeAPI starts a KubeAPI for a test and stops it when the test ends.
+func NewKubeAPI(t testing.TB, opts KubeAPIOptions) *KubeAPI {
+	t.Helper()
+	k, err := StartKubeAPI(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("kube-apiserver: %v", err)
+	}
+	t.Cleanup(k.Stop)
+	return k
+}
+
+// Stop stops kube-apiserver and etcd and removes their data.
+func (k *KubeAPI) Stop() {
+	if k.env != nil {
+		_ = k.env.Stop()
+		k.env = nil
+	}
+	if k.Dir != "" {
+		_ = os.RemoveAll(k.Dir)
+	}
+}
+
+// UserConfig returns a client configuration authenticating as user name in
+// groups, with no permissions beyond what RBAC grants them.
+func (k *KubeAPI) UserConfig(name string, groups ...string) (*rest.Config, error) {
+	u, err := k.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("add user %q: %w", name, err)
+	}
+	return u.Config(), nil
+}
+
+// APIService describes an aggregated API server running on this machine
+// that kube-apiserver should route a group version to.
+type APIService struct {
+	Group, Version string
+	// Port is where the server listens on localhost.
+	Port int
+	// CABundle verifies the server's certificate, which must be valid for
+	// ServiceDNSName(ServiceName, ServiceNamespace).
+	CABundle []byte
+	// ServiceName and ServiceNamespace name the ExternalName Service that
+	// points at the server.
+	ServiceName, ServiceNamespace string
+	// Timeout bounds the wait for discovery; zero means one minute.
+	Timeout time.Duration
+}
+
+// ServiceDNSName is the name kube-apiserver's aggregator checks an
+// aggregated server's certificate against.
+func ServiceDNSName(name, namespace string) string { return name + "." + namespace + ".svc" }
+
+// RegisterAPIService routes svc's group version through kube-apiserver to
+// a server on localhost: an ExternalName Service (Endpoints may not hold
+// loopback addresses) and an APIService carrying the CA bundle. It waits
+// until kube-apiserver's discovery lists the group version's resources.
+func (k *KubeAPI) RegisterAPIService(ctx context.Context, svc APIService) error {
+	if svc.Group == "" || svc.Version == "" || svc.Port == 0 || svc.ServiceName == "" || svc.ServiceNamespace == "" {
+		return errors.New("register APIService: group, version, port, service name and namespace are required")
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svc.ServiceNamespace}}
+	if _, err := k.Clientset.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", svc.ServiceNamespace, err)
+	}
+	service := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: svc.ServiceName, Namespace: svc.ServiceNamespace},
+		Spec: corev1.ServiceSpec{
+			Type:         corev1.ServiceTypeExternalName,
+			ExternalName: "localhost",
+			Ports: []corev1.ServicePort{{
+				Name: "https", Port: int32(svc.Port), TargetPort: intstr.FromInt(svc.Port), Protocol: corev1.ProtocolTCP,
+			}},
+		},
+	}
+	services := k.Clientset.CoreV1().Services(svc.ServiceNamespace)
+	if _, err := services.Create(ctx, service, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		existing, err := services.Get(ctx, svc.ServiceName, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("get service %s: %w", svc.ServiceName, err)
+		}
+		existing.Spec = service.Spec
+		if _, err := services.Update(ctx, existing, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("update service %s: %w", svc.ServiceName, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("create service %s: %w", svc.ServiceName, err)
+	}
+
+	agg, err := aggregatorclient.NewForConfig(k.Config)
+	if err != nil {
+		return fmt.Errorf("aggregator client: %w", err)
+	}
+	port := int32(svc.Port)
+	apiService := &apiregistrationv1.APIService{
+		ObjectMeta: metav1.ObjectMeta{Name: svc.Version + "." + svc.Group},
+		Spec: apiregistrationv1.APIServiceSpec{
+			Group:                svc.Group,
+			Version:              svc.Version,
+			Service:              &apiregistrationv1.ServiceReference{Namespace: svc.ServiceNamespace, Name: svc.ServiceName, Port: &port},
+			CABundle:             svc.CABundle,
+			GroupPriorityMinimum: 1000,
+			VersionPriority:      15,
+		},
+	}
+	apiServices := agg.ApiregistrationV1().APIServices()
+	if _, err := apiServices.Create(ctx, apiService, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		existing, err := apiServices.Get(ctx, apiService.Name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("get APIService %s: %w", apiService.Name, err)
+		}
+		existing.Spec = apiService.Spec
+		if _, err := apiServices.Update(ctx, existing, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("update APIService %s: %w", apiService.Name, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("create APIService %s: %w", apiService.Name, err)
+	}
+
+	timeout := svc.Timeout
+	if timeout == 0 {
+		timeout = time.Minute
+	}
+	return k.WaitForDiscovery(ctx, svc.Group+"/"+svc.Version, timeout)
+}
+
+// WaitForDiscovery waits until kube-apiserver's discovery serves resources
+// for groupVersion; on timeout the error includes the APIService status.
+func (k *KubeAPI) WaitForDiscovery(ctx context.Context, groupVersion string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		list, err := k.Clientset.Discovery().ServerResourcesForGroupVersion(groupVersion)
+		switch {
+		case err != nil:
+			last = err
+		case len(list.APIResources) == 0:
+			last = errors.New("no resources listed")
+		default:
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("discovery of %s through kube-apiserver: %v; %s", groupVersion, last, k.apiServiceStatus(groupVersion))
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (k *KubeAPI) apiServiceStatus(groupVersion string) string {
+	agg, err := aggregatorclient.NewForConfig(k.Config)
+	if err != nil {
+		return ""
+	}
+	group, version := splitGroupVersion(groupVersion)
+	s, err := agg.ApiregistrationV1().APIServices().Get(context.Background(), version+"."+group, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Sprintf("APIService: %v", err)
+	}
+	out := "APIService conditions:"
+	for _, c := range s.Status.Conditions {
+		out += fmt.Sprintf(" %s=%s (%s: %s)", c.Type, c.Status, c.Reason, c.Message)
+	}
+	return out
+}
+
+func splitGroupVersion(gv string) (group, version string) {
+	for i := len(gv) - 1; i >= 0; i-- {
+		if gv[i] == '/' {
+			return gv[:i], gv[i+1:]
+		}
+	}
+	return "", gv
+}
+
+func dirExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}
