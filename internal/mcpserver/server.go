@@ -77,7 +77,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // Handler routes the health endpoints.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /healthz", &healthz.Handler{Checks: map[string]healthz.Checker{"ping": healthz.Ping}})
-	mux.Handle("GET /readyz", &healthz.Handler{Checks: map[string]healthz.Checker{"dependencies": s.ready}})
+	// healthz.Handler serves its checks below the prefix it is mounted at
+	// (/readyz, /readyz/dependencies), like controller-runtime's probes.
+	for prefix, checks := range map[string]map[string]healthz.Checker{
+		"/healthz": {"ping": healthz.Ping},
+		"/readyz":  {"dependencies": s.ready},
+	} {
+		h := http.StripPrefix(prefix, &healthz.Handler{Checks: checks})
+		mux.Handle("GET "+prefix, h)
+		mux.Handle("GET "+prefix+"/", h)
+	}
 	return mux
 }

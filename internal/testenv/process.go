@@ -131,6 +131,10 @@ func (p *Process) Exited() (bool, error) {
 	}
 }
 
+// Signal sends sig to the process itself (not its group), as a container
+// runtime does to PID 1.
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
 // Stop sends SIGTERM to the process group, then SIGKILL after grace, and
 // waits for the process to end.
 func (p *Process) Stop(grace time.Duration) {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -14,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	apiserverconfig "k8s.io/apiserver/pkg/apis/apiserver"
 	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/apiserver/pkg/server/options"
 	"k8s.io/component-base/compatibility"
 
@@ -93,10 +94,6 @@ func (s *Server) build() (*genericapiserver.GenericAPIServer, error) {
 
 	authn := options.NewDelegatingAuthenticationOptions()
 	authn.RemoteKubeConfigFile = s.kubeconfig
-	authn.Anonymous = &apiserverconfig.AnonymousAuthConfig{Enabled: true}
-	for _, p := range healthPaths {
-		authn.Anonymous.Conditions = append(authn.Anonymous.Conditions, apiserverconfig.AnonymousAuthCondition{Path: p})
-	}
 	authz := options.NewDelegatingAuthorizationOptions()
 	authz.RemoteKubeConfigFile = s.kubeconfig
 	authz.AlwaysAllowPaths = healthPaths
@@ -112,9 +109,17 @@ func (s *Server) build() (*genericapiserver.GenericAPIServer, error) {
 	if err := authn.ApplyTo(&rc.Authentication, rc.SecureServing, rc.OpenAPIConfig); err != nil {
 		return nil, fmt.Errorf("delegated authentication: %w", err)
 	}
+	// ApplyTo always enables anonymous authentication; keep it for the
+	// health paths only, so every other anonymous request gets 401.
+	rc.Authentication.Authenticator = anonymousOnlyFor(rc.Authentication.Authenticator, healthPaths)
 	if err := authz.ApplyTo(&rc.Authorization); err != nil {
 		return nil, fmt.Errorf("delegated authorization: %w", err)
 	}
+	// Until the client CA bundles from kube-apiserver have loaded, every
+	// proxied request would be refused; do not report ready before then.
+	rc.AddReadyzChecks(healthz.NamedCheck("delegated-authentication", func(*http.Request) error {
+		return authenticationLoaded(&rc.Config)
+	}))
 	gs, err := rc.Complete().New("coder-k8s-aggregated-apiserver", genericapiserver.NewEmptyDelegate())
 	if err != nil {
 		return nil, fmt.Errorf("create aggregated API server: %w", err)
