@@ -50,8 +50,8 @@ func TestMain(m *testing.M) {
 type Operator struct {
 	*testenv.Process
 	Health, Metrics, MCP string // http://127.0.0.1:PORT
-	Aggregated              string // https://127.0.0.1:PORT
-	LeaseName               string
+	Aggregated           string // https://127.0.0.1:PORT
+	LeaseName            string
 }
 
 // OperatorOptions describes one coder-k8s process.
