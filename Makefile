@@ -32,6 +32,12 @@ build: ## Build bin/coder-k8s.
 docker-build: ## Build the container image (needs a Docker engine).
 	docker build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t coder-k8s:$(VERSION) .
 
+##@ Run
+
+.PHONY: dev
+dev: tools build ## Run the local stack (kube-apiserver, etcd, PostgreSQL, coderd) plus coder-k8s; Ctrl-C stops it.
+	$(GO) run ./hack/dev --state-dir .dev --operator $(BIN)/coder-k8s
+
 ##@ Test
 
 .PHONY: test

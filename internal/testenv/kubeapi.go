@@ -158,7 +158,7 @@ func (k *KubeAPI) Stop() {
 		k.env = nil
 	}
 	if k.Dir != "" {
-		_ = os.RemoveAll(k.Dir)
+		removeStackDir(k.Dir)
 	}
 }
 
@@ -200,9 +200,8 @@ func (k *KubeAPI) RegisterAPIService(ctx context.Context, svc APIService) error 
 	if svc.Group == "" || svc.Version == "" || svc.Port == 0 || svc.ServiceName == "" || svc.ServiceNamespace == "" {
 		return errors.New("register APIService: group, version, port, service name and namespace are required")
 	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svc.ServiceNamespace}}
-	if _, err := k.Clientset.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create namespace %s: %w", svc.ServiceNamespace, err)
+	if err := k.EnsureNamespace(ctx, svc.ServiceNamespace); err != nil {
+		return err
 	}
 	service := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: svc.ServiceName, Namespace: svc.ServiceNamespace},
@@ -263,6 +262,29 @@ func (k *KubeAPI) RegisterAPIService(ctx context.Context, svc APIService) error 
 		timeout = time.Minute
 	}
 	return k.WaitForDiscovery(ctx, svc.Group+"/"+svc.Version, timeout)
+}
+
+// UnregisterAPIService removes the APIService for group/version, so that
+// kube-apiserver stops routing (and reporting discovery errors for) it.
+func (k *KubeAPI) UnregisterAPIService(ctx context.Context, group, version string) error {
+	agg, err := aggregatorclient.NewForConfig(k.Config)
+	if err != nil {
+		return fmt.Errorf("aggregator client: %w", err)
+	}
+	err = agg.ApiregistrationV1().APIServices().Delete(ctx, version+"."+group, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete APIService %s.%s: %w", version, group, err)
+	}
+	return nil
+}
+
+// EnsureNamespace creates namespace name unless it exists.
+func (k *KubeAPI) EnsureNamespace(ctx context.Context, name string) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := k.Clientset.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", name, err)
+	}
+	return nil
 }
 
 // WaitForDiscovery waits until kube-apiserver's discovery serves resources

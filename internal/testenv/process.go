@@ -205,6 +205,13 @@ func newStackDir(name string) (string, error) {
 	return dir, nil
 }
 
+// removeStackDir removes a component's directory, and this process's
+// directory under stackRoot once it is empty.
+func removeStackDir(dir string) {
+	_ = os.RemoveAll(dir)
+	_ = os.Remove(filepath.Dir(dir)) // fails, as intended, while not empty
+}
+
 var sweepOnce sync.Once
 
 // Sweep stops processes and removes directories left by earlier runs whose

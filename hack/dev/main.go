@@ -1,0 +1,263 @@
+// Command dev runs the local stack behind `make dev`: kube-apiserver + etcd,
+// PostgreSQL + coderd with a demo template and workspace, and coder-k8s in
+// all mode against them. It prints how to use the stack and stops
+// everything on Ctrl-C.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+const (
+	demoTemplate  = "demo"
+	demoWorkspace = "demo"
+	// The Service the APIService points at; the serving certificate names it.
+	serviceName      = "coder-k8s"
+	serviceNamespace = "coder-system"
+	aggregatedGroup  = "aggregation.coder.com"
+	aggregatedVer    = "v1alpha1"
+)
+
+func main() {
+	stateDir := flag.String("state-dir", ".dev", "directory for the generated kubeconfig, config file, certificates and logs")
+	operator := flag.String("operator", "bin/coder-k8s", "coder-k8s binary to run")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *stateDir, *operator); err != nil {
+		fmt.Fprintln(os.Stderr, "dev:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, stateDir, operatorBin string) error {
+	stateDir, err := filepath.Abs(stateDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", stateDir, err)
+	}
+	if _, err := os.Stat(operatorBin); err != nil {
+		return fmt.Errorf("%s not found: run `make build`", operatorBin)
+	}
+
+	step("starting kube-apiserver and etcd")
+	kube, err := testenv.StartKubeAPI(ctx, testenv.KubeAPIOptions{})
+	if err != nil {
+		return err
+	}
+	defer kube.Stop()
+
+	step("starting PostgreSQL and coderd (Terraform provisioner: OpenTofu)")
+	coder, err := testenv.StartCoder(ctx, testenv.CoderOptions{})
+	if err != nil {
+		return err
+	}
+	defer coder.Stop()
+
+	step("pushing template %q and creating workspace %q", demoTemplate, demoWorkspace)
+	if _, err := coder.PushTemplate(ctx, demoTemplate, testenv.ProviderFreeTemplate()); err != nil {
+		return err
+	}
+	if _, err := coder.CreateWorkspace(ctx, demoTemplate, demoWorkspace); err != nil {
+		return err
+	}
+
+	step("starting coder-k8s (app: all)")
+	op, err := startOperator(ctx, stateDir, operatorBin, kube, coder)
+	if err != nil {
+		return err
+	}
+	defer op.proc.Stop(30 * time.Second)
+
+	kubeconfig := filepath.Join(stateDir, "kubeconfig")
+	if err := copyFile(kube.KubeconfigPath, kubeconfig); err != nil {
+		return err
+	}
+	tokenFile := filepath.Join(stateDir, "coder-session-token")
+	if err := os.WriteFile(tokenFile, []byte(coder.SessionToken), 0o600); err != nil {
+		return fmt.Errorf("write session token: %w", err)
+	}
+
+	fmt.Printf(`
+coder-k8s dev stack is up. In another shell:
+
+  export KUBECONFIG=%s
+  kubectl get ns
+  kubectl get lease -n %s                   # the controller's leader lease
+
+Coder:        %s
+  user:       %s / %s
+  token:      %s
+  workspace:  %s (template %s)
+coder-k8s:
+  health:     %s/readyz
+  metrics:    %s/metrics
+  MCP:        %s/mcp
+  aggregated: %s  (%s)
+  log:        %s
+
+Ctrl-C stops everything.
+`, kubeconfig, serviceNamespace, coder.URL, coder.Email, coder.Password, tokenFile,
+		demoWorkspace, demoTemplate, op.health, op.metrics, op.mcp, op.aggregated, op.apiService, op.proc.LogPath)
+
+	select {
+	case <-ctx.Done():
+		step("stopping")
+		return nil
+	case <-op.exited():
+		_, err := op.proc.Exited()
+		return fmt.Errorf("coder-k8s exited (%v); log tail:\n%s", err, op.proc.LogTail(30))
+	}
+}
+
+type operator struct {
+	proc                                         *testenv.Process
+	health, metrics, mcp, aggregated, apiService string
+}
+
+func (o *operator) exited() <-chan struct{} {
+	c := make(chan struct{})
+	go func() {
+		for {
+			if done, _ := o.proc.Exited(); done {
+				close(c)
+				return
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}()
+	return c
+}
+
+func startOperator(ctx context.Context, stateDir, bin string, kube *testenv.KubeAPI, coder *testenv.Coder) (*operator, error) {
+	ports := map[string]int{}
+	for _, name := range []string{"health", "metrics", "aggregated", "mcp"} {
+		p, err := testenv.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[name] = p
+	}
+
+	// A serving certificate for the Service name, so the APIService can
+	// carry a CA bundle as it does in a cluster.
+	certDir := filepath.Join(stateDir, "certs")
+	if err := os.MkdirAll(certDir, 0o700); err != nil {
+		return nil, err
+	}
+	ca, err := testenv.NewCA("coder-k8s-dev-ca")
+	if err != nil {
+		return nil, err
+	}
+	serving, err := ca.ServingCert([]string{testenv.ServiceDNSName(serviceName, serviceNamespace), "localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
+	if err != nil {
+		return nil, err
+	}
+	if err := serving.WriteTo(certDir); err != nil {
+		return nil, err
+	}
+
+	cfgPath := filepath.Join(stateDir, "config.yaml")
+	cfg := fmt.Sprintf(`apiVersion: config.coder.com/v1alpha1
+kind: CoderK8sConfiguration
+app: all
+logging: {level: info, format: console}
+kubernetes: {kubeconfig: %q}
+controller:
+  healthProbeBindAddress: "127.0.0.1:%d"
+  metricsBindAddress: "127.0.0.1:%d"
+  leaderElection: {namespace: %s}
+aggregatedAPIServer:
+  bindAddress: 127.0.0.1
+  securePort: %d
+  certDir: %q
+mcp:
+  bindAddress: "127.0.0.1:%d"
+`, kube.KubeconfigPath, ports["health"], ports["metrics"], serviceNamespace, ports["aggregated"], certDir, ports["mcp"])
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return nil, fmt.Errorf("write %s: %w", cfgPath, err)
+	}
+	if err := kube.EnsureNamespace(ctx, serviceNamespace); err != nil {
+		return nil, err
+	}
+
+	proc, err := testenv.StartProcess("coder-k8s", exec.Command(bin, "--config", cfgPath), filepath.Join(stateDir, "coder-k8s.log"))
+	if err != nil {
+		return nil, err
+	}
+	op := &operator{
+		proc:       proc,
+		health:     "http://127.0.0.1:" + strconv.Itoa(ports["health"]),
+		metrics:    "http://127.0.0.1:" + strconv.Itoa(ports["metrics"]),
+		mcp:        "http://127.0.0.1:" + strconv.Itoa(ports["mcp"]),
+		aggregated: "https://127.0.0.1:" + strconv.Itoa(ports["aggregated"]),
+	}
+	err = proc.WaitReady(ctx, time.Minute, func(ctx context.Context) error {
+		return httpOK(ctx, op.health+"/readyz")
+	})
+	if err != nil {
+		proc.Stop(10 * time.Second)
+		return nil, err
+	}
+
+	// Route aggregation.coder.com through kube-apiserver once this build
+	// serves it; an APIService for a group the server lacks would only make
+	// every kubectl call print discovery errors.
+	err = kube.RegisterAPIService(ctx, testenv.APIService{
+		Group: aggregatedGroup, Version: aggregatedVer, Port: ports["aggregated"], CABundle: ca.CertPEM,
+		ServiceName: serviceName, ServiceNamespace: serviceNamespace, Timeout: 15 * time.Second,
+	})
+	switch {
+	case err == nil:
+		op.apiService = "APIService v1alpha1.aggregation.coder.com registered"
+	default:
+		_ = kube.UnregisterAPIService(ctx, aggregatedGroup, aggregatedVer)
+		op.apiService = "APIService not registered: this build does not serve " + aggregatedGroup + " yet"
+	}
+	return op, nil
+}
+
+func httpOK(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(url + ": " + resp.Status)
+	}
+	return nil
+}
+
+func copyFile(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(to, b, 0o600)
+}
+
+func step(format string, args ...any) {
+	fmt.Printf("==> "+format+"\n", args...)
+}

@@ -1,0 +1,591 @@
+package testenv
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+)
+
+// defaultCoderStartTimeout bounds the wait for coderd to answer. It
+// normally answers within a few seconds (database migrations included).
+const defaultCoderStartTimeout = 60 * time.Second
+
+// CoderOptions configures StartCoder.
+type CoderOptions struct {
+	// SkipFirstUser leaves coderd without its first user, for tests of
+	// first-user setup done by the operator.
+	SkipFirstUser bool
+	// Postgres, when set, is used instead of starting a private one (a new
+	// database is created in it). Stop leaves it running.
+	Postgres *Postgres
+	// PostgresURL, when set, is the database coderd uses as it is: no
+	// server is started and no database created (for a database managed
+	// elsewhere). It takes precedence over Postgres.
+	PostgresURL string
+	// HTTPPort is the loopback port coderd listens on; 0 picks a free
+	// one. `make dev` sets it to get a stable URL.
+	HTTPPort int
+	// StartTimeout bounds the wait for coderd to become ready; 0 means one
+	// minute. coderd itself retries an unreachable database for 30s.
+	StartTimeout time.Duration
+}
+
+// Coder is a running coderd with an in-process Terraform (OpenTofu)
+// provisioner, backed by PostgreSQL.
+type Coder struct {
+	URL *url.URL
+	// Client is authenticated as the first user (nil with SkipFirstUser).
+	Client *codersdk.Client
+	// SessionToken is the first user's session token ("" with SkipFirstUser).
+	SessionToken string
+	// OrganizationID is the default organization (zero with SkipFirstUser).
+	OrganizationID uuid.UUID
+	// Username, Email and Password are the first user's credentials (empty
+	// with SkipFirstUser).
+	Username, Email, Password string
+	// DataDir holds coderd's cache, config, home directory and log; Stop
+	// removes it.
+	DataDir string
+	// DatabaseURL is the database coderd uses.
+	DatabaseURL string
+	// Postgres is the server holding the database (nil with PostgresURL).
+	Postgres *Postgres
+	Process  *Process
+
+	ownsPostgres bool
+	stopOnce     sync.Once
+}
+
+// StartCoder starts PostgreSQL (unless opts supplies one) and coderd on
+// loopback, waits until coderd answers, and creates the first user unless
+// opts.SkipFirstUser. coderd never needs the network: telemetry, update
+// checks and STUN are off, and Terraform is the pinned OpenTofu in bin/.
+func StartCoder(ctx context.Context, opts CoderOptions) (*Coder, error) {
+	Sweep()
+	// Resolve the binaries first: a missing one should fail at once, not
+	// after a database has been set up.
+	coderBin, err := Binary("coder")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := Binary("terraform"); err != nil {
+		// Without it coderd would try to download Terraform.
+		return nil, err
+	}
+	binDir, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := newStackDir("coder")
+	if err != nil {
+		return nil, err
+	}
+	c := &Coder{DataDir: dir}
+	if err := c.start(ctx, opts, coderBin, binDir); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Coder) start(ctx context.Context, opts CoderOptions, coderBin, binDir string) error {
+	switch {
+	case opts.PostgresURL != "":
+		c.DatabaseURL = opts.PostgresURL
+	case opts.Postgres != nil:
+		c.Postgres = opts.Postgres
+		db, err := opts.Postgres.CreateDatabase(ctx, "coder_"+randomHex(6))
+		if err != nil {
+			return fmt.Errorf("start coderd: %w", err)
+		}
+		c.DatabaseURL = db
+	default:
+		pg, err := StartPostgres(ctx)
+		if err != nil {
+			return fmt.Errorf("start coderd: %w", err)
+		}
+		c.Postgres, c.ownsPostgres = pg, true
+		db, err := pg.CreateDatabase(ctx, "coder")
+		if err != nil {
+			return fmt.Errorf("start coderd: %w", err)
+		}
+		c.DatabaseURL = db
+	}
+
+	env, err := c.environment(binDir)
+	if err != nil {
+		return err
+	}
+	timeout := opts.StartTimeout
+	if timeout == 0 {
+		timeout = defaultCoderStartTimeout
+	}
+	// FreePort leaves a window in which another process can take the port;
+	// on that (rare) race, try again with a new one.
+	for attempt := 1; ; attempt++ {
+		port := opts.HTTPPort
+		if port == 0 {
+			if port, err = FreePort(); err != nil {
+				return err
+			}
+		}
+		err = c.startServer(ctx, coderBin, env, port, timeout)
+		if err == nil {
+			break
+		}
+		if opts.HTTPPort != 0 || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return err
+		}
+	}
+
+	if opts.SkipFirstUser {
+		return nil
+	}
+	return c.createFirstUser(ctx)
+}
+
+// environment is coderd's environment: the caller's, minus anything that
+// configures Coder or Terraform, with every directory coderd and tofu
+// write to inside DataDir.
+func (c *Coder) environment(binDir string) ([]string, error) {
+	home := filepath.Join(c.DataDir, "home")
+	for _, d := range []string{home, filepath.Join(c.DataDir, "cache"), filepath.Join(c.DataDir, "config")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("start coderd: %w", err)
+		}
+	}
+	// An empty CLI config: without one tofu warns about the missing
+	// ~/.terraformrc before its version JSON, coderd fails to parse that
+	// and falls back to downloading Terraform.
+	tfrc := filepath.Join(c.DataDir, "terraform.rc")
+	if err := os.WriteFile(tfrc, nil, 0o644); err != nil {
+		return nil, fmt.Errorf("start coderd: %w", err)
+	}
+	env := filterEnv(os.Environ(), "CODER_", "TF_", "PATH=", "HOME=", "XDG_")
+	return append(env,
+		// bin/ first, so `terraform` is the pinned OpenTofu.
+		"PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"HOME="+home,
+		"XDG_CACHE_HOME="+filepath.Join(home, ".cache"),
+		"XDG_CONFIG_HOME="+filepath.Join(home, ".config"),
+		"TF_CLI_CONFIG_FILE="+tfrc,
+		"CODER_CACHE_DIRECTORY="+filepath.Join(c.DataDir, "cache"),
+		"CODER_CONFIG_DIR="+filepath.Join(c.DataDir, "config"),
+	), nil
+}
+
+// startServer runs `coder server` on port and waits until it is the one
+// answering there.
+func (c *Coder) startServer(ctx context.Context, coderBin string, env []string, port int, timeout time.Duration) error {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	c.URL = &url.URL{Scheme: "http", Host: addr}
+	cmd := exec.Command(coderBin, "server",
+		"--postgres-url", c.DatabaseURL,
+		"--http-address", addr,
+		"--access-url", c.URL.String(),
+		// Nothing may leave the machine: no telemetry, no release check,
+		// no STUN servers (the default list is Google's).
+		"--telemetry=false",
+		"--update-check=false",
+		"--derp-server-stun-addresses", "disable",
+		"--oauth2-github-default-provider-enable=false",
+	)
+	cmd.Dir = c.DataDir
+	cmd.Env = env
+	proc, err := StartProcess("coderd", cmd, filepath.Join(c.DataDir, "coderd.log"))
+	if err != nil {
+		return err
+	}
+	c.Process = proc
+	httpClient := &http.Client{Timeout: 5 * time.Second}
+	listening := "Started HTTP listener at " + c.URL.String()
+	err = proc.WaitReady(ctx, timeout, func(ctx context.Context) error {
+		// Another process could hold the port and answer the health
+		// check: require coderd's own word that it listens there.
+		if log, _ := os.ReadFile(proc.LogPath); !bytes.Contains(log, []byte(listening)) {
+			return errors.New("coderd is not listening yet")
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL.JoinPath("healthz").String(), nil)
+		if err != nil {
+			return err
+		}
+		res, err := httpClient.Do(req)
+		if err != nil {
+			return err
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /healthz: %s", res.Status)
+		}
+		return nil
+	})
+	if err != nil {
+		// A coderd that never got ready has nothing to drain, and while it
+		// retries the database it ignores SIGTERM: do not wait long.
+		proc.Stop(2 * time.Second)
+		return fmt.Errorf("start coderd: %w", err)
+	}
+	return nil
+}
+
+// createFirstUser sets up the owner account and logs in as it.
+func (c *Coder) createFirstUser(ctx context.Context) error {
+	c.Username = "admin"
+	c.Email = "admin@example.com"
+	// Random and long enough to pass coderd's password strength check.
+	c.Password = "Testenv-" + randomHex(12)
+	client := codersdk.New(c.URL)
+	user, err := client.CreateFirstUser(ctx, codersdk.CreateFirstUserRequest{
+		Email:    c.Email,
+		Username: c.Username,
+		Name:     "Test Admin",
+		Password: c.Password,
+	})
+	if err != nil {
+		return fmt.Errorf("create first coder user: %w", err)
+	}
+	login, err := client.LoginWithPassword(ctx, codersdk.LoginWithPasswordRequest{Email: c.Email, Password: c.Password})
+	if err != nil {
+		return fmt.Errorf("log in as first coder user: %w", err)
+	}
+	client.SetSessionToken(login.SessionToken)
+	c.Client = client
+	c.SessionToken = login.SessionToken
+	c.OrganizationID = user.OrganizationID
+	return nil
+}
+
+// Stop stops coderd (and its private Postgres) and removes their
+// directories; it is safe to call twice.
+func (c *Coder) Stop() {
+	c.stopOnce.Do(func() {
+		if c.Process != nil {
+			// coderd drains within about two seconds; the grace covers
+			// a provisioner job being canceled.
+			c.Process.Stop(15 * time.Second)
+		}
+		if c.ownsPostgres && c.Postgres != nil {
+			c.Postgres.Stop()
+		}
+		if c.DataDir != "" {
+			removeStackDir(c.DataDir)
+		}
+	})
+}
+
+// NewCoder starts a Coder for a test and stops it when the test ends. It
+// fails the test (never skips it) if the stack cannot start.
+func NewCoder(t testing.TB, opts CoderOptions) *Coder {
+	t.Helper()
+	c, err := StartCoder(t.Context(), opts)
+	if err != nil {
+		t.Fatalf("start coder: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			// The directories and their logs are about to go: keep the tails.
+			if c.Process != nil {
+				t.Logf("coderd log tail:\n%s", c.Process.LogTail(50))
+			}
+			if c.ownsPostgres && c.Postgres.Process != nil {
+				t.Logf("postgres log tail:\n%s", c.Postgres.Process.LogTail(20))
+			}
+		}
+		c.Stop()
+	})
+	return c
+}
+
+// ProviderFreeTemplate returns a minimal Terraform template (a variable,
+// locals and outputs, no providers) that builds offline in about a second.
+func ProviderFreeTemplate() map[string]string {
+	return map[string]string{
+		"main.tf": `# A template without providers: tofu needs no registry, so it
+# imports and builds offline.
+variable "greeting" {
+  type        = string
+  description = "Text the workspace build outputs."
+  default     = "hello from coder-k8s"
+}
+
+locals {
+  message = upper(var.greeting)
+}
+
+output "message" {
+  value = local.message
+}
+`,
+	}
+}
+
+// PushTemplate creates (or, if it exists, adds and activates a new version
+// of) a template from files (path -> content) packed as a tar, waits for
+// the version's import job to succeed, and returns the template. On a
+// failed or canceled job the error carries the job's error and logs.
+func (c *Coder) PushTemplate(ctx context.Context, name string, files map[string]string) (codersdk.Template, error) {
+	if c.Client == nil {
+		return codersdk.Template{}, fmt.Errorf("push template %q: coder has no first user (SkipFirstUser)", name)
+	}
+	archive, err := tarFiles(files)
+	if err != nil {
+		return codersdk.Template{}, fmt.Errorf("push template %q: %w", name, err)
+	}
+	upload, err := c.Client.Upload(ctx, codersdk.ContentTypeTar, bytes.NewReader(archive))
+	if err != nil {
+		return codersdk.Template{}, fmt.Errorf("push template %q: upload: %w", name, err)
+	}
+	existing, err := c.Client.TemplateByName(ctx, c.OrganizationID, name)
+	found := err == nil
+	if err != nil && !isNotFound(err) {
+		return codersdk.Template{}, fmt.Errorf("push template %q: %w", name, err)
+	}
+	req := codersdk.CreateTemplateVersionRequest{
+		StorageMethod: codersdk.ProvisionerStorageMethodFile,
+		FileID:        upload.ID,
+		Provisioner:   codersdk.ProvisionerTypeTerraform,
+	}
+	if found {
+		req.TemplateID = existing.ID
+	}
+	version, err := c.Client.CreateTemplateVersion(ctx, c.OrganizationID, req)
+	if err != nil {
+		return codersdk.Template{}, fmt.Errorf("push template %q: create version: %w", name, err)
+	}
+	if _, err := c.waitTemplateVersion(ctx, version.ID); err != nil {
+		return codersdk.Template{}, fmt.Errorf("push template %q: %w", name, err)
+	}
+	if !found {
+		tpl, err := c.Client.CreateTemplate(ctx, c.OrganizationID, codersdk.CreateTemplateRequest{Name: name, VersionID: version.ID})
+		if err != nil {
+			return codersdk.Template{}, fmt.Errorf("push template %q: create: %w", name, err)
+		}
+		return tpl, nil
+	}
+	if err := c.Client.UpdateActiveTemplateVersion(ctx, existing.ID, codersdk.UpdateActiveTemplateVersion{ID: version.ID}); err != nil {
+		return codersdk.Template{}, fmt.Errorf("push template %q: activate version: %w", name, err)
+	}
+	tpl, err := c.Client.Template(ctx, existing.ID)
+	if err != nil {
+		return codersdk.Template{}, fmt.Errorf("push template %q: %w", name, err)
+	}
+	return tpl, nil
+}
+
+// waitTemplateVersion waits for a template version's import job to end and
+// returns an error unless it succeeded.
+func (c *Coder) waitTemplateVersion(ctx context.Context, id uuid.UUID) (codersdk.TemplateVersion, error) {
+	for {
+		v, err := c.Client.TemplateVersion(ctx, id)
+		if err != nil {
+			return v, fmt.Errorf("get template version %s: %w", id, err)
+		}
+		switch v.Job.Status {
+		case codersdk.ProvisionerJobSucceeded:
+			return v, nil
+		case codersdk.ProvisionerJobFailed, codersdk.ProvisionerJobCanceled:
+			logs := c.jobLogs(ctx, func(ctx context.Context) (<-chan codersdk.ProvisionerJobLog, io.Closer, error) {
+				return c.Client.TemplateVersionLogsAfter(ctx, id, 0)
+			})
+			return v, fmt.Errorf("template version %s import %s: %s; logs:\n%s", id, v.Job.Status, v.Job.Error, logs)
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return v, fmt.Errorf("wait for template version %s import (%s): %w", id, v.Job.Status, err)
+		}
+	}
+}
+
+// CreateWorkspace creates a workspace of template for the first user and
+// waits for its first build to finish.
+func (c *Coder) CreateWorkspace(ctx context.Context, templateName, name string) (codersdk.Workspace, error) {
+	if c.Client == nil {
+		return codersdk.Workspace{}, fmt.Errorf("create workspace %q: coder has no first user (SkipFirstUser)", name)
+	}
+	tpl, err := c.Client.TemplateByName(ctx, c.OrganizationID, templateName)
+	if err != nil {
+		return codersdk.Workspace{}, fmt.Errorf("create workspace %q: get template %q: %w", name, templateName, err)
+	}
+	ws, err := c.Client.CreateUserWorkspace(ctx, c.Username, codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: name})
+	if err != nil {
+		return codersdk.Workspace{}, fmt.Errorf("create workspace %q: %w", name, err)
+	}
+	if _, err := c.WaitBuild(ctx, ws.LatestBuild.ID); err != nil {
+		return codersdk.Workspace{}, fmt.Errorf("create workspace %q: %w", name, err)
+	}
+	return c.workspace(ctx, name)
+}
+
+// StartWorkspace runs a start build and waits for it to finish successfully.
+func (c *Coder) StartWorkspace(ctx context.Context, name string) (codersdk.Workspace, error) {
+	return c.transitionWorkspace(ctx, name, codersdk.WorkspaceTransitionStart)
+}
+
+// StopWorkspace runs a stop build and waits for it to finish successfully.
+func (c *Coder) StopWorkspace(ctx context.Context, name string) (codersdk.Workspace, error) {
+	return c.transitionWorkspace(ctx, name, codersdk.WorkspaceTransitionStop)
+}
+
+func (c *Coder) transitionWorkspace(ctx context.Context, name string, transition codersdk.WorkspaceTransition) (codersdk.Workspace, error) {
+	if c.Client == nil {
+		return codersdk.Workspace{}, fmt.Errorf("%s workspace %q: coder has no first user (SkipFirstUser)", transition, name)
+	}
+	ws, err := c.workspace(ctx, name)
+	if err != nil {
+		return codersdk.Workspace{}, fmt.Errorf("%s workspace: %w", transition, err)
+	}
+	build, err := c.Client.CreateWorkspaceBuild(ctx, ws.ID, codersdk.CreateWorkspaceBuildRequest{Transition: transition})
+	if err != nil {
+		return codersdk.Workspace{}, fmt.Errorf("%s workspace %q: %w", transition, name, err)
+	}
+	if _, err := c.WaitBuild(ctx, build.ID); err != nil {
+		return codersdk.Workspace{}, fmt.Errorf("%s workspace %q: %w", transition, name, err)
+	}
+	return c.workspace(ctx, name)
+}
+
+func (c *Coder) workspace(ctx context.Context, name string) (codersdk.Workspace, error) {
+	ws, err := c.Client.WorkspaceByOwnerAndName(ctx, c.Username, name, codersdk.WorkspaceOptions{})
+	if err != nil {
+		return codersdk.Workspace{}, fmt.Errorf("get workspace %q: %w", name, err)
+	}
+	return ws, nil
+}
+
+// WaitBuild waits for a workspace build to reach a terminal job status and
+// returns an error unless it succeeded.
+func (c *Coder) WaitBuild(ctx context.Context, buildID uuid.UUID) (codersdk.WorkspaceBuild, error) {
+	if c.Client == nil {
+		return codersdk.WorkspaceBuild{}, fmt.Errorf("wait for workspace build %s: coder has no first user (SkipFirstUser)", buildID)
+	}
+	for {
+		b, err := c.Client.WorkspaceBuild(ctx, buildID)
+		if err != nil {
+			return b, fmt.Errorf("get workspace build %s: %w", buildID, err)
+		}
+		switch b.Job.Status {
+		case codersdk.ProvisionerJobSucceeded:
+			return b, nil
+		case codersdk.ProvisionerJobFailed, codersdk.ProvisionerJobCanceled:
+			logs := c.jobLogs(ctx, func(ctx context.Context) (<-chan codersdk.ProvisionerJobLog, io.Closer, error) {
+				return c.Client.WorkspaceBuildLogsAfter(ctx, buildID, 0)
+			})
+			return b, fmt.Errorf("workspace build %s (%s) %s: %s; logs:\n%s", buildID, b.Transition, b.Job.Status, b.Job.Error, logs)
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return b, fmt.Errorf("wait for workspace build %s (%s, %s): %w", buildID, b.Transition, b.Job.Status, err)
+		}
+	}
+}
+
+// jobLogs collects the logs of a finished provisioner job for an error
+// message. The stream ends once the server has sent them all; the timeout
+// keeps a broken stream from hiding the original error.
+func (c *Coder) jobLogs(ctx context.Context, open func(context.Context) (<-chan codersdk.ProvisionerJobLog, io.Closer, error)) string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	logs, closer, err := open(ctx)
+	if err != nil {
+		return fmt.Sprintf("(no logs: %v)", err)
+	}
+	defer closer.Close()
+	var b strings.Builder
+	for {
+		select {
+		case l, ok := <-logs:
+			if !ok {
+				return b.String()
+			}
+			fmt.Fprintf(&b, "%s [%s] %s\n", l.Stage, l.Level, l.Output)
+		case <-ctx.Done():
+			return b.String() + "(log stream cut off)\n"
+		}
+	}
+}
+
+// tarFiles packs files (slash-separated relative path -> content) into a
+// tar archive, with a directory entry for every parent.
+func tarFiles(files map[string]string) ([]byte, error) {
+	names := make([]string, 0, len(files))
+	for name := range files {
+		if !validTemplatePath(name) {
+			return nil, fmt.Errorf("template file %q: path must be relative, slash-separated and inside the template", name)
+		}
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	for _, name := range names {
+		var parents []string
+		for d := path.Dir(name); d != "." && !dirs[d]; d = path.Dir(d) {
+			dirs[d] = true
+			parents = append([]string{d}, parents...)
+		}
+		for _, d := range parents {
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755}); err != nil {
+				return nil, fmt.Errorf("pack template: %w", err)
+			}
+		}
+		content := files[name]
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(content))}); err != nil {
+			return nil, fmt.Errorf("pack template: %w", err)
+		}
+		if _, err := io.WriteString(tw, content); err != nil {
+			return nil, fmt.Errorf("pack template: %w", err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, fmt.Errorf("pack template: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func validTemplatePath(name string) bool {
+	return name != "" && !path.IsAbs(name) && path.Clean(name) == name &&
+		name != ".." && !strings.HasPrefix(name, "../")
+}
+
+func isNotFound(err error) bool {
+	var sdkErr *codersdk.Error
+	return errors.As(err, &sdkErr) && sdkErr.StatusCode() == http.StatusNotFound
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// randomHex returns 2n random hex digits.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b)
+}

@@ -1,3 +1,0 @@
-package testenv
-
-import _ "github.com/coder/coder/v2/codersdk"
