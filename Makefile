@@ -58,8 +58,9 @@ lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
 ##@ Generate
 
 .PHONY: generate
-generate: $(BIN)/controller-gen ## Regenerate deepcopy, CRDs, RBAC and the defaults golden file.
+generate: $(BIN)/controller-gen ## Regenerate deepcopy, CRDs, RBAC, the defaults golden file and the config reference.
 	$(GO) test ./internal/config/ -run TestDefaultsGolden -update >/dev/null
+	$(GO) run ./hack/configdoc --types internal/config/types.go --out docs/config-reference.md
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail when generated files differ from what is committed.

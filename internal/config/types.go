@@ -34,18 +34,25 @@ var AppModes = []AppMode{AppAll, AppController, AppAggregatedAPIServer, AppMCPHT
 // Configuration is the whole coder-k8s configuration file
 // (apiVersion config.coder.com/v1alpha1, kind CoderK8sConfiguration).
 type Configuration struct {
+	// APIVersion must be config.coder.com/v1alpha1.
 	APIVersion string `json:"apiVersion"`
-	Kind       string `json:"kind"`
+	// Kind must be CoderK8sConfiguration.
+	Kind string `json:"kind"`
 
 	// App selects the components to run: all, controller,
 	// aggregated-apiserver or mcp-http.
 	App AppMode `json:"app"`
 
-	Logging             Logging             `json:"logging"`
-	Kubernetes          Kubernetes          `json:"kubernetes"`
-	Controller          Controller          `json:"controller"`
+	// Logging configures the process's logs.
+	Logging Logging `json:"logging"`
+	// Kubernetes configures the Kubernetes API client.
+	Kubernetes Kubernetes `json:"kubernetes"`
+	// Controller configures the reconcilers' manager.
+	Controller Controller `json:"controller"`
+	// AggregatedAPIServer configures the aggregation.coder.com API server.
 	AggregatedAPIServer AggregatedAPIServer `json:"aggregatedAPIServer"`
-	MCP                 MCP                 `json:"mcp"`
+	// MCP configures the Model Context Protocol server.
+	MCP MCP `json:"mcp"`
 }
 
 // Logging configures the zap logger shared by every component.
@@ -62,9 +69,10 @@ type Kubernetes struct {
 	// Kubeconfig is a kubeconfig file path. Empty means $KUBECONFIG, then
 	// the in-cluster service account.
 	Kubeconfig string `json:"kubeconfig"`
-	// QPS and Burst bound the client's request rate.
-	QPS   float32 `json:"qps"`
-	Burst int     `json:"burst"`
+	// QPS is the client's sustained request rate to the Kubernetes API.
+	QPS float32 `json:"qps"`
+	// Burst is the client's short-term request rate limit.
+	Burst int `json:"burst"`
 }
 
 // Controller configures the controller-runtime manager.
@@ -72,36 +80,49 @@ type Controller struct {
 	// HealthProbeBindAddress serves /healthz and /readyz.
 	HealthProbeBindAddress string `json:"healthProbeBindAddress"`
 	// MetricsBindAddress serves Prometheus metrics; "0" disables them.
-	MetricsBindAddress string         `json:"metricsBindAddress"`
-	LeaderElection     LeaderElection `json:"leaderElection"`
+	MetricsBindAddress string `json:"metricsBindAddress"`
+	// LeaderElection makes one replica reconcile while every replica
+	// serves the aggregated API and MCP.
+	LeaderElection LeaderElection `json:"leaderElection"`
 }
 
 // LeaderElection configures the Lease that makes one replica reconcile.
 type LeaderElection struct {
-	Enabled   bool   `json:"enabled"`
+	// Enabled turns leader election on; turn it off only with one replica.
+	Enabled bool `json:"enabled"`
+	// LeaseName names the coordination.k8s.io Lease.
 	LeaseName string `json:"leaseName"`
 	// Namespace of the Lease. Empty means the pod's own namespace.
-	Namespace     string   `json:"namespace"`
+	Namespace string `json:"namespace"`
+	// LeaseDuration is how long a lease is valid without renewal: the
+	// longest a failover waits.
 	LeaseDuration Duration `json:"leaseDuration"`
+	// RenewDeadline is how long the leader keeps retrying to renew before
+	// it gives up leadership.
 	RenewDeadline Duration `json:"renewDeadline"`
-	RetryPeriod   Duration `json:"retryPeriod"`
+	// RetryPeriod is the interval between attempts to acquire or renew.
+	RetryPeriod Duration `json:"retryPeriod"`
 }
 
 // AggregatedAPIServer configures the aggregation.coder.com API server.
 type AggregatedAPIServer struct {
 	// BindAddress is the IP the secure port listens on.
 	BindAddress string `json:"bindAddress"`
-	SecurePort  int    `json:"securePort"`
+	// SecurePort is the HTTPS port kube-apiserver's aggregation layer
+	// connects to.
+	SecurePort int `json:"securePort"`
 	// CertDir holds tls.crt and tls.key. Empty, or a directory without
 	// them, means a self-signed certificate generated at start.
 	CertDir string `json:"certDir"`
 	// RequestTimeout bounds every request, including template build waits.
-	RequestTimeout    Duration          `json:"requestTimeout"`
+	RequestTimeout Duration `json:"requestTimeout"`
+	// TemplateBuildWait tunes how template updates wait for builds.
 	TemplateBuildWait TemplateBuildWait `json:"templateBuildWait"`
 	// WatchPollInterval is how often the shared poller lists from coderd
 	// to turn changes made anywhere into watch events.
 	WatchPollInterval Duration `json:"watchPollInterval"`
-	Coder             Coder    `json:"coder"`
+	// Coder configures the calls to coderd.
+	Coder Coder `json:"coder"`
 }
 
 // TemplateBuildWait tunes how long a template update waits for Coder to
@@ -109,17 +130,25 @@ type AggregatedAPIServer struct {
 // InitialPollInterval until BackoffAfter, then doubles up to MaxPollInterval,
 // giving up after Timeout.
 type TemplateBuildWait struct {
-	Timeout             Duration `json:"timeout"`
-	BackoffAfter        Duration `json:"backoffAfter"`
+	// Timeout is the longest a build wait may take; it may not exceed
+	// aggregatedAPIServer.requestTimeout.
+	Timeout Duration `json:"timeout"`
+	// BackoffAfter is how long to poll at InitialPollInterval before
+	// doubling the interval.
+	BackoffAfter Duration `json:"backoffAfter"`
+	// InitialPollInterval is the first polling interval.
 	InitialPollInterval Duration `json:"initialPollInterval"`
-	MaxPollInterval     Duration `json:"maxPollInterval"`
+	// MaxPollInterval caps the doubled polling interval.
+	MaxPollInterval Duration `json:"maxPollInterval"`
 }
 
 // Coder configures how the aggregated API server calls coderd.
 type Coder struct {
 	// RequestTimeout bounds each call to coderd.
-	RequestTimeout Duration      `json:"requestTimeout"`
-	StaticBackend  StaticBackend `json:"staticBackend"`
+	RequestTimeout Duration `json:"requestTimeout"`
+	// StaticBackend is a coderd given here instead of discovered from
+	// CoderControlPlane objects.
+	StaticBackend StaticBackend `json:"staticBackend"`
 }
 
 // StaticBackend is one coderd given in the configuration rather than
