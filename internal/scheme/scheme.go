@@ -6,11 +6,14 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 )
 
 // New returns a scheme with the built-in Kubernetes types and coder-k8s's own.
 func New() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(coderv1alpha1.AddToScheme(s))
 	return s
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -114,6 +115,32 @@ func TestKubeAPI(t *testing.T) {
 		}
 		if _, err := k.Clientset.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
 			t.Errorf("get namespace default: %v", err)
+		}
+	})
+
+	t.Run("serves the project's CRDs", func(t *testing.T) {
+		root, err := RepoRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, err := filepath.Glob(filepath.Join(root, "config", "crd", "bases", "*.yaml"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no CRDs in config/crd/bases (%v)", err)
+		}
+		list, err := k.Clientset.Discovery().ServerResourcesForGroupVersion("coder.com/v1alpha1")
+		if err != nil {
+			t.Fatalf("discovery of coder.com/v1alpha1: %v", err)
+		}
+		served := map[string]bool{}
+		for _, r := range list.APIResources {
+			served[r.Name] = true
+		}
+		for _, f := range files {
+			// config/crd/bases/coder.com_<plural>.yaml
+			plural := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), "coder.com_"), ".yaml")
+			if !served[plural] {
+				t.Errorf("CRD %s is not served (served: %v)", plural, served)
+			}
 		}
 	})
 

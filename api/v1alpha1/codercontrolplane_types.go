@@ -1,0 +1,287 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// CoderControlPlaneSpec describes a coderd: one the operator deploys, or an
+// existing one it adopts (externalURL) to hold operator access to it.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.externalURL) || (!has(self.image) && !has(self.expose) && !has(self.tls))",message="externalURL adopts an existing coderd that the operator does not deploy: image, expose and tls cannot be set with it"
+type CoderControlPlaneSpec struct {
+	// ExternalURL adopts a coderd installed by other means: the operator
+	// deploys nothing and only manages access to it.
+	// +kubebuilder:validation:Pattern=`^https?://[^\s/]+(/.*)?$`
+	// +optional
+	ExternalURL string `json:"externalURL,omitempty"`
+
+	PodSpec `json:",inline"`
+
+	// AccessURL is the URL users and workspaces reach coderd at
+	// (CODER_ACCESS_URL). Defaults to the in-cluster Service URL.
+	// +kubebuilder:validation:Pattern=`^https?://[^\s/]+(/.*)?$`
+	// +optional
+	AccessURL string `json:"accessURL,omitempty"`
+	// WildcardAccessURL serves workspace applications on subdomains
+	// (CODER_WILDCARD_ACCESS_URL), for example *.coder.example.com.
+	// +optional
+	WildcardAccessURL string `json:"wildcardAccessURL,omitempty"`
+
+	// Service in front of coderd.
+	// +kubebuilder:default={}
+	// +optional
+	Service ServiceSpec `json:"service,omitempty"`
+	// ServiceAccount coderd runs as.
+	// +kubebuilder:default={}
+	// +optional
+	ServiceAccount ServiceAccountSpec `json:"serviceAccount,omitempty"`
+	// WorkspaceRBAC grants coderd's service account what Kubernetes
+	// templates need to run workspaces.
+	// +kubebuilder:default={}
+	// +optional
+	WorkspaceRBAC WorkspaceRBACSpec `json:"workspaceRBAC,omitempty"`
+	// TLS serves coderd over HTTPS with certificates from Secrets.
+	// +optional
+	TLS *TLSSpec `json:"tls,omitempty"`
+	// CACerts are extra CA certificates coderd trusts (for example for an
+	// internal OIDC provider), mounted from Secrets.
+	// +optional
+	CACerts []SecretKeyReference `json:"caCerts,omitempty"`
+	// LivenessProbe replaces the default probe (GET /healthz).
+	// +optional
+	LivenessProbe *corev1.Probe `json:"livenessProbe,omitempty"`
+	// ReadinessProbe replaces the default probe (GET /healthz).
+	// +optional
+	ReadinessProbe *corev1.Probe `json:"readinessProbe,omitempty"`
+	// Expose makes coderd reachable from outside the cluster.
+	// +optional
+	Expose *ExposeSpec `json:"expose,omitempty"`
+	// OperatorAccess controls the Coder user and token the operator holds
+	// for the aggregated API server and MCP.
+	// +kubebuilder:default={}
+	// +optional
+	OperatorAccess OperatorAccessSpec `json:"operatorAccess,omitempty"`
+	// License uploads a Coder license from a Secret.
+	// +optional
+	License *LicenseSpec `json:"license,omitempty"`
+}
+
+// ServiceAccountSpec configures the service account coderd runs as.
+type ServiceAccountSpec struct {
+	// Create makes the operator create and own the service account; false
+	// uses an existing one named Name.
+	// +kubebuilder:default=true
+	// +optional
+	Create *bool `json:"create,omitempty"`
+	// Name of the service account. Defaults to the control plane's name.
+	// +optional
+	Name string `json:"name,omitempty"`
+	// Annotations of a created service account (for example a cloud IAM
+	// role binding).
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// WorkspaceRBACSpec grants coderd's service account the access Kubernetes
+// workspace templates need, in its namespace and extra namespaces.
+type WorkspaceRBACSpec struct {
+	// Enabled creates the Role and RoleBinding (pods, persistent volume
+	// claims).
+	// +kubebuilder:default=true
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+	// Deployments also grants access to apps/deployments.
+	// +optional
+	Deployments bool `json:"deployments,omitempty"`
+	// ExtraRules are appended to the Role.
+	// +optional
+	ExtraRules []rbacv1.PolicyRule `json:"extraRules,omitempty"`
+	// ExtraNamespaces also get the Role and RoleBinding, for workspaces
+	// that run outside the control plane's namespace.
+	// +listType=set
+	// +optional
+	ExtraNamespaces []string `json:"extraNamespaces,omitempty"`
+}
+
+// TLSSpec serves coderd over HTTPS.
+type TLSSpec struct {
+	// SecretNames are kubernetes.io/tls Secrets whose certificates coderd
+	// serves.
+	// +kubebuilder:validation:MinItems=1
+	SecretNames []string `json:"secretNames"`
+}
+
+// ExposeSpec makes coderd reachable through an Ingress or a Gateway API
+// HTTPRoute.
+//
+// +kubebuilder:validation:XValidation:rule="!(has(self.ingress) && has(self.httpRoute))",message="expose takes either ingress or httpRoute, not both"
+type ExposeSpec struct {
+	// Ingress creates a networking.k8s.io Ingress.
+	// +optional
+	Ingress *IngressSpec `json:"ingress,omitempty"`
+	// HTTPRoute creates a gateway.networking.k8s.io HTTPRoute.
+	// +optional
+	HTTPRoute *HTTPRouteSpec `json:"httpRoute,omitempty"`
+}
+
+// IngressSpec configures the Ingress for coderd.
+type IngressSpec struct {
+	// ClassName is the IngressClass.
+	// +optional
+	ClassName string `json:"className,omitempty"`
+	// Host is coderd's host name.
+	// +kubebuilder:validation:MinLength=1
+	Host string `json:"host"`
+	// WildcardHost serves workspace applications, for example
+	// *.coder.example.com.
+	// +optional
+	WildcardHost string `json:"wildcardHost,omitempty"`
+	// Annotations of the Ingress.
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+	// TLSSecretName terminates TLS at the Ingress.
+	// +optional
+	TLSSecretName string `json:"tlsSecretName,omitempty"`
+}
+
+// HTTPRouteSpec configures the HTTPRoute for coderd.
+type HTTPRouteSpec struct {
+	// ParentRefs are the Gateways the route attaches to.
+	// +kubebuilder:validation:MinItems=1
+	ParentRefs []GatewayReference `json:"parentRefs"`
+	// Hostnames the route matches.
+	// +optional
+	Hostnames []string `json:"hostnames,omitempty"`
+	// Annotations of the HTTPRoute.
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// GatewayReference names a Gateway listener.
+type GatewayReference struct {
+	// Name of the Gateway.
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+	// Namespace of the Gateway; defaults to the route's.
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
+	// SectionName selects a listener of the Gateway.
+	// +optional
+	SectionName string `json:"sectionName,omitempty"`
+}
+
+// OperatorAccessSpec controls how the operator gets and keeps its access
+// to coderd. On a fresh coderd the operator creates the first user itself;
+// on one that has users it needs an owner token or owner credentials.
+//
+// +kubebuilder:validation:XValidation:rule="!(has(self.ownerTokenSecretRef) && has(self.ownerCredentialsSecretRef))",message="give either ownerTokenSecretRef or ownerCredentialsSecretRef, not both"
+type OperatorAccessSpec struct {
+	// Disabled revokes the operator's token and deletes its Secret; the
+	// control plane then is invisible to the aggregated API and MCP.
+	// +optional
+	Disabled bool `json:"disabled,omitempty"`
+	// OwnerTokenSecretRef is an owner's session token for a coderd that
+	// already has users.
+	// +optional
+	OwnerTokenSecretRef *SecretKeyReference `json:"ownerTokenSecretRef,omitempty"`
+	// OwnerCredentialsSecretRef names a Secret with keys email and
+	// password of an owner, for a coderd that already has users.
+	// +optional
+	OwnerCredentialsSecretRef *corev1.LocalObjectReference `json:"ownerCredentialsSecretRef,omitempty"`
+	// TokenLifetime of the operator's token; it is rotated before expiry.
+	// +kubebuilder:default="720h"
+	// +optional
+	TokenLifetime *metav1.Duration `json:"tokenLifetime,omitempty"`
+}
+
+// LicenseSpec uploads a Coder license.
+type LicenseSpec struct {
+	// SecretRef selects the license JWT.
+	SecretRef SecretKeyReference `json:"secretRef"`
+}
+
+// CoderControlPlaneStatus is what the operator observed.
+type CoderControlPlaneStatus struct {
+	// ObservedGeneration is the generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Phase summarizes the conditions.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+	// URL is where the operator reaches coderd.
+	// +optional
+	URL string `json:"url,omitempty"`
+	// Replicas and ReadyReplicas of coderd's Deployment.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// CoderVersion is the version coderd reports.
+	// +optional
+	CoderVersion string `json:"coderVersion,omitempty"`
+	// OperatorUser is the Coder user the operator acts as.
+	// +optional
+	OperatorUser string `json:"operatorUser,omitempty"`
+	// OperatorTokenSecretRef selects the operator's Coder token.
+	// +optional
+	OperatorTokenSecretRef *SecretKeyReference `json:"operatorTokenSecretRef,omitempty"`
+	// AdminCredentialsSecretRef names the Secret with the first user's
+	// email and password, when the operator created that user.
+	// +optional
+	AdminCredentialsSecretRef *corev1.LocalObjectReference `json:"adminCredentialsSecretRef,omitempty"`
+	// Entitlements coderd reports, when it has a license.
+	// +optional
+	Entitlements *EntitlementsStatus `json:"entitlements,omitempty"`
+	// Conditions: Available, OperatorAccessReady, LicenseApplied.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// EntitlementsStatus summarizes coderd's license entitlements.
+type EntitlementsStatus struct {
+	// HasLicense reports whether a license is installed.
+	HasLicense bool `json:"hasLicense"`
+	// Trial reports a trial license.
+	// +optional
+	Trial bool `json:"trial,omitempty"`
+	// Features that are entitled and enabled.
+	// +listType=set
+	// +optional
+	Features []string `json:"features,omitempty"`
+}
+
+// CoderControlPlane runs or adopts a coderd and holds the operator's access
+// to it.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=ccp,categories=coder
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="URL",type=string,JSONPath=`.status.url`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
+// +kubebuilder:printcolumn:name="Access",type=string,JSONPath=`.status.conditions[?(@.type=="OperatorAccessReady")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type CoderControlPlane struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   CoderControlPlaneSpec   `json:"spec,omitempty"`
+	Status CoderControlPlaneStatus `json:"status,omitempty"`
+}
+
+// CoderControlPlaneList is a list of CoderControlPlanes.
+//
+// +kubebuilder:object:root=true
+type CoderControlPlaneList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []CoderControlPlane `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&CoderControlPlane{}, &CoderControlPlaneList{})
+}
