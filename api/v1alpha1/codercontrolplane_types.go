@@ -190,8 +190,9 @@ type OperatorAccessSpec struct {
 	// password of an owner, for a coderd that already has users.
 	// +optional
 	OwnerCredentialsSecretRef *corev1.LocalObjectReference `json:"ownerCredentialsSecretRef,omitempty"`
-	// TokenLifetime of the operator's token; it is rotated before expiry.
-	// +kubebuilder:default="720h"
+	// TokenLifetime of the operator's token, capped at coderd's maximum
+	// token lifetime; the token is rotated when a third of it is left.
+	// +kubebuilder:default="168h"
 	// +optional
 	TokenLifetime *metav1.Duration `json:"tokenLifetime,omitempty"`
 }

@@ -68,8 +68,8 @@ func TestCRDs(t *testing.T) {
 	t.Run("defaults are applied by kube-apiserver", func(t *testing.T) {
 		out, err := kubectl(t, k, "", "get", "ccp", "coder", "-o",
 			"jsonpath={.spec.service.type} {.spec.serviceAccount.create} {.spec.workspaceRBAC.enabled} {.spec.operatorAccess.tokenLifetime}")
-		if err != nil || out != "ClusterIP true true 720h" {
-			t.Errorf("defaults = %q (%v), want %q", out, err, "ClusterIP true true 720h")
+		if err != nil || out != "ClusterIP true true 168h" {
+			t.Errorf("defaults = %q (%v), want %q", out, err, "ClusterIP true true 168h")
 		}
 		out, err = kubectl(t, k, "", "get", "cprov", "coder-provisioner", "-o", "jsonpath={.spec.organization}")
 		if err != nil || out != "coder" {

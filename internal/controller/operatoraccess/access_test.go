@@ -1,0 +1,336 @@
+package operatoraccess_test
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+	"github.com/coder/coder-k8s/internal/scheme"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+type fixture struct {
+	k   *testenv.KubeAPI
+	c   client.Client
+	rec *events.FakeRecorder
+	m   *operatoraccess.Manager
+}
+
+func newFixture(t *testing.T, k *testenv.KubeAPI) *fixture {
+	t.Helper()
+	c, err := client.New(k.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := events.NewFakeRecorder(100)
+	return &fixture{k: k, c: c, rec: rec, m: &operatoraccess.Manager{Client: c, Recorder: rec, Timeout: 5 * time.Second}}
+}
+
+// controlPlane creates a CoderControlPlane adopting coderd at url in a new
+// namespace.
+func (f *fixture) controlPlane(t *testing.T, name, coderURL string, access coderv1alpha1.OperatorAccessSpec) *coderv1alpha1.CoderControlPlane {
+	t.Helper()
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "access-"}}
+	if err := f.c.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	ccp := &coderv1alpha1.CoderControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns.Name},
+		Spec:       coderv1alpha1.CoderControlPlaneSpec{ExternalURL: coderURL, OperatorAccess: access},
+	}
+	if err := f.c.Create(ctx, ccp); err != nil {
+		t.Fatal(err)
+	}
+	return ccp
+}
+
+func (f *fixture) secret(t *testing.T, ns, name string) *corev1.Secret {
+	t.Helper()
+	var s corev1.Secret
+	err := f.c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &s)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &s
+}
+
+// tokenClient is a Coder client using the token the result points at.
+func (f *fixture) tokenClient(t *testing.T, ccp *coderv1alpha1.CoderControlPlane, coderURL *url.URL, r operatoraccess.Result) *codersdk.Client {
+	t.Helper()
+	if r.TokenSecretRef == nil {
+		t.Fatalf("result has no token Secret: %+v", r)
+	}
+	s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
+	if s == nil {
+		t.Fatalf("token Secret %s does not exist", r.TokenSecretRef.Name)
+	}
+	return coderapi.NewClient(coderURL, string(s.Data[r.TokenSecretRef.Key]), 5*time.Second)
+}
+
+func mustReady(t *testing.T, r operatoraccess.Result, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if !r.Ready {
+		t.Fatalf("access not ready: %s: %s", r.Reason, r.Message)
+	}
+}
+
+func TestFreshCoderd(t *testing.T) {
+	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
+	coder := testenv.NewCoder(t, testenv.CoderOptions{SkipFirstUser: true})
+	f := newFixture(t, k)
+	ctx := context.Background()
+	ccp := f.controlPlane(t, "fresh", coder.URL.String(), coderv1alpha1.OperatorAccessSpec{})
+
+	r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+	mustReady(t, r, err)
+
+	t.Run("first user set up, credentials readable by an admin", func(t *testing.T) {
+		if r.AdminCredentialsSecret == "" {
+			t.Fatal("no admin credentials Secret reported")
+		}
+		admin := f.secret(t, ccp.Namespace, r.AdminCredentialsSecret)
+		c := coderapi.NewClient(coder.URL, "", 5*time.Second)
+		if _, err := c.LoginWithPassword(ctx, codersdk.LoginWithPasswordRequest{
+			Email: string(admin.Data["email"]), Password: string(admin.Data["password"]),
+		}); err != nil {
+			t.Fatalf("log in with the stored first user credentials: %v", err)
+		}
+	})
+
+	t.Run("token belongs to the dedicated operator user, an owner", func(t *testing.T) {
+		me, err := f.tokenClient(t, ccp, coder.URL, r).User(ctx, codersdk.Me)
+		if err != nil {
+			t.Fatalf("coderd rejects the operator token: %v", err)
+		}
+		if me.Username != operatoraccess.OperatorUsername || r.User != me.Username {
+			t.Errorf("token user = %s (result says %s), want %s", me.Username, r.User, operatoraccess.OperatorUsername)
+		}
+		owner := false
+		for _, role := range me.Roles {
+			owner = owner || role.Name == codersdk.RoleOwner
+		}
+		if !owner {
+			t.Errorf("operator user roles = %v, want owner", me.Roles)
+		}
+		if !strings.HasPrefix(r.CoderVersion, "v2.30.0") {
+			t.Errorf("coder version = %q", r.CoderVersion)
+		}
+	})
+
+	t.Run("token Secret is owned by the control plane and holds no other secret", func(t *testing.T) {
+		s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
+		if len(s.OwnerReferences) != 1 || s.OwnerReferences[0].UID != ccp.UID {
+			t.Errorf("owner references = %+v", s.OwnerReferences)
+		}
+		if len(s.Data) != 1 {
+			t.Errorf("token Secret keys = %d, want only %q", len(s.Data), operatoraccess.TokenKey)
+		}
+	})
+
+	t.Run("steady state makes no writes", func(t *testing.T) {
+		before := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name).ResourceVersion
+		for range 3 {
+			r2, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+			mustReady(t, r2, err)
+		}
+		if after := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name).ResourceVersion; after != before {
+			t.Errorf("token Secret rewritten at steady state: %s -> %s", before, after)
+		}
+	})
+
+	t.Run("a revoked token is detected and replaced", func(t *testing.T) {
+		// Revalidate on every pass for this subtest.
+		f.m.ValidateEvery = time.Nanosecond
+		old := f.tokenClient(t, ccp, coder.URL, r)
+		s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
+		keys, err := old.Tokens(ctx, codersdk.Me, codersdk.TokensFilter{})
+		if err != nil || len(keys) == 0 {
+			t.Fatalf("list operator tokens: %v %v", keys, err)
+		}
+		for _, key := range keys {
+			if err := old.DeleteAPIKey(ctx, codersdk.Me, key.ID); err != nil {
+				t.Fatalf("revoke token in coderd: %v", err)
+			}
+		}
+		if _, err := old.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
+			t.Fatalf("revoked token still works: %v", err)
+		}
+		r2, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		mustReady(t, r2, err)
+		if _, err := f.tokenClient(t, ccp, coder.URL, r2).User(ctx, codersdk.Me); err != nil {
+			t.Fatalf("replacement token rejected: %v", err)
+		}
+		if f.secret(t, ccp.Namespace, r2.TokenSecretRef.Name).ResourceVersion == s.ResourceVersion {
+			t.Error("token Secret not updated")
+		}
+	})
+
+	t.Run("a token near expiry is rotated and the old one revoked", func(t *testing.T) {
+		s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
+		old := coderapi.NewClient(coder.URL, string(s.Data[operatoraccess.TokenKey]), 5*time.Second)
+		// Make the stored expiry say the token is about to expire.
+		patch := client.MergeFrom(s.DeepCopy())
+		s.Annotations["coder.com/token-expires-at"] = time.Now().Add(time.Minute).UTC().Format(time.RFC3339)
+		if err := f.c.Patch(ctx, s, patch); err != nil {
+			t.Fatal(err)
+		}
+		r3, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		mustReady(t, r3, err)
+		if _, err := f.tokenClient(t, ccp, coder.URL, r3).User(ctx, codersdk.Me); err != nil {
+			t.Fatalf("rotated token rejected: %v", err)
+		}
+		if _, err := old.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
+			t.Errorf("the replaced token still works after rotation: %v", err)
+		}
+	})
+
+	t.Run("disabling access revokes the token and deletes its Secret", func(t *testing.T) {
+		s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
+		tok := coderapi.NewClient(coder.URL, string(s.Data[operatoraccess.TokenKey]), 5*time.Second)
+		ccp.Spec.OperatorAccess.Disabled = true
+		r4, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r4.Ready || r4.Reason != operatoraccess.ReasonDisabled || r4.TokenSecretRef != nil {
+			t.Errorf("result = %+v, want not ready, reason Disabled, no token", r4)
+		}
+		if f.secret(t, ccp.Namespace, r.TokenSecretRef.Name) != nil {
+			t.Error("token Secret still exists")
+		}
+		if _, err := tok.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
+			t.Errorf("token still accepted by coderd after disabling: %v", err)
+		}
+	})
+
+	t.Run("events tell the story", func(t *testing.T) {
+		var got []string
+		for len(f.rec.Events) > 0 {
+			got = append(got, <-f.rec.Events)
+		}
+		all := strings.Join(got, "\n")
+		for _, want := range []string{"FirstUserCreated", "OperatorTokenIssued", "OperatorTokenRotated", "OperatorTokenRevoked"} {
+			if !strings.Contains(all, want) {
+				t.Errorf("no %s event in:\n%s", want, all)
+			}
+		}
+	})
+}
+
+func TestExistingCoderd(t *testing.T) {
+	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
+	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	f := newFixture(t, k)
+	ctx := context.Background()
+
+	t.Run("without owner credentials access waits for them", func(t *testing.T) {
+		ccp := f.controlPlane(t, "nocreds", coder.URL.String(), coderv1alpha1.OperatorAccessSpec{})
+		r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Ready || r.Reason != operatoraccess.ReasonOwnerCredentialsRequired || !strings.Contains(r.Message, "ownerTokenSecretRef") {
+			t.Errorf("result = %+v", r)
+		}
+	})
+
+	t.Run("an owner token Secret gives access, once it exists", func(t *testing.T) {
+		ref := &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"}
+		ccp := f.controlPlane(t, "ownertoken", coder.URL.String(), coderv1alpha1.OperatorAccessSpec{OwnerTokenSecretRef: ref})
+		r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Ready || r.Reason != operatoraccess.ReasonOwnerSecretMissing {
+			t.Fatalf("result without the Secret = %+v", r)
+		}
+		if err := f.c.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: ccp.Namespace},
+			Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		r, err = f.m.Reconcile(ctx, ccp, coder.URL.String())
+		mustReady(t, r, err)
+		if me, err := f.tokenClient(t, ccp, coder.URL, r).User(ctx, codersdk.Me); err != nil || me.Username != operatoraccess.OperatorUsername {
+			t.Fatalf("operator token: %v %v", me.Username, err)
+		}
+		if r.AdminCredentialsSecret != "" {
+			t.Errorf("reports admin credentials %q although the operator created no first user", r.AdminCredentialsSecret)
+		}
+	})
+
+	t.Run("wrong owner credentials are reported with Coder's message", func(t *testing.T) {
+		ccp := f.controlPlane(t, "badcreds", coder.URL.String(), coderv1alpha1.OperatorAccessSpec{
+			OwnerCredentialsSecretRef: &corev1.LocalObjectReference{Name: "creds"},
+		})
+		if err := f.c.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: ccp.Namespace},
+			Data:       map[string][]byte{"email": []byte(coder.Email), "password": []byte("wrong-password-1")},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Ready || r.Reason != operatoraccess.ReasonOwnerCredentialsRejected || !strings.Contains(r.Message, "creds") {
+			t.Errorf("result = %+v", r)
+		}
+	})
+
+	t.Run("correct owner credentials give access", func(t *testing.T) {
+		ccp := f.controlPlane(t, "goodcreds", coder.URL.String(), coderv1alpha1.OperatorAccessSpec{
+			OwnerCredentialsSecretRef: &corev1.LocalObjectReference{Name: "creds"},
+		})
+		if err := f.c.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: ccp.Namespace},
+			Data:       map[string][]byte{"email": []byte(coder.Email), "password": []byte(coder.Password)},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		mustReady(t, r, err)
+	})
+
+	t.Run("an unreachable coderd is reported promptly", func(t *testing.T) {
+		port, err := testenv.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead := "http://127.0.0.1:" + strconv.Itoa(port)
+		ccp := f.controlPlane(t, "dead", dead, coderv1alpha1.OperatorAccessSpec{})
+		start := time.Now()
+		r, err := f.m.Reconcile(ctx, ccp, dead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Ready || r.Reason != operatoraccess.ReasonCoderdUnreachable || r.RequeueAfter == 0 {
+			t.Errorf("result = %+v", r)
+		}
+		if d := time.Since(start); d > 6*time.Second {
+			t.Errorf("took %s, more than the Coder request timeout", d)
+		}
+	})
+}
