@@ -61,6 +61,7 @@ lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
 generate: $(BIN)/controller-gen ## Regenerate deepcopy, CRDs, RBAC, the defaults golden file and the config reference.
 	$(BIN)/controller-gen object paths=./api/...
 	$(BIN)/controller-gen crd paths=./api/v1alpha1/... output:crd:artifacts:config=config/crd/bases
+	$(BIN)/controller-gen rbac:roleName=coder-k8s-manager paths=./internal/controller/... output:rbac:artifacts:config=config/rbac
 	$(GO) test ./internal/config/ -run TestDefaultsGolden -update >/dev/null
 	$(GO) run ./hack/configdoc --types internal/config/types.go --out docs/config-reference.md
 

@@ -57,6 +57,10 @@ type LicenseResult struct {
 	Reason, Message string
 }
 
+// The Secrets holding tokens and first-user credentials, and events.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;patch;delete
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
 // Manager performs the Coder API side of a CoderControlPlane.
 type Manager struct {
 	// Client reads and writes Secrets (it should not cache Secrets
