@@ -48,6 +48,12 @@ test: tools build ## Run every test suite against the real components.
 test-unit: ## Run only the tests that need no external binary.
 	$(GO) test -short $(TEST_FLAGS) ./...
 
+##@ Benchmark (figures printed as ratios against a reference measured in the same run)
+
+.PHONY: bench-controller
+bench-controller: tools ## 100 CoderControlPlanes: time to converge vs writing the objects directly; steady-state writes.
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkController$$' -benchtime 1x -timeout 20m
+
 .PHONY: lint
 lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); \

@@ -19,6 +19,12 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -30,6 +36,7 @@ const (
 	serviceNamespace = "coder-system"
 	aggregatedGroup  = "aggregation.coder.com"
 	aggregatedVer    = "v1alpha1"
+	controlPlaneName = "coder"
 )
 
 func main() {
@@ -86,6 +93,11 @@ func run(ctx context.Context, stateDir, operatorBin string) error {
 	}
 	defer op.proc.Stop(30 * time.Second)
 
+	step("adopting the dev coderd: CoderControlPlane %s/%s (externalURL)", serviceNamespace, controlPlaneName)
+	if err := adoptCoderd(ctx, kube, coder); err != nil {
+		return err
+	}
+
 	kubeconfig := filepath.Join(stateDir, "kubeconfig")
 	if err := copyFile(kube.KubeconfigPath, kubeconfig); err != nil {
 		return err
@@ -101,6 +113,7 @@ coder-k8s dev stack is up. In another shell:
   export KUBECONFIG=%s
   kubectl get ns
   kubectl get lease -n %s                   # the controller's leader lease
+  kubectl get coder -A                          # CoderControlPlane %s adopting the dev coderd
 
 Coder:        %s
   user:       %s / %s
@@ -114,7 +127,7 @@ coder-k8s:
   log:        %s
 
 Ctrl-C stops everything.
-`, kubeconfig, serviceNamespace, coder.URL, coder.Email, coder.Password, tokenFile,
+`, kubeconfig, serviceNamespace, controlPlaneName, coder.URL, coder.Email, coder.Password, tokenFile,
 		demoWorkspace, demoTemplate, op.health, op.metrics, op.mcp, op.aggregated, op.apiService, op.proc.LogPath)
 
 	select {
@@ -232,6 +245,36 @@ mcp:
 		op.apiService = "APIService not registered: this build does not serve " + aggregatedGroup + " yet"
 	}
 	return op, nil
+}
+
+// adoptCoderd creates a CoderControlPlane that adopts the dev coderd, with
+// the owner's session token in a Secret, so the controller sets up the
+// operator's own user and token as it would for any existing coderd.
+func adoptCoderd(ctx context.Context, kube *testenv.KubeAPI, coder *testenv.Coder) error {
+	c, err := client.New(kube.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return err
+	}
+	owner := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "coder-owner-token", Namespace: serviceNamespace},
+		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
+	}
+	if err := c.Create(ctx, owner); err != nil {
+		return fmt.Errorf("create Secret %s: %w", owner.Name, err)
+	}
+	ccp := &coderv1alpha1.CoderControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: controlPlaneName, Namespace: serviceNamespace},
+		Spec: coderv1alpha1.CoderControlPlaneSpec{
+			ExternalURL: coder.URL.String(),
+			OperatorAccess: coderv1alpha1.OperatorAccessSpec{
+				OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: owner.Name, Key: "token"},
+			},
+		},
+	}
+	if err := c.Create(ctx, ccp); err != nil {
+		return fmt.Errorf("create CoderControlPlane %s: %w", ccp.Name, err)
+	}
+	return nil
 }
 
 func httpOK(ctx context.Context, url string) error {

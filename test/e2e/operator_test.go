@@ -65,7 +65,7 @@ type OperatorOptions struct {
 
 // StartOperator writes a configuration file with free ports and runs the
 // binary with it until the test ends.
-func StartOperator(t *testing.T, opts OperatorOptions) *Operator {
+func StartOperator(t testing.TB, opts OperatorOptions) *Operator {
 	t.Helper()
 	ports := make([]int, 4)
 	for i := range ports {
@@ -115,7 +115,7 @@ mcp: {bindAddress: "127.0.0.1:%d"}
 }
 
 // WaitOK waits until GET url answers 200.
-func (o *Operator) WaitOK(t *testing.T, url string) {
+func (o *Operator) WaitOK(t testing.TB, url string) {
 	t.Helper()
 	err := o.WaitReady(context.Background(), 60*time.Second, func(ctx context.Context) error {
 		code, body, err := get(ctx, url)

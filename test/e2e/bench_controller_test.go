@@ -1,0 +1,197 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/scheme"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+// BenchmarkController measures how fast the controller (the built binary in
+// controller mode) brings 100 CoderControlPlanes to Deployment + Service
+// with a current observedGeneration, against a reference measured in the
+// same run: writing the same 100 Deployments and Services directly. It then
+// counts the controller's writes per object over a minute of steady state
+// (goal: 0).
+//
+//	make bench-controller
+func BenchmarkController(b *testing.B) {
+	const n = 100
+	steady := time.Minute
+	if d, err := time.ParseDuration(os.Getenv("BENCH_STEADY_STATE")); err == nil {
+		steady = d
+	}
+	k := testenv.NewKubeAPI(b, testenv.KubeAPIOptions{})
+	ctx := context.Background()
+	c, err := client.New(k.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, ns := range []string{"reference", "bench"} {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	// Reference: the same objects written by a client, no controller.
+	start := time.Now()
+	parallel(n, func(i int) error {
+		name := "coder-" + strconv.Itoa(i)
+		labels := map[string]string{"app": name}
+		d := &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "reference"},
+			Spec: appsv1.DeploymentSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "coder", Image: "ghcr.io/coder/coder:v2.30.0"}}},
+				},
+			},
+		}
+		if err := c.Create(ctx, d); err != nil {
+			return err
+		}
+		return c.Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "reference"},
+			Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Port: 80}}},
+		})
+	}, b)
+	reference := time.Since(start)
+
+	op := StartOperator(b, OperatorOptions{Mode: "controller", Kubeconfig: k.KubeconfigPath})
+	op.WaitOK(b, op.Health+"/readyz")
+
+	b.ResetTimer()
+	start = time.Now()
+	parallel(n, func(i int) error {
+		return c.Create(ctx, &coderv1alpha1.CoderControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "coder-" + strconv.Itoa(i), Namespace: "bench"}})
+	}, b)
+	for {
+		if converged(ctx, b, c, n) {
+			break
+		}
+		if time.Since(start) > 5*time.Minute {
+			b.Fatalf("not converged after 5 minutes; operator log tail:\n%s", op.LogTail(30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	controller := time.Since(start)
+	b.StopTimer()
+
+	// Steady state: every write the controller makes shows up as a watch
+	// event, counted from the resourceVersion of a list taken now.
+	var writes atomic.Int64
+	wctx, cancel := context.WithTimeout(ctx, steady)
+	defer cancel()
+	w, err := client.NewWithWatch(k.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for _, list := range []client.ObjectList{
+		&coderv1alpha1.CoderControlPlaneList{}, &appsv1.DeploymentList{}, &corev1.ServiceList{},
+		&corev1.ServiceAccountList{}, &corev1.SecretList{}, &rbacv1.RoleList{}, &rbacv1.RoleBindingList{},
+	} {
+		if err := w.List(ctx, list, client.InNamespace("bench")); err != nil {
+			b.Fatal(err)
+		}
+		rv := list.(metav1.ListInterface).GetResourceVersion()
+		wi, err := w.Watch(wctx, list, client.InNamespace("bench"), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer wi.Stop()
+			for {
+				select {
+				case <-wctx.Done():
+					return
+				case ev, ok := <-wi.ResultChan():
+					if !ok {
+						return
+					}
+					if ev.Type != watch.Bookmark && ev.Type != watch.Error {
+						writes.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	ratio := controller.Seconds() / reference.Seconds()
+	b.ReportMetric(controller.Seconds(), "s/100-control-planes")
+	b.ReportMetric(ratio, "ratio")
+	b.ReportMetric(float64(writes.Load())/n, "steady-writes/CR")
+	fmt.Printf("controller: %d control planes converged in %s; reference (%d Deployments+Services written directly) %s; ratio=%.2f\n",
+		n, controller.Round(time.Millisecond), n, reference.Round(time.Millisecond), ratio)
+	fmt.Printf("controller: steady-state API writes per CR over %s: %.2f (goal 0)\n", steady, float64(writes.Load())/n)
+}
+
+func converged(ctx context.Context, b *testing.B, c client.Client, n int) bool {
+	var ccps coderv1alpha1.CoderControlPlaneList
+	if err := c.List(ctx, &ccps, client.InNamespace("bench")); err != nil {
+		b.Fatal(err)
+	}
+	var deps appsv1.DeploymentList
+	if err := c.List(ctx, &deps, client.InNamespace("bench")); err != nil {
+		b.Fatal(err)
+	}
+	var svcs corev1.ServiceList
+	if err := c.List(ctx, &svcs, client.InNamespace("bench")); err != nil {
+		b.Fatal(err)
+	}
+	if len(ccps.Items) != n || len(deps.Items) < n || len(svcs.Items) < n {
+		return false
+	}
+	for _, ccp := range ccps.Items {
+		if ccp.Status.ObservedGeneration != ccp.Generation {
+			return false
+		}
+	}
+	return true
+}
+
+// parallel runs f for 0..n-1 on 10 workers.
+func parallel(n int, f func(i int) error, b *testing.B) {
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	next := make(chan int)
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := f(i); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+}
