@@ -48,9 +48,17 @@ func run(src, out string) error {
 	b.WriteString("on the command line. Unknown keys, wrong types and invalid values stop the program before it starts,\n")
 	b.WriteString("each reported with its field path. Check a file with `coder-k8s config validate --config FILE`.\n\n")
 	b.WriteString("| key | type | default | description |\n|---|---|---|---|\n")
-	def := config.Default()
-	walk(reflect.TypeOf(def), reflect.ValueOf(def), "", docs, &b)
-
+	def := reflect.ValueOf(config.Default())
+	for _, f := range config.Fields() {
+		doc := docs[f.Struct+"."+f.Name]
+		if f.IsObject() {
+			if doc != "" {
+				fmt.Fprintf(&b, "| `%s` | object | | %s |\n", f.Key, doc)
+			}
+			continue
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", f.Key, typeName(f.Type), defaultOf(def.FieldByIndex(f.Index)), doc)
+	}
 	b.WriteString("\n## Environment variables\n\n| variable | key |\n|---|---|\n")
 	names := make([]string, 0, len(config.EnvKeys))
 	for n := range config.EnvKeys {
@@ -73,26 +81,6 @@ func run(src, out string) error {
 }
 
 var durationType = reflect.TypeOf(config.Duration{})
-
-func walk(t reflect.Type, v reflect.Value, prefix string, docs map[string]string, b *bytes.Buffer) {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "" || name == "-" {
-			continue
-		}
-		key := prefix + name
-		doc := docs[t.Name()+"."+f.Name]
-		if f.Type.Kind() == reflect.Struct && f.Type != durationType {
-			if doc != "" {
-				fmt.Fprintf(b, "| `%s` | object | | %s |\n", key, doc)
-			}
-			walk(f.Type, v.Field(i), key+".", docs, b)
-			continue
-		}
-		fmt.Fprintf(b, "| `%s` | %s | %s | %s |\n", key, typeName(f.Type), defaultOf(v.Field(i)), doc)
-	}
-}
 
 func typeName(t reflect.Type) string {
 	switch {

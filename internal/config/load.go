@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -155,30 +156,57 @@ func checkEnvelope(fk *koanf.Koanf) []string {
 	return problems
 }
 
-// fieldTypes maps every configuration key (leaf fields and the objects
-// that hold them) onto its Go type.
+// Field is one key of the configuration file: a leaf value or an object
+// holding other keys.
+type Field struct {
+	// Key is the dotted path, for example "aggregatedAPIServer.securePort".
+	Key string
+	// Type is the Go type of the value.
+	Type reflect.Type
+	// Struct and Name locate the Go field ("AggregatedAPIServer",
+	// "SecurePort"), for documentation.
+	Struct, Name string
+	// Index is the field's index path in Configuration.
+	Index []int
+}
+
+// IsObject reports whether the key holds other keys.
+func (f Field) IsObject() bool {
+	return f.Type.Kind() == reflect.Struct && f.Type != durationType
+}
+
+// Fields lists every key of the configuration file in declaration order.
+func Fields() []Field {
+	var out []Field
+	var walk func(t reflect.Type, prefix string, index []int)
+	walk = func(t reflect.Type, prefix string, index []int) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "" || name == "-" {
+				continue
+			}
+			field := Field{Key: prefix + name, Type: f.Type, Struct: t.Name(), Name: f.Name, Index: append(slices.Clone(index), i)}
+			out = append(out, field)
+			if field.IsObject() {
+				walk(f.Type, field.Key+".", field.Index)
+			}
+		}
+	}
+	walk(reflect.TypeOf(Configuration{}), "", nil)
+	return out
+}
+
+// fieldTypes maps every key onto its Go type.
 var fieldTypes = func() map[string]reflect.Type {
 	m := map[string]reflect.Type{}
-	collectKeys(reflect.TypeOf(Configuration{}), "", m)
+	for _, f := range Fields() {
+		m[f.Key] = f.Type
+	}
 	return m
 }()
 
 var durationType = reflect.TypeOf(Duration{})
-
-func collectKeys(t reflect.Type, prefix string, m map[string]reflect.Type) {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "" || name == "-" {
-			continue
-		}
-		key := prefix + name
-		m[key] = f.Type
-		if f.Type.Kind() == reflect.Struct && f.Type != durationType {
-			collectKeys(f.Type, key+".", m)
-		}
-	}
-}
 
 // checkKeys names every key that is not a configuration field and every
 // value of the wrong type, each with its full path, so that all typos are
