@@ -235,7 +235,8 @@ type CoderControlPlaneStatus struct {
 	// Entitlements coderd reports, when it has a license.
 	// +optional
 	Entitlements *EntitlementsStatus `json:"entitlements,omitempty"`
-	// Conditions: Available, OperatorAccessReady, LicenseApplied.
+	// Conditions: Available, OperatorAccessReady, Reconciled, Exposed,
+	// LicenseApplied.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -261,6 +262,7 @@ type EntitlementsStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=ccp,categories=coder
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS-1035 label (at most 63 lowercase letters, digits and '-', starting with a letter): it names coderd's Service"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="URL",type=string,JSONPath=`.status.url`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`

@@ -43,6 +43,12 @@ const (
 	ConditionCredentialsReady = "CredentialsReady"
 	// ConditionLicenseApplied: the referenced license was uploaded.
 	ConditionLicenseApplied = "LicenseApplied"
+	// ConditionReconciled: the operator wrote every child of a deployed
+	// control plane and every Secret the pods mount exists.
+	ConditionReconciled = "Reconciled"
+	// ConditionExposed: the Ingress or HTTPRoute of spec.expose is in
+	// place. Present only when spec.expose is set.
+	ConditionExposed = "Exposed"
 )
 
 // ControlPlaneReference names a CoderControlPlane in the same namespace.

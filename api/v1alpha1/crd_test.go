@@ -122,6 +122,13 @@ metadata: {name: negative}
 spec: {replicas: -1, service: {type: Magic}}`,
 		want: []string{"spec.replicas", "spec.service.type", `Unsupported value: "Magic"`},
 	}, {
+		name: "a name that cannot name a Service",
+		manifest: `apiVersion: coder.com/v1alpha1
+kind: CoderControlPlane
+metadata: {name: 1coder}
+spec: {}`,
+		want: []string{"metadata.name must be a DNS-1035 label"},
+	}, {
 		name: "provisioner without a control plane",
 		manifest: `apiVersion: coder.com/v1alpha1
 kind: CoderProvisioner

@@ -95,7 +95,7 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 	if err := mgr.AddReadyzCheck("cache", cacheSynced); err != nil {
 		return fmt.Errorf("add readiness check: %w", err)
 	}
-	if err := controller.Setup(mgr); err != nil {
+	if err := controller.Setup(mgr, controller.Options{CoderRequestTimeout: cfg.Controller.CoderRequestTimeout.Duration}); err != nil {
 		return fmt.Errorf("set up controllers: %w", err)
 	}
 	if all {

@@ -21,6 +21,7 @@ func Default() Configuration {
 		Controller: Controller{
 			HealthProbeBindAddress: ":8081",
 			MetricsBindAddress:     ":8080",
+			CoderRequestTimeout:    D(30 * time.Second),
 			LeaderElection: LeaderElection{
 				Enabled:       true,
 				LeaseName:     "coder-k8s-leader",

@@ -81,6 +81,9 @@ type Controller struct {
 	HealthProbeBindAddress string `json:"healthProbeBindAddress"`
 	// MetricsBindAddress serves Prometheus metrics; "0" disables them.
 	MetricsBindAddress string `json:"metricsBindAddress"`
+	// CoderRequestTimeout bounds each call the reconcilers make to coderd,
+	// so an unreachable coderd cannot stall other control planes.
+	CoderRequestTimeout Duration `json:"coderRequestTimeout"`
 	// LeaderElection makes one replica reconcile while every replica
 	// serves the aggregated API and MCP.
 	LeaderElection LeaderElection `json:"leaderElection"`

@@ -1,15 +1,36 @@
-// Package controller holds the reconcilers of the coder.com/v1alpha1 kinds
-// (CoderControlPlane, CoderProvisioner, CoderWorkspaceProxy) and registers
-// them with a controller-runtime manager.
+// Package controller registers the reconcilers of the coder.com/v1alpha1
+// kinds with a controller-runtime manager: CoderControlPlane
+// (controlplane, with operatoraccess for the Coder API side),
+// CoderProvisioner (provisioner) and CoderWorkspaceProxy (workspaceproxy).
 package controller
 
 import (
+	"fmt"
+	"time"
+
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/coder/coder-k8s/internal/controller/controlplane"
+	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 )
+
+// Options tunes the reconcilers.
+type Options struct {
+	// CoderRequestTimeout bounds each call to coderd.
+	CoderRequestTimeout time.Duration
+}
 
 // Setup registers every reconciler with mgr. Reconcilers run only on the
 // replica holding the leader lease.
-func Setup(mgr ctrl.Manager) error {
-	_ = mgr
+func Setup(mgr ctrl.Manager, opts Options) error {
+	access := &operatoraccess.Manager{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("operator-access"),
+		Timeout:   opts.CoderRequestTimeout,
+	}
+	if err := (&controlplane.Reconciler{Access: access}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("CoderControlPlane controller: %w", err)
+	}
 	return nil
 }

@@ -1,0 +1,137 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+	"github.com/coder/coder-k8s/internal/scheme"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+// TestAdoptedControlPlaneGetsOperatorAccess runs the reconciler with the
+// real operator access manager against a real, fresh coderd: the operator
+// sets up the first user itself, holds a token coderd accepts, reports it
+// in the status, and revokes it when the control plane is deleted.
+func TestAdoptedControlPlaneGetsOperatorAccess(t *testing.T) {
+	coder := testenv.NewCoder(t, testenv.CoderOptions{SkipFirstUser: true})
+	ns := newNamespace(t, "adopt")
+	ctx := context.Background()
+
+	mgr, err := ctrl.NewManager(kube.Config, ctrl.Options{
+		Scheme:                 scheme.New(),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	access := &operatoraccess.Manager{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("operator-access"),
+		Timeout:   15 * time.Second,
+	}
+	r := &Reconciler{Access: access}
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	c := testClient(t)
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.ExternalURL = coder.URL.String()
+	create(t, c, ccp)
+
+	eventually(t, 90*time.Second, "operator access ready", func() error {
+		ccp = getCCP(t, c, ns, "coder")
+		cond := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady)
+		if cond == nil || cond.Status != metav1.ConditionTrue {
+			return fmt.Errorf("OperatorAccessReady = %+v", cond)
+		}
+		return nil
+	})
+	st := ccp.Status
+	if st.URL != coder.URL.String() {
+		t.Errorf("status.url = %q, want %q", st.URL, coder.URL)
+	}
+	if !apimeta.IsStatusConditionTrue(st.Conditions, coderv1alpha1.ConditionAvailable) || st.CoderVersion == "" {
+		t.Errorf("Available/coderVersion = %+v / %q, want reachable with a version", apimeta.FindStatusCondition(st.Conditions, coderv1alpha1.ConditionAvailable), st.CoderVersion)
+	}
+	if st.Phase != coderv1alpha1.PhaseReady {
+		t.Errorf("phase = %s, want Ready", st.Phase)
+	}
+	if st.OperatorUser == "" || st.AdminCredentialsSecretRef == nil {
+		t.Errorf("operatorUser %q adminCredentialsSecretRef %v: the operator created the first user and should say so", st.OperatorUser, st.AdminCredentialsSecretRef)
+	}
+	if st.OperatorTokenSecretRef == nil {
+		t.Fatal("no status.operatorTokenSecretRef")
+	}
+
+	token := readSecretKey(t, ns, st.OperatorTokenSecretRef.Name, st.OperatorTokenSecretRef.Key)
+	u, err := url.Parse(st.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sdk := codersdk.New(u)
+	sdk.SetSessionToken(token)
+	me, err := sdk.User(ctx, codersdk.Me)
+	if err != nil {
+		t.Fatalf("coderd refuses the operator's token: %v", err)
+	}
+	if me.Username != st.OperatorUser {
+		t.Errorf("token belongs to %q, status says %q", me.Username, st.OperatorUser)
+	}
+
+	// Deletion revokes the token.
+	if err := c.Delete(ctx, ccp); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "control plane deleted", func() error {
+		err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	if _, err := sdk.User(ctx, codersdk.Me); err == nil {
+		t.Error("coderd still accepts the operator's token after the control plane was deleted")
+	}
+}
+
+func readSecretKey(t *testing.T, ns, name, key string) string {
+	t.Helper()
+	var s corev1.Secret
+	if err := testClient(t).Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &s); err != nil {
+		t.Fatalf("token Secret %s: %v", name, err)
+	}
+	v := string(s.Data[key])
+	if v == "" {
+		t.Fatalf("Secret %s has no key %q", name, key)
+	}
+	return v
+}

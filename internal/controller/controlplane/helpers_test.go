@@ -1,0 +1,409 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+	"github.com/coder/coder-k8s/internal/scheme"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+// kube is one real kube-apiserver and etcd shared by the tests of this
+// package; each test works in namespaces of its own and runs its own
+// manager whose cache sees only those namespaces.
+var kube *testenv.KubeAPI
+
+func TestMain(m *testing.M) {
+	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true)))
+	var err error
+	kube, err = testenv.StartKubeAPI(context.Background(), testenv.KubeAPIOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kube-apiserver:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	kube.Stop()
+	os.Exit(code)
+}
+
+// testClient reads and writes the API server directly, as a user would.
+func testClient(t *testing.T) client.Client {
+	t.Helper()
+	c, err := client.New(kube.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	return c
+}
+
+// newNamespace creates a namespace with a unique name.
+func newNamespace(t *testing.T, prefix string) string {
+	t.Helper()
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	name := prefix + "-" + hex.EncodeToString(b)
+	if err := kube.EnsureNamespace(context.Background(), name); err != nil {
+		t.Fatalf("namespace %s: %v", name, err)
+	}
+	return name
+}
+
+// fakeAccess stands in for the operator access manager in tests where no
+// coderd can exist: deployed control planes, whose in-cluster URL nothing
+// outside a cluster can reach.
+type fakeAccess struct {
+	mu        sync.Mutex
+	result    operatoraccess.Result
+	err       error
+	revokeErr error
+	urls      []string
+	revokes   int
+}
+
+func (f *fakeAccess) Reconcile(_ context.Context, _ *coderv1alpha1.CoderControlPlane, coderURL string) (operatoraccess.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.urls = append(f.urls, coderURL)
+	return f.result, f.err
+}
+
+func (f *fakeAccess) Revoke(context.Context, *coderv1alpha1.CoderControlPlane, string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.revokes++
+	return f.revokeErr
+}
+
+func (f *fakeAccess) set(res operatoraccess.Result, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.result, f.err = res, err
+}
+
+func (f *fakeAccess) calls() (urls []string, revokes int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.urls), f.revokes
+}
+
+// readyAccess is what a working access manager reports.
+func readyAccess() operatoraccess.Result {
+	return operatoraccess.Result{
+		Ready:          true,
+		Reason:         operatoraccess.ReasonReady,
+		Message:        "the operator's token is valid",
+		TokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "coder-operator-token", Key: "token"},
+		User:           "coder-k8s",
+		CoderVersion:   "v2.30.0",
+		RequeueAfter:   time.Hour,
+	}
+}
+
+// countingClient counts the writes the reconciler makes.
+type countingClient struct {
+	client.Client
+	writes atomic.Int64
+	mu     sync.Mutex
+	log    []string
+}
+
+func (c *countingClient) note(verb string, obj runtime.Object) {
+	c.writes.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	desc := fmt.Sprintf("%s %T", verb, obj)
+	if o, ok := obj.(client.Object); ok {
+		desc += " " + o.GetNamespace() + "/" + o.GetName()
+	}
+	c.log = append(c.log, desc)
+}
+
+func (c *countingClient) reset() {
+	c.writes.Store(0)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.log = nil
+}
+
+func (c *countingClient) written() (int64, []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.writes.Load(), slices.Clone(c.log)
+}
+
+func (c *countingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	c.note("create", obj)
+	return c.Client.Create(ctx, obj, opts...)
+}
+
+func (c *countingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	c.note("update", obj)
+	return c.Client.Update(ctx, obj, opts...)
+}
+
+func (c *countingClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	c.note("patch", obj)
+	return c.Client.Patch(ctx, obj, patch, opts...)
+}
+
+func (c *countingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+	c.note("apply", nil)
+	return c.Client.Apply(ctx, obj, opts...)
+}
+
+func (c *countingClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
+	c.note("delete", obj)
+	return c.Client.Delete(ctx, obj, opts...)
+}
+
+func (c *countingClient) Status() client.SubResourceWriter {
+	return &countingStatus{SubResourceWriter: c.Client.Status(), c: c}
+}
+
+type countingStatus struct {
+	client.SubResourceWriter
+	c *countingClient
+}
+
+func (s *countingStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	s.c.note("status update", obj)
+	return s.SubResourceWriter.Update(ctx, obj, opts...)
+}
+
+func (s *countingStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	s.c.note("status patch", obj)
+	return s.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
+// harness is a running manager with the reconciler under test.
+type harness struct {
+	r      *Reconciler
+	writes *countingClient
+	access *fakeAccess
+	c      client.Client // direct client for the test's own reads and writes
+}
+
+// startManager runs a manager whose cache sees namespaces, with the
+// reconciler set up as the composition root would, except for access
+// (fakeAccess unless given) and the tweaks.
+func startManager(t *testing.T, namespaces []string, access AccessManager, tweak func(*Reconciler)) *harness {
+	t.Helper()
+	return startManagerAs(t, kube.Config, namespaces, access, tweak)
+}
+
+// startManagerAs is startManager with the manager authenticating with cfg.
+func startManagerAs(t *testing.T, cfg *rest.Config, namespaces []string, access AccessManager, tweak func(*Reconciler)) *harness {
+	t.Helper()
+	defaults := map[string]cache.Config{}
+	for _, ns := range namespaces {
+		defaults[ns] = cache.Config{}
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme.New(),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultNamespaces: defaults},
+		// Every test registers the same controller name.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatalf("manager: %v", err)
+	}
+	h := &harness{c: testClient(t), writes: &countingClient{Client: mgr.GetClient()}}
+	if access == nil {
+		h.access = &fakeAccess{result: readyAccess()}
+		access = h.access
+	}
+	h.r = &Reconciler{Client: h.writes, Access: access, GatewayAPIRecheckPeriod: time.Second}
+	if tweak != nil {
+		tweak(h.r)
+	}
+	if err := h.r.SetupWithManager(mgr); err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+	syncCtx, syncCancel := context.WithTimeout(ctx, 30*time.Second)
+	defer syncCancel()
+	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
+		t.Fatal("cache did not sync")
+	}
+	return h
+}
+
+// eventually retries check until it returns nil or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for {
+		if err = check(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still failing after %s: %v", what, timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// newControlPlane returns a control plane as a user would write it.
+func newControlPlane(ns, name string) *coderv1alpha1.CoderControlPlane {
+	return &coderv1alpha1.CoderControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+	}
+}
+
+func create(t *testing.T, c client.Client, obj client.Object) {
+	t.Helper()
+	if err := c.Create(context.Background(), obj); err != nil {
+		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+	}
+}
+
+func getCCP(t *testing.T, c client.Client, ns, name string) *coderv1alpha1.CoderControlPlane {
+	t.Helper()
+	var ccp coderv1alpha1.CoderControlPlane
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &ccp); err != nil {
+		t.Fatalf("get control plane: %v", err)
+	}
+	return &ccp
+}
+
+// updateCCP applies change to the latest version of the control plane.
+func updateCCP(t *testing.T, c client.Client, ns, name string, change func(*coderv1alpha1.CoderControlPlane)) {
+	t.Helper()
+	eventually(t, 10*time.Second, "update control plane", func() error {
+		ccp := getCCP(t, c, ns, name)
+		change(ccp)
+		return c.Update(context.Background(), ccp)
+	})
+}
+
+// waitCondition waits until the control plane's condition has status and
+// reason (any reason when empty) for its current generation.
+func waitCondition(t *testing.T, c client.Client, ns, name, typ string, status metav1.ConditionStatus, reason string) *coderv1alpha1.CoderControlPlane {
+	t.Helper()
+	var ccp *coderv1alpha1.CoderControlPlane
+	eventually(t, 30*time.Second, fmt.Sprintf("condition %s=%s (%s)", typ, status, reason), func() error {
+		ccp = getCCP(t, c, ns, name)
+		cond := apimeta.FindStatusCondition(ccp.Status.Conditions, typ)
+		switch {
+		case cond == nil:
+			return fmt.Errorf("no condition %s in %+v", typ, ccp.Status.Conditions)
+		case cond.Status != status || (reason != "" && cond.Reason != reason):
+			return fmt.Errorf("condition %s is %s/%s: %s", typ, cond.Status, cond.Reason, cond.Message)
+		case cond.ObservedGeneration != ccp.Generation || ccp.Status.ObservedGeneration != ccp.Generation:
+			return fmt.Errorf("status describes generation %d (condition %d), object is at %d", ccp.Status.ObservedGeneration, cond.ObservedGeneration, ccp.Generation)
+		}
+		return nil
+	})
+	return ccp
+}
+
+// waitEvent waits for an event about the control plane with the given
+// type and reason, as `kubectl events` would show it.
+func waitEvent(t *testing.T, ns, name, eventType, reason string) eventsv1.Event {
+	t.Helper()
+	var found eventsv1.Event
+	eventually(t, 30*time.Second, fmt.Sprintf("%s event %s", eventType, reason), func() error {
+		list, err := kube.Clientset.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		var seen []string
+		for _, e := range list.Items {
+			if e.Regarding.Kind != "CoderControlPlane" || e.Regarding.Name != name {
+				continue
+			}
+			if e.Type == eventType && e.Reason == reason {
+				found = e
+				return nil
+			}
+			seen = append(seen, e.Type+"/"+e.Reason)
+		}
+		return fmt.Errorf("events seen: %s", strings.Join(seen, ", "))
+	})
+	return found
+}
+
+// countEvents counts events about the control plane with a reason.
+func countEvents(t *testing.T, ns, name, reason string) int {
+	t.Helper()
+	list, err := kube.Clientset.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("list events: %v", err)
+	}
+	n := 0
+	for _, e := range list.Items {
+		if e.Regarding.Name == name && e.Reason == reason {
+			n++
+			if e.Series != nil {
+				n += int(e.Series.Count) - 1
+			}
+		}
+	}
+	return n
+}
+
+func findEnv(env []corev1.EnvVar, name string) []corev1.EnvVar {
+	var out []corev1.EnvVar
+	for _, e := range env {
+		if e.Name == name {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// tlsSecret is a kubernetes.io/tls Secret with a real certificate for
+// host, signed by a fresh CA whose certificate is under ca.crt.
+func tlsSecret(t *testing.T, ns, name, host string) *corev1.Secret {
+	t.Helper()
+	ca, err := testenv.NewCA(name + "-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := ca.ServingCert([]string{host}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{"tls.crt": kp.CertPEM, "tls.key": kp.KeyPEM, "ca.crt": ca.CertPEM},
+	}
+}

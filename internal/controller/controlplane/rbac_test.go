@@ -1,0 +1,191 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+	"github.com/coder/coder-k8s/internal/scheme"
+)
+
+var rbacMarker = regexp.MustCompile(`(?m)^// \+kubebuilder:rbac:groups=([^,]*),resources=([^,]+),verbs=(\S+)$`)
+
+// markerRules reads the RBAC markers of reconciler.go, as controller-gen
+// turns them into the operator's ClusterRole.
+func markerRules(t *testing.T) []rbacv1.PolicyRule {
+	t.Helper()
+	src, err := os.ReadFile("reconciler.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []rbacv1.PolicyRule
+	for _, m := range rbacMarker.FindAllStringSubmatch(string(src), -1) {
+		group := strings.Trim(m[1], `"`)
+		rules = append(rules, rbacv1.PolicyRule{
+			APIGroups: []string{group},
+			Resources: strings.Split(m[2], ";"),
+			Verbs:     strings.Split(m[3], ";"),
+		})
+	}
+	if len(rules) == 0 {
+		t.Fatal("no RBAC markers in reconciler.go")
+	}
+	return rules
+}
+
+// TestRunsWithOnlyItsRBACMarkers runs the reconciler as a user that has
+// exactly the permissions of its RBAC markers, through creation,
+// cross-namespace workspace RBAC with extra rules, exposure, events and
+// deletion: a missing permission fails the test.
+func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
+	ns := newNamespace(t, "rbac-min")
+	extra := newNamespace(t, "rbac-min-ws")
+	ctx := context.Background()
+	admin := testClient(t)
+
+	user := "controlplane-" + ns
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: markerRules(t)}
+	create(t, admin, role)
+	create(t, admin, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	})
+	cfg, err := kube.UserConfig(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := startManagerAs(t, cfg, []string{ns, extra}, nil, nil)
+
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.TLS = &coderv1alpha1.TLSSpec{SecretNames: []string{"coder-tls"}}
+	ccp.Spec.WorkspaceRBAC.Deployments = true
+	ccp.Spec.WorkspaceRBAC.ExtraNamespaces = []string{extra}
+	// A grant the operator does not hold itself.
+	ccp.Spec.WorkspaceRBAC.ExtraRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list"}}}
+	ccp.Spec.Expose = &coderv1alpha1.ExposeSpec{Ingress: &coderv1alpha1.IngressSpec{Host: "coder.example.com"}}
+	create(t, admin, ccp)
+
+	waitCondition(t, admin, ns, "coder", ConditionReconciled, metav1.ConditionFalse, ReasonSecretNotFound)
+	waitEvent(t, ns, "coder", corev1.EventTypeWarning, ReasonSecretNotFound)
+	create(t, admin, tlsSecret(t, ns, "coder-tls", "coder."+ns+".svc.cluster.local"))
+	waitCondition(t, admin, ns, "coder", ConditionReconciled, metav1.ConditionTrue, ReasonApplied)
+	waitCondition(t, admin, ns, "coder", ConditionExposed, metav1.ConditionTrue, ReasonIngressApplied)
+	if err := admin.Get(ctx, types.NamespacedName{Namespace: extra, Name: "coder-workspace-perms"}, &rbacv1.RoleBinding{}); err != nil {
+		t.Errorf("workspace RoleBinding in %s: %v", extra, err)
+	}
+	markDeploymentAvailable(t, admin, ns, "coder")
+	waitCondition(t, admin, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, "")
+
+	updateCCP(t, admin, ns, "coder", func(ccp *coderv1alpha1.CoderControlPlane) {
+		ccp.Spec.Expose = nil
+		ccp.Spec.WorkspaceRBAC.ExtraNamespaces = nil
+	})
+	eventually(t, 30*time.Second, "Ingress and extra RBAC removed", func() error {
+		if err := admin.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &networkingv1.Ingress{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("Ingress: %v", err)
+		}
+		if err := admin.Get(ctx, types.NamespacedName{Namespace: extra, Name: "coder-workspace-perms"}, &rbacv1.Role{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("Role in %s: %v", extra, err)
+		}
+		return nil
+	})
+
+	if err := admin.Delete(ctx, getCCP(t, admin, ns, "coder")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "control plane deleted", func() error {
+		err := admin.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	if _, revokes := h.access.calls(); revokes == 0 {
+		t.Error("Revoke was not called")
+	}
+}
+
+// TestAdoptedUnreachableCoderd adopts a coderd that does not answer, with
+// the real access manager: the control plane says so in its conditions,
+// keeps retrying, and can still be deleted at once since no token was
+// ever issued.
+func TestAdoptedUnreachableCoderd(t *testing.T) {
+	ns := newNamespace(t, "unreachable")
+	ctx := context.Background()
+
+	// A port nothing listens on.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+
+	mgr, err := ctrl.NewManager(kube.Config, ctrl.Options{
+		Scheme:                 scheme.New(),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Reconciler{Access: &operatoraccess.Manager{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("operator-access"),
+		Timeout:   5 * time.Second,
+	}}
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	c := testClient(t)
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.ExternalURL = "http://" + addr
+	create(t, c, ccp)
+	ccp = waitCondition(t, c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, operatoraccess.ReasonCoderdUnreachable)
+	waitCondition(t, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, operatoraccess.ReasonCoderdUnreachable)
+	if ccp.Status.Phase != coderv1alpha1.PhaseProvisioning || ccp.Status.URL != "http://"+addr || ccp.Status.OperatorTokenSecretRef != nil {
+		t.Errorf("status = %+v", ccp.Status)
+	}
+
+	if err := c.Delete(ctx, ccp); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "control plane deleted", func() error {
+		err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+}

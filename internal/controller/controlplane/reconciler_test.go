@@ -1,0 +1,887 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+)
+
+// markDeploymentAvailable writes the status the deployment controller
+// would write once every replica is ready: the test API server runs no
+// controller manager and no kubelet, so pods never run.
+func markDeploymentAvailable(t *testing.T, c client.Client, ns, name string) {
+	t.Helper()
+	eventually(t, 10*time.Second, "mark Deployment available", func() error {
+		var dep appsv1.Deployment
+		if err := c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &dep); err != nil {
+			return err
+		}
+		n := ptr.Deref(dep.Spec.Replicas, 1)
+		dep.Status = appsv1.DeploymentStatus{
+			ObservedGeneration: dep.Generation,
+			Replicas:           n,
+			UpdatedReplicas:    n,
+			ReadyReplicas:      n,
+			AvailableReplicas:  n,
+			Conditions: []appsv1.DeploymentCondition{{
+				Type:               appsv1.DeploymentAvailable,
+				Status:             corev1.ConditionTrue,
+				Reason:             "MinimumReplicasAvailable",
+				Message:            "Deployment has minimum availability.",
+				LastUpdateTime:     metav1.Now(),
+				LastTransitionTime: metav1.Now(),
+			}},
+		}
+		return c.Status().Update(context.Background(), &dep)
+	})
+}
+
+func getDeployment(t *testing.T, c client.Client, ns, name string) *appsv1.Deployment {
+	t.Helper()
+	var dep appsv1.Deployment
+	eventually(t, 30*time.Second, "Deployment "+name, func() error {
+		return c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &dep)
+	})
+	return &dep
+}
+
+func requireControlledBy(t *testing.T, obj client.Object, ccp *coderv1alpha1.CoderControlPlane) {
+	t.Helper()
+	ref := metav1.GetControllerOf(obj)
+	if ref == nil || ref.UID != ccp.UID || ref.Kind != "CoderControlPlane" || !ptr.Deref(ref.BlockOwnerDeletion, false) {
+		t.Errorf("%T %s: controller reference %+v, want the control plane %s (uid %s)", obj, obj.GetName(), ref, ccp.Name, ccp.UID)
+	}
+}
+
+func TestDeployedControlPlaneCreatesChildren(t *testing.T) {
+	ns := newNamespace(t, "children")
+	h := startManager(t, []string{ns}, nil, nil)
+	ctx := context.Background()
+
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.Replicas = ptr.To[int32](2)
+	ccp.Spec.Env = []corev1.EnvVar{
+		{Name: "CODER_PG_CONNECTION_URL", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: "coder-db"}, Key: "url"}}},
+		// A user variable wins over the operator's of the same name.
+		{Name: "CODER_CACHE_DIRECTORY", Value: "/var/cache/coder/mine"},
+	}
+	ccp.Spec.ExtraArgs = []string{"--verbose"}
+	ccp.Spec.ServiceAccount.Annotations = map[string]string{"iam.example.com/role": "coder"}
+	ccp.Spec.PodLabels = map[string]string{"team": "platform"}
+	create(t, h.c, ccp)
+	ccp = getCCP(t, h.c, ns, "coder")
+
+	dep := getDeployment(t, h.c, ns, "coder")
+	requireControlledBy(t, dep, ccp)
+	if got := ptr.Deref(dep.Spec.Replicas, 0); got != 2 {
+		t.Errorf("replicas = %d, want 2", got)
+	}
+	pod := dep.Spec.Template.Spec
+	if pod.ServiceAccountName != "coder" {
+		t.Errorf("serviceAccountName = %q, want coder", pod.ServiceAccountName)
+	}
+	if dep.Spec.Template.Labels["team"] != "platform" || dep.Spec.Template.Labels[labelInstance] != "coder" {
+		t.Errorf("pod labels = %v, want the user's and the selector's", dep.Spec.Template.Labels)
+	}
+	if len(pod.Containers) != 1 {
+		t.Fatalf("containers = %d, want 1", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if c.Image != DefaultImage {
+		t.Errorf("image = %q, want %q", c.Image, DefaultImage)
+	}
+	if want := []string{"server", "--verbose"}; !slices.Equal(c.Args, want) {
+		t.Errorf("args = %v, want %v", c.Args, want)
+	}
+	wantURL := "http://coder." + ns + ".svc.cluster.local"
+	for name, want := range map[string]string{
+		"CODER_HTTP_ADDRESS":    "0.0.0.0:8080",
+		"CODER_ACCESS_URL":      wantURL,
+		"CODER_CACHE_DIRECTORY": "/var/cache/coder/mine",
+	} {
+		got := findEnv(c.Env, name)
+		if len(got) != 1 || got[0].Value != want {
+			t.Errorf("env %s = %+v, want exactly one with value %q", name, got, want)
+		}
+	}
+	if got := findEnv(c.Env, "CODER_PG_CONNECTION_URL"); len(got) != 1 || got[0].ValueFrom == nil || got[0].ValueFrom.SecretKeyRef.Name != "coder-db" {
+		t.Errorf("env CODER_PG_CONNECTION_URL = %+v, want the user's secretKeyRef", got)
+	}
+	if c.Env[0].Name != "CODER_HTTP_ADDRESS" {
+		t.Errorf("first env var = %s, want the operator's CODER_HTTP_ADDRESS first", c.Env[0].Name)
+	}
+	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.StrVal != "http" {
+			t.Errorf("%s probe = %+v, want GET /healthz on port http", name, p)
+		}
+	}
+	if len(c.Ports) != 1 || c.Ports[0].ContainerPort != 8080 || c.Ports[0].Name != "http" {
+		t.Errorf("ports = %+v, want http 8080", c.Ports)
+	}
+	// Restricted by default.
+	psc := pod.SecurityContext
+	if psc == nil || !ptr.Deref(psc.RunAsNonRoot, false) || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context = %+v, want runAsNonRoot and seccomp RuntimeDefault", psc)
+	}
+	sc := c.SecurityContext
+	if sc == nil || ptr.Deref(sc.AllowPrivilegeEscalation, true) || !ptr.Deref(sc.ReadOnlyRootFilesystem, false) ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !ptr.Deref(sc.RunAsNonRoot, false) {
+		t.Errorf("container security context = %+v, want no privilege escalation, drop ALL, read-only root, non-root", sc)
+	}
+	mounts := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = true
+	}
+	if !mounts["/tmp"] || !mounts[cacheDir] {
+		t.Errorf("mounts = %+v, want writable /tmp and %s on a read-only root", c.VolumeMounts, cacheDir)
+	}
+
+	var svc corev1.Service
+	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &svc); err != nil {
+		t.Fatalf("Service: %v", err)
+	}
+	requireControlledBy(t, &svc, ccp)
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort.StrVal != "http" || svc.Spec.Type != corev1.ServiceTypeClusterIP {
+		t.Errorf("Service = %s %+v, want ClusterIP port 80 -> http", svc.Spec.Type, svc.Spec.Ports)
+	}
+	for k, v := range svc.Spec.Selector {
+		if dep.Spec.Template.Labels[k] != v {
+			t.Errorf("Service selector %v does not select the pod labels %v", svc.Spec.Selector, dep.Spec.Template.Labels)
+		}
+	}
+
+	var sa corev1.ServiceAccount
+	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &sa); err != nil {
+		t.Fatalf("ServiceAccount: %v", err)
+	}
+	requireControlledBy(t, &sa, ccp)
+	if sa.Annotations["iam.example.com/role"] != "coder" {
+		t.Errorf("ServiceAccount annotations = %v", sa.Annotations)
+	}
+
+	var role rbacv1.Role
+	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder-workspace-perms"}, &role); err != nil {
+		t.Fatalf("Role: %v", err)
+	}
+	requireControlledBy(t, &role, ccp)
+	if len(role.Rules) != 2 || role.Rules[0].Resources[0] != "pods" || role.Rules[1].Resources[0] != "persistentvolumeclaims" {
+		t.Errorf("Role rules = %+v, want pods and persistentvolumeclaims", role.Rules)
+	}
+	var rb rbacv1.RoleBinding
+	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder-workspace-perms"}, &rb); err != nil {
+		t.Fatalf("RoleBinding: %v", err)
+	}
+	requireControlledBy(t, &rb, ccp)
+	if len(rb.Subjects) != 1 || rb.Subjects[0].Name != "coder" || rb.Subjects[0].Namespace != ns || rb.RoleRef.Name != "coder-workspace-perms" {
+		t.Errorf("RoleBinding = %+v -> %+v, want service account coder bound to coder-workspace-perms", rb.Subjects, rb.RoleRef)
+	}
+
+	// Status: the in-cluster URL; not available while no pod runs; access
+	// (the double) ready.
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, ReasonDeploymentUnavailable)
+	if ccp.Status.URL != wantURL {
+		t.Errorf("status.url = %q, want %q", ccp.Status.URL, wantURL)
+	}
+	if ccp.Status.Phase != coderv1alpha1.PhaseProvisioning {
+		t.Errorf("phase = %s, want Provisioning", ccp.Status.Phase)
+	}
+	for _, typ := range []string{ConditionReconciled, coderv1alpha1.ConditionOperatorAccessReady} {
+		if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, typ) {
+			t.Errorf("condition %s not True: %+v", typ, ccp.Status.Conditions)
+		}
+	}
+	if ccp.Status.OperatorTokenSecretRef == nil || ccp.Status.OperatorTokenSecretRef.Name != "coder-operator-token" ||
+		ccp.Status.OperatorUser != "coder-k8s" || ccp.Status.CoderVersion != "v2.30.0" {
+		t.Errorf("status access fields = %+v", ccp.Status)
+	}
+	if !slices.Contains(ccp.Finalizers, FinalizerOperatorAccess) {
+		t.Errorf("finalizers = %v, want %s", ccp.Finalizers, FinalizerOperatorAccess)
+	}
+	if urls, _ := h.access.calls(); len(urls) == 0 || urls[len(urls)-1] != wantURL {
+		t.Errorf("access manager called with %v, want %s", urls, wantURL)
+	}
+}
+
+func TestDeployedControlPlaneBecomesReadyWithoutChurn(t *testing.T) {
+	ns := newNamespace(t, "ready")
+	h := startManager(t, []string{ns}, nil, nil)
+	ctx := context.Background()
+
+	// A spec that uses most fields, so that server-side defaults inside
+	// user-supplied structures are part of the no-churn check below.
+	for _, name := range []string{"coder-tls", "internal-ca"} {
+		create(t, h.c, tlsSecret(t, ns, name, "coder."+ns+".svc.cluster.local"))
+	}
+	ccp := newControlPlane(ns, "coder")
+	if err := yaml.Unmarshal([]byte(`
+replicas: 1
+env:
+  - name: POD_NAME
+    valueFrom: {fieldRef: {fieldPath: metadata.name}}
+envFrom:
+  - secretRef: {name: coder-env}
+resources:
+  requests: {cpu: 1000m, memory: 1024Mi}
+tolerations:
+  - {key: dedicated, value: coder, effect: NoSchedule}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector: {matchLabels: {app.kubernetes.io/instance: coder}}
+topologySpreadConstraints:
+  - {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway, labelSelector: {matchLabels: {app.kubernetes.io/instance: coder}}}
+imagePullSecrets: [{name: registry}]
+volumes:
+  - name: extra
+    configMap: {name: coder-extra}
+volumeMounts:
+  - {name: extra, mountPath: /etc/coder-extra}
+readinessProbe:
+  httpGet: {path: /healthz, port: 8080}
+priorityClassName: high
+tls: {secretNames: [coder-tls]}
+caCerts: [{name: internal-ca, key: ca.crt}]
+service: {type: LoadBalancer, externalTrafficPolicy: Local, annotations: {lb.example.com/internal: "true"}}
+expose: {ingress: {host: coder.example.com, className: nginx}}
+`), &ccp.Spec); err != nil {
+		t.Fatal(err)
+	}
+	create(t, h.c, ccp)
+	getDeployment(t, h.c, ns, "coder")
+	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, "")
+
+	markDeploymentAvailable(t, h.c, ns, "coder")
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, ReasonDeploymentAvailable)
+	eventually(t, 10*time.Second, "phase Ready", func() error {
+		ccp = getCCP(t, h.c, ns, "coder")
+		if ccp.Status.Phase != coderv1alpha1.PhaseReady {
+			return fmt.Errorf("phase %s", ccp.Status.Phase)
+		}
+		return nil
+	})
+	if ccp.Status.Replicas != 1 || ccp.Status.ReadyReplicas != 1 {
+		t.Errorf("replicas = %d/%d, want 1/1 from the Deployment", ccp.Status.ReadyReplicas, ccp.Status.Replicas)
+	}
+	waitEvent(t, ns, "coder", corev1.EventTypeNormal, "Available")
+	waitEvent(t, ns, "coder", corev1.EventTypeNormal, "OperatorAccessReady")
+
+	// Settled: a reconcile with nothing changed writes nothing. Trigger
+	// reconciles through the watches (an unrelated annotation on the
+	// Deployment) and directly, and count the writes.
+	snapshot := func() map[string]string {
+		rv := map[string]string{}
+		for _, obj := range []client.Object{&coderv1alpha1.CoderControlPlane{}, &appsv1.Deployment{}, &corev1.Service{}, &corev1.ServiceAccount{}, &networkingv1.Ingress{}} {
+			if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, obj); err != nil {
+				t.Fatal(err)
+			}
+			rv[fmt.Sprintf("%T", obj)] = obj.GetResourceVersion()
+		}
+		for _, obj := range []client.Object{&rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+			if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder-workspace-perms"}, obj); err != nil {
+				t.Fatal(err)
+			}
+			rv[fmt.Sprintf("%T", obj)] = obj.GetResourceVersion()
+		}
+		return rv
+	}
+	time.Sleep(time.Second) // let the reconciles of the transitions above finish
+	h.writes.reset()
+	urlsBefore, _ := h.access.calls()
+	var dep appsv1.Deployment
+	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &dep); err != nil {
+		t.Fatal(err)
+	}
+	dep.Annotations["example.com/touched-by-someone-else"] = "yes"
+	if err := h.c.Update(ctx, &dep); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "reconcile after the Deployment changed", func() error {
+		if urls, _ := h.access.calls(); len(urls) <= len(urlsBefore) {
+			return errors.New("no reconcile yet")
+		}
+		return nil
+	})
+	before := snapshot()
+	for range 3 {
+		if _, err := h.r.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "coder"}}); err != nil {
+			t.Fatalf("reconcile: %v", err)
+		}
+	}
+	time.Sleep(2 * time.Second)
+	if n, log := h.writes.written(); n != 0 {
+		t.Errorf("reconciles without a change made %d writes: %v", n, log)
+	}
+	if after := snapshot(); !mapsEqual(before, after) {
+		t.Errorf("resource versions changed without a spec change:\nbefore %v\nafter  %v", before, after)
+	}
+	if n := countEvents(t, ns, "coder", "Available"); n != 1 {
+		t.Errorf("%d Available events, want 1 (events on transitions only)", n)
+	}
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestSpecChangeUpdatesDeployment(t *testing.T) {
+	ns := newNamespace(t, "change")
+	h := startManager(t, []string{ns}, nil, nil)
+
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.NodeSelector = map[string]string{"pool": "coder"}
+	ccp.Spec.Service.Annotations = map[string]string{"lb.example.com/internal": "true"}
+	create(t, h.c, ccp)
+	dep := getDeployment(t, h.c, ns, "coder")
+	if dep.Spec.Template.Spec.NodeSelector["pool"] != "coder" {
+		t.Fatalf("nodeSelector = %v", dep.Spec.Template.Spec.NodeSelector)
+	}
+
+	updateCCP(t, h.c, ns, "coder", func(ccp *coderv1alpha1.CoderControlPlane) {
+		ccp.Spec.Replicas = ptr.To[int32](3)
+		ccp.Spec.Env = append(ccp.Spec.Env, corev1.EnvVar{Name: "CODER_VERBOSE", Value: "true"})
+		ccp.Spec.Image = "ghcr.io/coder/coder:v2.29.1"
+		ccp.Spec.NodeSelector = nil // removed fields must go from the Deployment too
+		ccp.Spec.Service.Annotations = nil
+		ccp.Spec.Service.Port = 8080
+	})
+	eventually(t, 30*time.Second, "Deployment follows the spec", func() error {
+		var dep appsv1.Deployment
+		if err := h.c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "coder"}, &dep); err != nil {
+			return err
+		}
+		c := dep.Spec.Template.Spec.Containers[0]
+		switch {
+		case ptr.Deref(dep.Spec.Replicas, 0) != 3:
+			return fmt.Errorf("replicas %d", ptr.Deref(dep.Spec.Replicas, 0))
+		case len(findEnv(c.Env, "CODER_VERBOSE")) != 1:
+			return fmt.Errorf("env %v", c.Env)
+		case c.Image != "ghcr.io/coder/coder:v2.29.1":
+			return fmt.Errorf("image %s", c.Image)
+		case len(dep.Spec.Template.Spec.NodeSelector) != 0:
+			return fmt.Errorf("nodeSelector still %v", dep.Spec.Template.Spec.NodeSelector)
+		case findEnv(c.Env, "CODER_ACCESS_URL")[0].Value != "http://coder."+ns+".svc.cluster.local:8080":
+			return fmt.Errorf("access URL %v", findEnv(c.Env, "CODER_ACCESS_URL"))
+		}
+		return nil
+	})
+	eventually(t, 30*time.Second, "Service follows the spec", func() error {
+		var svc corev1.Service
+		if err := h.c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "coder"}, &svc); err != nil {
+			return err
+		}
+		if svc.Spec.Ports[0].Port != 8080 || svc.Annotations["lb.example.com/internal"] != "" {
+			return fmt.Errorf("ports %+v annotations %v", svc.Spec.Ports, svc.Annotations)
+		}
+		return nil
+	})
+	ccp = waitCondition(t, h.c, ns, "coder", ConditionReconciled, metav1.ConditionTrue, ReasonApplied)
+	if want := "http://coder." + ns + ".svc.cluster.local:8080"; ccp.Status.URL != want {
+		t.Errorf("status.url = %q, want %q", ccp.Status.URL, want)
+	}
+}
+
+func TestWorkspaceRBACInExtraNamespaces(t *testing.T) {
+	ns := newNamespace(t, "rbac")
+	extra1 := newNamespace(t, "ws1")
+	extra2 := newNamespace(t, "ws2")
+	h := startManager(t, []string{ns, extra1, extra2}, nil, nil)
+	ctx := context.Background()
+
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.WorkspaceRBAC.Deployments = true
+	ccp.Spec.WorkspaceRBAC.ExtraNamespaces = []string{extra1, extra2}
+	ccp.Spec.WorkspaceRBAC.ExtraRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get"}}}
+	create(t, h.c, ccp)
+
+	roleIn := func(ns string) (*rbacv1.Role, *rbacv1.RoleBinding, error) {
+		var role rbacv1.Role
+		var rb rbacv1.RoleBinding
+		if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder-workspace-perms"}, &role); err != nil {
+			return nil, nil, err
+		}
+		if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder-workspace-perms"}, &rb); err != nil {
+			return nil, nil, err
+		}
+		return &role, &rb, nil
+	}
+	for _, x := range []string{extra1, extra2} {
+		eventually(t, 30*time.Second, "workspace RBAC in "+x, func() error {
+			role, rb, err := roleIn(x)
+			if err != nil {
+				return err
+			}
+			if len(role.Rules) != 4 || role.Rules[2].APIGroups[0] != "apps" || role.Rules[3].Resources[0] != "configmaps" {
+				return fmt.Errorf("rules %+v, want pods, PVCs, deployments and the extra rule", role.Rules)
+			}
+			if len(role.OwnerReferences) != 0 {
+				return fmt.Errorf("a cross-namespace owner reference %v", role.OwnerReferences)
+			}
+			if rb.Subjects[0].Namespace != ns || rb.Subjects[0].Name != "coder" {
+				return fmt.Errorf("subjects %+v, want service account %s/coder", rb.Subjects, ns)
+			}
+			return nil
+		})
+	}
+	ccp = getCCP(t, h.c, ns, "coder")
+	if !slices.Contains(ccp.Finalizers, FinalizerWorkspaceRBAC) {
+		t.Errorf("finalizers = %v, want %s", ccp.Finalizers, FinalizerWorkspaceRBAC)
+	}
+
+	// Someone deletes the Role in an extra namespace: it comes back.
+	role, _, _ := roleIn(extra2)
+	if err := h.c.Delete(ctx, role); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "Role recreated in "+extra2, func() error {
+		r, _, err := roleIn(extra2)
+		if err == nil && r.UID == role.UID {
+			return errors.New("still the deleted one")
+		}
+		return err
+	})
+
+	// A namespace removed from the list loses its objects.
+	updateCCP(t, h.c, ns, "coder", func(ccp *coderv1alpha1.CoderControlPlane) {
+		ccp.Spec.WorkspaceRBAC.ExtraNamespaces = []string{extra2}
+	})
+	eventually(t, 30*time.Second, "workspace RBAC removed from "+extra1, func() error {
+		if _, _, err := roleIn(extra1); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		var rb rbacv1.RoleBinding
+		if err := h.c.Get(ctx, types.NamespacedName{Namespace: extra1, Name: "coder-workspace-perms"}, &rb); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("RoleBinding still there (%v)", err)
+		}
+		return nil
+	})
+	if _, _, err := roleIn(extra2); err != nil {
+		t.Errorf("workspace RBAC in %s: %v", extra2, err)
+	}
+
+	// Deleting the control plane removes the rest (no garbage collector
+	// runs here, and none would for cross-namespace objects anyway).
+	if err := h.c.Delete(ctx, getCCP(t, h.c, ns, "coder")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "control plane deleted", func() error {
+		err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	if _, _, err := roleIn(extra2); !apierrors.IsNotFound(err) {
+		t.Errorf("workspace RBAC in %s after deletion: %v, want not found", extra2, err)
+	}
+}
+
+func TestExposeIngress(t *testing.T) {
+	ns := newNamespace(t, "ingress")
+	h := startManager(t, []string{ns}, nil, nil)
+	ctx := context.Background()
+
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.Expose = &coderv1alpha1.ExposeSpec{Ingress: &coderv1alpha1.IngressSpec{
+		ClassName:     "nginx",
+		Host:          "coder.example.com",
+		WildcardHost:  "*.coder.example.com",
+		Annotations:   map[string]string{"cert-manager.io/cluster-issuer": "letsencrypt"},
+		TLSSecretName: "coder-ingress-tls",
+	}}
+	create(t, h.c, ccp)
+	ccp = getCCP(t, h.c, ns, "coder")
+
+	var ing networkingv1.Ingress
+	eventually(t, 30*time.Second, "Ingress", func() error {
+		return h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &ing)
+	})
+	requireControlledBy(t, &ing, ccp)
+	if ptr.Deref(ing.Spec.IngressClassName, "") != "nginx" || ing.Annotations["cert-manager.io/cluster-issuer"] != "letsencrypt" {
+		t.Errorf("Ingress class %v annotations %v", ing.Spec.IngressClassName, ing.Annotations)
+	}
+	if len(ing.Spec.Rules) != 2 || ing.Spec.Rules[0].Host != "coder.example.com" || ing.Spec.Rules[1].Host != "*.coder.example.com" {
+		t.Fatalf("Ingress rules = %+v, want the host and the wildcard host", ing.Spec.Rules)
+	}
+	backend := ing.Spec.Rules[0].HTTP.Paths[0].Backend.Service
+	if backend.Name != "coder" || backend.Port.Name != "http" {
+		t.Errorf("Ingress backend = %+v, want Service coder port http", backend)
+	}
+	if len(ing.Spec.TLS) != 1 || ing.Spec.TLS[0].SecretName != "coder-ingress-tls" || len(ing.Spec.TLS[0].Hosts) != 2 {
+		t.Errorf("Ingress TLS = %+v", ing.Spec.TLS)
+	}
+	waitCondition(t, h.c, ns, "coder", ConditionExposed, metav1.ConditionTrue, ReasonIngressApplied)
+
+	updateCCP(t, h.c, ns, "coder", func(ccp *coderv1alpha1.CoderControlPlane) { ccp.Spec.Expose = nil })
+	eventually(t, 30*time.Second, "Ingress removed", func() error {
+		err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &networkingv1.Ingress{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	ccp = waitCondition(t, h.c, ns, "coder", ConditionReconciled, metav1.ConditionTrue, "")
+	if c := apimeta.FindStatusCondition(ccp.Status.Conditions, ConditionExposed); c != nil {
+		t.Errorf("condition Exposed %+v remains without spec.expose", c)
+	}
+}
+
+// httpRouteCRD is a minimal HTTPRoute CRD: enough for the API server to
+// serve the kind, not the Gateway API's validation.
+func httpRouteCRD() *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1",
+		"kind":       "CustomResourceDefinition",
+		"metadata": map[string]any{
+			"name": "httproutes.gateway.networking.k8s.io",
+			// *.k8s.io groups need it; the Gateway API's own CRDs carry it.
+			"annotations": map[string]any{"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/1538"},
+		},
+		"spec": map[string]any{
+			"group": "gateway.networking.k8s.io",
+			"scope": "Namespaced",
+			"names": map[string]any{"kind": "HTTPRoute", "listKind": "HTTPRouteList", "plural": "httproutes", "singular": "httproute"},
+			"versions": []any{map[string]any{
+				"name": "v1", "served": true, "storage": true,
+				"schema":       map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+				"subresources": map[string]any{"status": map[string]any{}},
+			}},
+		},
+	}}
+}
+
+func TestExposeHTTPRouteWithoutAndWithGatewayAPI(t *testing.T) {
+	ns := newNamespace(t, "route")
+	h := startManager(t, []string{ns}, nil, nil)
+	ctx := context.Background()
+
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.Expose = &coderv1alpha1.ExposeSpec{HTTPRoute: &coderv1alpha1.HTTPRouteSpec{
+		ParentRefs: []coderv1alpha1.GatewayReference{{Name: "public", Namespace: "gateways", SectionName: "https"}},
+		Hostnames:  []string{"coder.example.com"},
+	}}
+	create(t, h.c, ccp)
+
+	// Without the Gateway API the rest is deployed and the condition says
+	// why there is no route.
+	ccp = waitCondition(t, h.c, ns, "coder", ConditionExposed, metav1.ConditionFalse, ReasonGatewayAPINotInstalled)
+	getDeployment(t, h.c, ns, "coder")
+	if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, ConditionReconciled) {
+		t.Errorf("Reconciled not True: %+v", ccp.Status.Conditions)
+	}
+	waitEvent(t, ns, "coder", corev1.EventTypeWarning, ReasonGatewayAPINotInstalled)
+
+	// Installing the Gateway API later is noticed without a spec change.
+	crd := httpRouteCRD()
+	if err := h.c.Create(ctx, crd); err != nil {
+		t.Fatalf("create HTTPRoute CRD: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = h.c.Delete(context.Background(), httpRouteCRD())
+		eventually(t, 30*time.Second, "HTTPRoute CRD deleted", func() error {
+			err := h.c.Get(context.Background(), client.ObjectKey{Name: "httproutes.gateway.networking.k8s.io"}, httpRouteCRD())
+			if !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there (%v)", err)
+			}
+			return nil
+		})
+	})
+	waitCondition(t, h.c, ns, "coder", ConditionExposed, metav1.ConditionTrue, ReasonHTTPRouteApplied)
+	route := newHTTPRoute()
+	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, route); err != nil {
+		t.Fatalf("HTTPRoute: %v", err)
+	}
+	parents, _, _ := unstructured.NestedSlice(route.Object, "spec", "parentRefs")
+	hosts, _, _ := unstructured.NestedStringSlice(route.Object, "spec", "hostnames")
+	rules, _, _ := unstructured.NestedSlice(route.Object, "spec", "rules")
+	if len(parents) != 1 || parents[0].(map[string]any)["name"] != "public" || parents[0].(map[string]any)["sectionName"] != "https" ||
+		!slices.Equal(hosts, []string{"coder.example.com"}) || len(rules) != 1 {
+		t.Errorf("HTTPRoute spec = %v", route.Object["spec"])
+	}
+	backends, _, _ := unstructured.NestedSlice(rules[0].(map[string]any), "backendRefs")
+	if len(backends) != 1 || backends[0].(map[string]any)["name"] != "coder" || backends[0].(map[string]any)["port"] != int64(80) {
+		t.Errorf("HTTPRoute backends = %v, want Service coder port 80", backends)
+	}
+	if ref := metav1.GetControllerOf(route); ref == nil || ref.Name != "coder" {
+		t.Errorf("HTTPRoute owner = %+v", ref)
+	}
+
+	// Removing expose removes the route.
+	updateCCP(t, h.c, ns, "coder", func(ccp *coderv1alpha1.CoderControlPlane) { ccp.Spec.Expose = nil })
+	eventually(t, 30*time.Second, "HTTPRoute removed", func() error {
+		err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, newHTTPRoute())
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+}
+
+func TestSwitchToExternalURLRemovesChildren(t *testing.T) {
+	ns := newNamespace(t, "switch")
+	extra := newNamespace(t, "switch-ws")
+	h := startManager(t, []string{ns, extra}, nil, nil)
+	ctx := context.Background()
+
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.WorkspaceRBAC.ExtraNamespaces = []string{extra}
+	ccp.Spec.Expose = &coderv1alpha1.ExposeSpec{Ingress: &coderv1alpha1.IngressSpec{Host: "coder.example.com"}}
+	create(t, h.c, ccp)
+	getDeployment(t, h.c, ns, "coder")
+	eventually(t, 30*time.Second, "children", func() error {
+		if err := h.c.Get(ctx, types.NamespacedName{Namespace: extra, Name: "coder-workspace-perms"}, &rbacv1.Role{}); err != nil {
+			return err
+		}
+		return h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &networkingv1.Ingress{})
+	})
+	// An object of the user's with a child's labels, but not owned by the
+	// control plane, is left alone.
+	userSA := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "users-own", Labels: ownedSelector(getCCP(t, h.c, ns, "coder"))}}
+	create(t, h.c, userSA)
+
+	updateCCP(t, h.c, ns, "coder", func(ccp *coderv1alpha1.CoderControlPlane) {
+		ccp.Spec.Expose = nil // externalURL excludes expose, image and tls
+		ccp.Spec.ExternalURL = "https://coder.example.com"
+	})
+	gone := []struct {
+		obj    client.Object
+		ns, nm string
+	}{
+		{&appsv1.Deployment{}, ns, "coder"},
+		{&corev1.Service{}, ns, "coder"},
+		{&corev1.ServiceAccount{}, ns, "coder"},
+		{&rbacv1.Role{}, ns, "coder-workspace-perms"},
+		{&rbacv1.RoleBinding{}, ns, "coder-workspace-perms"},
+		{&rbacv1.Role{}, extra, "coder-workspace-perms"},
+		{&rbacv1.RoleBinding{}, extra, "coder-workspace-perms"},
+	}
+	for _, g := range gone {
+		eventually(t, 30*time.Second, fmt.Sprintf("%T %s/%s deleted", g.obj, g.ns, g.nm), func() error {
+			err := h.c.Get(ctx, types.NamespacedName{Namespace: g.ns, Name: g.nm}, g.obj)
+			if !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there (%v)", err)
+			}
+			return nil
+		})
+	}
+	if err := h.c.Get(ctx, client.ObjectKeyFromObject(userSA), &corev1.ServiceAccount{}); err != nil {
+		t.Errorf("the user's service account: %v", err)
+	}
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, ReasonCoderdReachable)
+	if ccp.Status.URL != "https://coder.example.com" {
+		t.Errorf("status.url = %q, want the external URL", ccp.Status.URL)
+	}
+	if c := apimeta.FindStatusCondition(ccp.Status.Conditions, ConditionReconciled); c != nil {
+		t.Errorf("Reconciled %+v remains in adopt mode", c)
+	}
+	if slices.Contains(ccp.Finalizers, FinalizerWorkspaceRBAC) {
+		t.Errorf("finalizer %s remains with nothing left to clean up", FinalizerWorkspaceRBAC)
+	}
+	if urls, _ := h.access.calls(); urls[len(urls)-1] != "https://coder.example.com" {
+		t.Errorf("access manager last called with %s, want the external URL", urls[len(urls)-1])
+	}
+}
+
+func TestMissingTLSSecretRecoversWhenCreated(t *testing.T) {
+	ns := newNamespace(t, "tls")
+	h := startManager(t, []string{ns}, nil, nil)
+	ctx := context.Background()
+
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.TLS = &coderv1alpha1.TLSSpec{SecretNames: []string{"coder-tls"}}
+	create(t, h.c, ccp)
+
+	ccp = waitCondition(t, h.c, ns, "coder", ConditionReconciled, metav1.ConditionFalse, ReasonSecretNotFound)
+	if ccp.Status.Phase != coderv1alpha1.PhasePending {
+		t.Errorf("phase = %s, want Pending", ccp.Status.Phase)
+	}
+	ev := waitEvent(t, ns, "coder", corev1.EventTypeWarning, ReasonSecretNotFound)
+	if !containsAll(ev.Note, "coder-tls") {
+		t.Errorf("event note %q does not name the Secret", ev.Note)
+	}
+	if want := "https://coder." + ns + ".svc.cluster.local"; ccp.Status.URL != want {
+		t.Errorf("status.url = %q, want %q", ccp.Status.URL, want)
+	}
+	// The workload is in place already; the kubelet starts it once the
+	// Secret exists.
+	dep := getDeployment(t, h.c, ns, "coder")
+	c := dep.Spec.Template.Spec.Containers[0]
+	if e := findEnv(c.Env, "CODER_TLS_CERT_FILE"); len(e) != 1 || e[0].Value != tlsDir+"/coder-tls/tls.crt" {
+		t.Errorf("CODER_TLS_CERT_FILE = %+v", e)
+	}
+	var svc corev1.Service
+	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &svc); err != nil {
+		t.Fatal(err)
+	}
+	if len(svc.Spec.Ports) != 2 || svc.Spec.Ports[1].Port != 443 || svc.Spec.Ports[1].TargetPort.StrVal != "https" {
+		t.Errorf("Service ports = %+v, want http and 443 -> https", svc.Spec.Ports)
+	}
+
+	generation := ccp.Generation
+	create(t, h.c, tlsSecret(t, ns, "coder-tls", "coder."+ns+".svc.cluster.local"))
+	ccp = waitCondition(t, h.c, ns, "coder", ConditionReconciled, metav1.ConditionTrue, ReasonApplied)
+	if ccp.Generation != generation {
+		t.Errorf("generation %d -> %d: the control plane was changed", generation, ccp.Generation)
+	}
+	if ccp.Status.Phase != coderv1alpha1.PhaseProvisioning {
+		t.Errorf("phase = %s, want Provisioning (no pod runs here)", ccp.Status.Phase)
+	}
+	waitEvent(t, ns, "coder", corev1.EventTypeNormal, "Reconciled")
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+func TestAccessErrorIsAConditionNotACrash(t *testing.T) {
+	ns := newNamespace(t, "accesserr")
+	access := &fakeAccess{err: errors.New("operator access: implementation in progress")}
+	h := startManager(t, []string{ns}, access, nil)
+
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.ExternalURL = "https://coder.example.com"
+	create(t, h.c, ccp)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, ReasonAccessError)
+	cond := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady)
+	if !contains(cond.Message, "implementation in progress") {
+		t.Errorf("message %q does not carry the error", cond.Message)
+	}
+	if a := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionAvailable); a == nil || a.Status != metav1.ConditionUnknown {
+		t.Errorf("Available = %+v, want Unknown: nothing reached coderd", a)
+	}
+	if ccp.Status.Phase != coderv1alpha1.PhaseProvisioning {
+		t.Errorf("phase = %s, want Provisioning", ccp.Status.Phase)
+	}
+
+	// The access manager recovers: so does the control plane, without a
+	// spec change (the failure is retried with backoff).
+	access.set(readyAccess(), nil)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, operatoraccess.ReasonReady)
+	if ccp.Status.Phase != coderv1alpha1.PhaseReady {
+		t.Errorf("phase = %s, want Ready", ccp.Status.Phase)
+	}
+}
+
+func TestDeletionRevokesAccess(t *testing.T) {
+	ns := newNamespace(t, "delete")
+	h := startManager(t, []string{ns}, nil, nil)
+	ctx := context.Background()
+
+	create(t, h.c, newControlPlane(ns, "coder"))
+	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, "")
+	if err := h.c.Delete(ctx, getCCP(t, h.c, ns, "coder")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "control plane deleted", func() error {
+		err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	if _, revokes := h.access.calls(); revokes != 1 {
+		t.Errorf("Revoke called %d times, want 1", revokes)
+	}
+}
+
+func TestDeletionWithUnreachableCoderdIsBounded(t *testing.T) {
+	ns := newNamespace(t, "delete-stuck")
+	access := &fakeAccess{result: readyAccess(), revokeErr: errors.New("dial tcp 10.0.0.1:80: connect: connection refused")}
+	h := startManager(t, []string{ns}, access, func(r *Reconciler) { r.RevokeGracePeriod = 5 * time.Second })
+	ctx := context.Background()
+
+	create(t, h.c, newControlPlane(ns, "coder"))
+	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, "")
+	start := time.Now()
+	if err := h.c.Delete(ctx, getCCP(t, h.c, ns, "coder")); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, ns, "coder", corev1.EventTypeWarning, "RevokeFailed")
+	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{}); err != nil {
+		t.Errorf("control plane gone before the grace period: %v", err)
+	}
+	eventually(t, 30*time.Second, "control plane deleted after the grace period", func() error {
+		err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	if d := time.Since(start); d < 4*time.Second {
+		t.Errorf("deleted after %s, before the 5s grace period", d)
+	}
+	waitEvent(t, ns, "coder", corev1.EventTypeWarning, "RevokeAbandoned")
+	if _, revokes := access.calls(); revokes < 2 {
+		t.Errorf("Revoke tried %d times, want retries", revokes)
+	}
+}
+
+func TestNameTakenByUnmanagedObjectFails(t *testing.T) {
+	ns := newNamespace(t, "taken")
+	h := startManager(t, []string{ns}, nil, nil)
+	ctx := context.Background()
+
+	// A Service of the user's already has the name.
+	create(t, h.c, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "coder"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 5432}}},
+	})
+	create(t, h.c, newControlPlane(ns, "coder"))
+	ccp := waitCondition(t, h.c, ns, "coder", ConditionReconciled, metav1.ConditionFalse, ReasonApplyFailed)
+	if ccp.Status.Phase != coderv1alpha1.PhaseFailed {
+		t.Errorf("phase = %s, want Failed", ccp.Status.Phase)
+	}
+	waitEvent(t, ns, "coder", corev1.EventTypeWarning, ReasonApplyFailed)
+	var svc corev1.Service
+	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &svc); err != nil {
+		t.Fatal(err)
+	}
+	if svc.Spec.Ports[0].Port != 5432 || metav1.GetControllerOf(&svc) != nil {
+		t.Errorf("the user's Service was taken over: %+v", svc)
+	}
+}

@@ -1,0 +1,106 @@
+package controlplane
+
+import (
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+)
+
+func TestPhase(t *testing.T) {
+	cond := func(typ string, status metav1.ConditionStatus, reason string) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: status, Reason: reason}
+	}
+	const (
+		T = metav1.ConditionTrue
+		F = metav1.ConditionFalse
+	)
+	avail := cond(coderv1alpha1.ConditionAvailable, T, ReasonDeploymentAvailable)
+	unavail := cond(coderv1alpha1.ConditionAvailable, F, ReasonDeploymentUnavailable)
+	access := cond(coderv1alpha1.ConditionOperatorAccessReady, T, operatoraccess.ReasonReady)
+	noAccess := cond(coderv1alpha1.ConditionOperatorAccessReady, F, operatoraccess.ReasonCoderdUnreachable)
+	reconciled := cond(ConditionReconciled, T, ReasonApplied)
+
+	for _, tc := range []struct {
+		name  string
+		prev  coderv1alpha1.Phase
+		conds []metav1.Condition
+		want  coderv1alpha1.Phase
+	}{
+		{"first reconcile", "", []metav1.Condition{reconciled, unavail, noAccess}, coderv1alpha1.PhaseProvisioning},
+		{"all good", coderv1alpha1.PhaseProvisioning, []metav1.Condition{reconciled, avail, access}, coderv1alpha1.PhaseReady},
+		{"access disabled on purpose", "", []metav1.Condition{avail, cond(coderv1alpha1.ConditionOperatorAccessReady, F, operatoraccess.ReasonDisabled)}, coderv1alpha1.PhaseReady},
+		{"available, access not yet", coderv1alpha1.PhaseProvisioning, []metav1.Condition{reconciled, avail, noAccess}, coderv1alpha1.PhaseProvisioning},
+		{"lost availability", coderv1alpha1.PhaseReady, []metav1.Condition{reconciled, unavail, access}, coderv1alpha1.PhaseDegraded},
+		{"lost access", coderv1alpha1.PhaseReady, []metav1.Condition{reconciled, avail, noAccess}, coderv1alpha1.PhaseDegraded},
+		{"not exposed", "", []metav1.Condition{reconciled, avail, access, cond(ConditionExposed, F, ReasonGatewayAPINotInstalled)}, coderv1alpha1.PhaseDegraded},
+		{"license refused", "", []metav1.Condition{avail, access, cond(coderv1alpha1.ConditionLicenseApplied, F, "Invalid")}, coderv1alpha1.PhaseDegraded},
+		{"missing secret", "", []metav1.Condition{cond(ConditionReconciled, F, ReasonSecretNotFound), unavail, noAccess}, coderv1alpha1.PhasePending},
+		{"missing secret, old pods serve", coderv1alpha1.PhaseReady, []metav1.Condition{cond(ConditionReconciled, F, ReasonSecretNotFound), avail, access}, coderv1alpha1.PhaseDegraded},
+		{"owner secret missing", "", []metav1.Condition{avail, cond(coderv1alpha1.ConditionOperatorAccessReady, F, operatoraccess.ReasonOwnerSecretMissing)}, coderv1alpha1.PhasePending},
+		{"child refused", coderv1alpha1.PhaseReady, []metav1.Condition{cond(ConditionReconciled, F, ReasonApplyFailed), avail, access}, coderv1alpha1.PhaseFailed},
+		{"transient apply error", coderv1alpha1.PhaseReady, []metav1.Condition{cond(ConditionReconciled, F, ReasonApplyError), avail, access}, coderv1alpha1.PhaseDegraded},
+		{"owner credentials needed", "", []metav1.Condition{avail, cond(coderv1alpha1.ConditionOperatorAccessReady, F, operatoraccess.ReasonOwnerCredentialsRequired)}, coderv1alpha1.PhaseFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := computePhase(tc.prev, tc.conds); got != tc.want {
+				t.Errorf("phase = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDesiredInIgnoresServerDefaults checks the no-write decision on a
+// Deployment as the API server returns it: defaulted fields and
+// canonicalized quantities match, changed or added values do not.
+func TestDesiredInIgnoresServerDefaults(t *testing.T) {
+	ccp := &coderv1alpha1.CoderControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "coder"}}
+	// As a user writes it in the CRD, which keeps the spelling.
+	if err := yaml.Unmarshal([]byte(`{"resources": {"limits": {"cpu": "1000m", "memory": "1024Mi"}}}`), &ccp.Spec.PodSpec); err != nil {
+		t.Fatal(err)
+	}
+	desired := desiredDeployment(ccp, DefaultImage, "cluster.local")
+	want, err := toApplyMap(desired)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// What the API server stores: the same plus defaults.
+	live := desired.DeepCopy()
+	live.Spec.RevisionHistoryLimit = new(int32)
+	live.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	live.Spec.Template.Spec.DNSPolicy = corev1.DNSClusterFirst
+	c := &live.Spec.Template.Spec.Containers[0]
+	c.TerminationMessagePath = "/dev/termination-log"
+	c.ImagePullPolicy = corev1.PullIfNotPresent
+	c.Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")}
+	live.Spec.Template.Spec.Volumes[0].EmptyDir.Medium = ""
+	live.Status = appsv1.DeploymentStatus{Replicas: 1}
+	liveMap, err := runtime.DefaultUnstructuredConverter.ToUnstructured(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !desiredIn(want, liveMap) {
+		t.Fatal("a Deployment with only server defaults added does not match its desired state")
+	}
+
+	changed := live.DeepCopy()
+	changed.Spec.Template.Spec.Containers[0].Image = "other"
+	changedMap, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(changed)
+	if desiredIn(want, changedMap) {
+		t.Error("a changed image matches the desired state")
+	}
+	extraEnv := live.DeepCopy()
+	extraEnv.Spec.Template.Spec.Containers[0].Env = append(extraEnv.Spec.Template.Spec.Containers[0].Env, corev1.EnvVar{Name: "X", Value: "1"})
+	extraMap, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(extraEnv)
+	if desiredIn(want, extraMap) {
+		t.Error("an added environment variable matches the desired state")
+	}
+}

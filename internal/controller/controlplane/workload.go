@@ -1,0 +1,638 @@
+package controlplane
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+)
+
+// This file builds the desired children of a deployed control plane from
+// its spec. The builders are pure: they read the spec and return objects,
+// and the reconciler decides whether the live objects need a write.
+
+// DefaultImage is the Coder release this operator is built and tested
+// against.
+const DefaultImage = "ghcr.io/coder/coder:v2.30.0"
+
+// Ports and paths inside the coderd container.
+const (
+	httpPort      = 8080
+	httpsPort     = 8443
+	httpPortName  = "http"
+	httpsPortName = "https"
+	// tlsServicePort is the Service port for HTTPS; spec.service.port is
+	// the HTTP one.
+	tlsServicePort = 443
+
+	containerName = "coder"
+	// coderUID is the user the Coder image runs as; the restricted
+	// default sets it explicitly so that runAsNonRoot can be verified by
+	// the kubelet whatever the image's USER says.
+	coderUID = 1000
+
+	tmpDir   = "/tmp"
+	cacheDir = "/var/cache/coder"
+	// tlsDir holds one directory per TLS Secret. It is a subdirectory of
+	// /etc/ssl/certs, which Go scans (not recursively) for CA files, so
+	// the serving keys never end up read as CAs.
+	tlsDir = "/etc/ssl/certs/coder"
+	// caDir is where Go's crypto/x509 reads extra system roots from.
+	caDir = "/etc/ssl/certs"
+)
+
+// Labels the operator puts on every child. controlPlaneLabel and
+// controlPlaneNamespaceLabel find the children again, also those in other
+// namespaces that cannot carry an owner reference.
+const (
+	labelName      = "app.kubernetes.io/name"
+	labelInstance  = "app.kubernetes.io/instance"
+	labelComponent = "app.kubernetes.io/component"
+	labelManagedBy = "app.kubernetes.io/managed-by"
+
+	controlPlaneLabel          = "coder.com/control-plane"
+	controlPlaneNamespaceLabel = "coder.com/control-plane-namespace"
+
+	managedByValue = "coder-k8s"
+	componentValue = "coderd"
+)
+
+// httpRouteGVK is the Gateway API route; it is handled as unstructured so
+// that the operator does not depend on the Gateway API module and keeps
+// working where its CRDs are not installed.
+var httpRouteGVK = schema.GroupVersionKind{Group: "gateway.networking.k8s.io", Version: "v1", Kind: "HTTPRoute"}
+
+// selectorLabels select coderd's pods. They are part of the Deployment's
+// immutable selector: never change them.
+func selectorLabels(ccp *coderv1alpha1.CoderControlPlane) map[string]string {
+	return map[string]string{
+		labelName:      "coder",
+		labelInstance:  ccp.Name,
+		labelComponent: componentValue,
+	}
+}
+
+// childLabels are the labels of every child object.
+func childLabels(ccp *coderv1alpha1.CoderControlPlane) map[string]string {
+	l := selectorLabels(ccp)
+	l[labelManagedBy] = managedByValue
+	l[controlPlaneLabel] = ccp.Name
+	l[controlPlaneNamespaceLabel] = ccp.Namespace
+	return l
+}
+
+// ownedSelector selects the children of ccp in any namespace.
+func ownedSelector(ccp *coderv1alpha1.CoderControlPlane) map[string]string {
+	return map[string]string{
+		labelManagedBy:             managedByValue,
+		controlPlaneLabel:          ccp.Name,
+		controlPlaneNamespaceLabel: ccp.Namespace,
+	}
+}
+
+// serviceAccountName is the service account coderd runs as.
+func serviceAccountName(ccp *coderv1alpha1.CoderControlPlane) string {
+	if ccp.Spec.ServiceAccount.Name != "" {
+		return ccp.Spec.ServiceAccount.Name
+	}
+	return ccp.Name
+}
+
+// createServiceAccount reports whether the operator creates the service
+// account; the CRD defaults spec.serviceAccount.create to true.
+func createServiceAccount(ccp *coderv1alpha1.CoderControlPlane) bool {
+	return ptr.Deref(ccp.Spec.ServiceAccount.Create, true)
+}
+
+// workspaceRBACEnabled reports whether the workspace Role and RoleBinding
+// are wanted; the CRD defaults spec.workspaceRBAC.enabled to true.
+func workspaceRBACEnabled(ccp *coderv1alpha1.CoderControlPlane) bool {
+	return ptr.Deref(ccp.Spec.WorkspaceRBAC.Enabled, true)
+}
+
+// workspaceRBACNamespaces are the namespaces that get the workspace Role:
+// the control plane's own first, then the extra ones (deduplicated).
+func workspaceRBACNamespaces(ccp *coderv1alpha1.CoderControlPlane) []string {
+	if !workspaceRBACEnabled(ccp) {
+		return nil
+	}
+	out := []string{ccp.Namespace}
+	seen := map[string]bool{ccp.Namespace: true}
+	for _, ns := range ccp.Spec.WorkspaceRBAC.ExtraNamespaces {
+		if ns != "" && !seen[ns] {
+			seen[ns] = true
+			out = append(out, ns)
+		}
+	}
+	return out
+}
+
+func workspaceRoleName(ccp *coderv1alpha1.CoderControlPlane) string {
+	return ccp.Name + "-workspace-perms"
+}
+
+func tlsEnabled(ccp *coderv1alpha1.CoderControlPlane) bool {
+	return ccp.Spec.TLS != nil && len(ccp.Spec.TLS.SecretNames) > 0
+}
+
+// servicePort is the Service's HTTP port; the CRD defaults it to 80.
+func servicePort(ccp *coderv1alpha1.CoderControlPlane) int32 {
+	if ccp.Spec.Service.Port > 0 {
+		return ccp.Spec.Service.Port
+	}
+	return 80
+}
+
+// inClusterURL is where the operator, and by default users and
+// workspaces, reach a deployed coderd: its Service's cluster DNS name,
+// over HTTPS when TLS is on.
+func inClusterURL(ccp *coderv1alpha1.CoderControlPlane, clusterDomain string) string {
+	host := fmt.Sprintf("%s.%s.svc.%s", ccp.Name, ccp.Namespace, clusterDomain)
+	if tlsEnabled(ccp) {
+		return "https://" + host
+	}
+	if p := servicePort(ccp); p != 80 {
+		return "http://" + host + ":" + strconv.Itoa(int(p))
+	}
+	return "http://" + host
+}
+
+// secretVolumeName names the volume of the i-th Secret of a kind. Secret
+// names may be longer than a volume name may be, so the index is used.
+func secretVolumeName(prefix string, i int) string { return prefix + "-" + strconv.Itoa(i) }
+
+// desiredDeployment is coderd's Deployment.
+func desiredDeployment(ccp *coderv1alpha1.CoderControlPlane, image, clusterDomain string) *appsv1.Deployment {
+	spec := &ccp.Spec
+	if spec.Image != "" {
+		image = spec.Image
+	}
+	podLabels := map[string]string{}
+	for k, v := range spec.PodLabels {
+		podLabels[k] = v
+	}
+	// The selector labels win over user pod labels, or the Deployment
+	// would not select its own pods.
+	for k, v := range selectorLabels(ccp) {
+		podLabels[k] = v
+	}
+
+	ports := []corev1.ContainerPort{{Name: httpPortName, ContainerPort: httpPort, Protocol: corev1.ProtocolTCP}}
+	if tlsEnabled(ccp) {
+		ports = append(ports, corev1.ContainerPort{Name: httpsPortName, ContainerPort: httpsPort, Protocol: corev1.ProtocolTCP})
+	}
+
+	volumes, mounts := podVolumes(ccp)
+
+	container := corev1.Container{
+		Name:            containerName,
+		Image:           image,
+		ImagePullPolicy: spec.ImagePullPolicy,
+		Command:         []string{"/opt/coder"},
+		Args:            append([]string{"server"}, spec.ExtraArgs...),
+		Ports:           ports,
+		Env:             containerEnv(ccp, clusterDomain),
+		EnvFrom:         spec.EnvFrom,
+		Resources:       spec.Resources,
+		VolumeMounts:    mounts,
+		LivenessProbe:   spec.LivenessProbe,
+		ReadinessProbe:  spec.ReadinessProbe,
+		SecurityContext: spec.SecurityContext,
+	}
+	if container.LivenessProbe == nil {
+		// coderd runs database migrations before it listens; the
+		// initial delay and threshold leave it two to three minutes so
+		// that a long migration is not killed half-way.
+		container.LivenessProbe = healthzProbe(60, 6)
+	}
+	if container.ReadinessProbe == nil {
+		container.ReadinessProbe = healthzProbe(0, 3)
+	}
+	if container.SecurityContext == nil {
+		container.SecurityContext = restrictedContainerSecurityContext()
+	}
+
+	podSecurity := spec.PodSecurityContext
+	if podSecurity == nil {
+		podSecurity = &corev1.PodSecurityContext{
+			RunAsNonRoot:   ptr.To(true),
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		}
+	}
+
+	return &appsv1.Deployment{
+		TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      ccp.Name,
+			Namespace: ccp.Namespace,
+			Labels:    childLabels(ccp),
+		},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(ptr.Deref(spec.Replicas, 1)),
+			Selector: &metav1.LabelSelector{MatchLabels: selectorLabels(ccp)},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{
+					Labels:      podLabels,
+					Annotations: copyMap(spec.PodAnnotations),
+				},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: serviceAccountName(ccp),
+					// coderd reads its configuration from CODER_*
+					// variables; the service links of a Service named
+					// "coder" (CODER_PORT, CODER_SERVICE_HOST, ...)
+					// would land in that namespace.
+					EnableServiceLinks:        ptr.To(false),
+					SecurityContext:           podSecurity,
+					ImagePullSecrets:          spec.ImagePullSecrets,
+					NodeSelector:              copyMap(spec.NodeSelector),
+					Tolerations:               spec.Tolerations,
+					Affinity:                  spec.Affinity,
+					TopologySpreadConstraints: spec.TopologySpreadConstraints,
+					PriorityClassName:         spec.PriorityClassName,
+					Containers:                []corev1.Container{container},
+					Volumes:                   volumes,
+				},
+			},
+		},
+	}
+}
+
+func healthzProbe(initialDelay, failureThreshold int32) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Path:   "/healthz",
+			Port:   intstr.FromString(httpPortName),
+			Scheme: corev1.URISchemeHTTP,
+		}},
+		InitialDelaySeconds: initialDelay,
+		TimeoutSeconds:      1,
+		PeriodSeconds:       10,
+		SuccessThreshold:    1,
+		FailureThreshold:    failureThreshold,
+	}
+}
+
+// restrictedContainerSecurityContext meets the "restricted" Pod Security
+// Standard and adds a read-only root file system; coderd writes only to
+// the emptyDir volumes mounted at /tmp and its cache directory.
+func restrictedContainerSecurityContext() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		RunAsNonRoot:             ptr.To(true),
+		RunAsUser:                ptr.To[int64](coderUID),
+		RunAsGroup:               ptr.To[int64](coderUID),
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// containerEnv is the operator's environment followed by the user's; a
+// user variable replaces the operator's of the same name. Duplicate names
+// are collapsed (the last wins, as the kubelet would do), because
+// server-side apply refuses duplicate keys.
+func containerEnv(ccp *coderv1alpha1.CoderControlPlane, clusterDomain string) []corev1.EnvVar {
+	accessURL := ccp.Spec.AccessURL
+	if accessURL == "" {
+		accessURL = inClusterURL(ccp, clusterDomain)
+	}
+	env := []corev1.EnvVar{
+		{Name: "CODER_HTTP_ADDRESS", Value: "0.0.0.0:" + strconv.Itoa(httpPort)},
+		{Name: "CODER_ACCESS_URL", Value: accessURL},
+	}
+	if ccp.Spec.WildcardAccessURL != "" {
+		env = append(env, corev1.EnvVar{Name: "CODER_WILDCARD_ACCESS_URL", Value: ccp.Spec.WildcardAccessURL})
+	}
+	env = append(env,
+		corev1.EnvVar{Name: "CODER_CACHE_DIRECTORY", Value: cacheDir},
+		// Replicas relay DERP traffic to one another at their pod IPs
+		// (coderd high availability).
+		corev1.EnvVar{Name: "KUBE_POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}},
+		corev1.EnvVar{Name: "CODER_DERP_SERVER_RELAY_URL", Value: "http://$(KUBE_POD_IP):" + strconv.Itoa(httpPort)},
+	)
+	if tlsEnabled(ccp) {
+		var certs, keys []string
+		for _, name := range ccp.Spec.TLS.SecretNames {
+			certs = append(certs, tlsDir+"/"+name+"/tls.crt")
+			keys = append(keys, tlsDir+"/"+name+"/tls.key")
+		}
+		env = append(env,
+			corev1.EnvVar{Name: "CODER_TLS_ENABLE", Value: "true"},
+			corev1.EnvVar{Name: "CODER_TLS_ADDRESS", Value: "0.0.0.0:" + strconv.Itoa(httpsPort)},
+			corev1.EnvVar{Name: "CODER_TLS_CERT_FILE", Value: strings.Join(certs, ",")},
+			corev1.EnvVar{Name: "CODER_TLS_KEY_FILE", Value: strings.Join(keys, ",")},
+		)
+	}
+	env = append(env, ccp.Spec.Env...)
+	return dedupeLast(env, func(e corev1.EnvVar) string { return e.Name })
+}
+
+// podVolumes are the operator's volumes and mounts (scratch space, TLS
+// and CA Secrets) followed by the user's; a user volume or mount replaces
+// the operator's of the same name or mount path.
+func podVolumes(ccp *coderv1alpha1.CoderControlPlane) ([]corev1.Volume, []corev1.VolumeMount) {
+	volumes := []corev1.Volume{
+		{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "cache", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: "tmp", MountPath: tmpDir},
+		{Name: "cache", MountPath: cacheDir},
+	}
+	if tlsEnabled(ccp) {
+		for i, name := range ccp.Spec.TLS.SecretNames {
+			v := secretVolumeName("tls", i)
+			volumes = append(volumes, corev1.Volume{Name: v, VolumeSource: corev1.VolumeSource{
+				Secret: &corev1.SecretVolumeSource{SecretName: name},
+			}})
+			mounts = append(mounts, corev1.VolumeMount{Name: v, MountPath: tlsDir + "/" + name, ReadOnly: true})
+		}
+	}
+	for i, ref := range ccp.Spec.CACerts {
+		v := secretVolumeName("ca", i)
+		volumes = append(volumes, corev1.Volume{Name: v, VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{
+				SecretName: ref.Name,
+				Items:      []corev1.KeyToPath{{Key: ref.Key, Path: "ca.crt"}},
+			},
+		}})
+		// One file per certificate directly in /etc/ssl/certs, where
+		// Go's crypto/x509 picks it up next to the image's bundle.
+		mounts = append(mounts, corev1.VolumeMount{
+			Name:      v,
+			MountPath: fmt.Sprintf("%s/%s-%s.crt", caDir, ref.Name, ref.Key),
+			SubPath:   "ca.crt",
+			ReadOnly:  true,
+		})
+	}
+	volumes = append(volumes, ccp.Spec.Volumes...)
+	mounts = append(mounts, ccp.Spec.VolumeMounts...)
+	return dedupeLast(volumes, func(v corev1.Volume) string { return v.Name }),
+		dedupeLast(mounts, func(m corev1.VolumeMount) string { return m.MountPath })
+}
+
+// referencedSecrets are the Secrets the pod cannot start without. Secrets
+// in env valueFrom and envFrom are left to the kubelet, which reports them
+// on the pod; the license and owner Secrets are the access manager's.
+func referencedSecrets(ccp *coderv1alpha1.CoderControlPlane) []string {
+	if ccp.Spec.ExternalURL != "" {
+		return nil
+	}
+	var names []string
+	if tlsEnabled(ccp) {
+		names = append(names, ccp.Spec.TLS.SecretNames...)
+	}
+	for _, ref := range ccp.Spec.CACerts {
+		names = append(names, ref.Name)
+	}
+	return dedupeLast(names, func(s string) string { return s })
+}
+
+// watchedSecrets are all Secrets whose appearance or change should
+// reconcile ccp: the pod's and the access manager's, including the
+// operator's own token Secret, so that deleting it gets a new token at
+// once rather than at the next periodic check.
+func watchedSecrets(ccp *coderv1alpha1.CoderControlPlane) []string {
+	names := referencedSecrets(ccp)
+	names = append(names, operatoraccess.TokenSecretName(ccp))
+	if ref := ccp.Status.OperatorTokenSecretRef; ref != nil {
+		names = append(names, ref.Name)
+	}
+	oa := ccp.Spec.OperatorAccess
+	if oa.OwnerTokenSecretRef != nil {
+		names = append(names, oa.OwnerTokenSecretRef.Name)
+	}
+	if oa.OwnerCredentialsSecretRef != nil {
+		names = append(names, oa.OwnerCredentialsSecretRef.Name)
+	}
+	if ccp.Spec.License != nil {
+		names = append(names, ccp.Spec.License.SecretRef.Name)
+	}
+	return dedupeLast(names, func(s string) string { return s })
+}
+
+// desiredService is the Service in front of coderd.
+func desiredService(ccp *coderv1alpha1.CoderControlPlane) *corev1.Service {
+	s := ccp.Spec.Service
+	typ := s.Type
+	if typ == "" {
+		typ = corev1.ServiceTypeClusterIP
+	}
+	ports := []corev1.ServicePort{{
+		Name:       httpPortName,
+		Port:       servicePort(ccp),
+		TargetPort: intstr.FromString(httpPortName),
+		Protocol:   corev1.ProtocolTCP,
+	}}
+	if tlsEnabled(ccp) {
+		ports = append(ports, corev1.ServicePort{
+			Name:       httpsPortName,
+			Port:       tlsServicePort,
+			TargetPort: intstr.FromString(httpsPortName),
+			Protocol:   corev1.ProtocolTCP,
+		})
+	}
+	svc := &corev1.Service{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        ccp.Name,
+			Namespace:   ccp.Namespace,
+			Labels:      childLabels(ccp),
+			Annotations: copyMap(s.Annotations),
+		},
+		Spec: corev1.ServiceSpec{
+			Type:     typ,
+			Selector: selectorLabels(ccp),
+			Ports:    ports,
+		},
+	}
+	if typ == corev1.ServiceTypeLoadBalancer {
+		svc.Spec.LoadBalancerIP = s.LoadBalancerIP
+	}
+	// The API server refuses externalTrafficPolicy on a ClusterIP Service.
+	if typ == corev1.ServiceTypeNodePort || typ == corev1.ServiceTypeLoadBalancer {
+		svc.Spec.ExternalTrafficPolicy = s.ExternalTrafficPolicy
+	}
+	return svc
+}
+
+// desiredServiceAccount is coderd's service account when the operator
+// creates it.
+func desiredServiceAccount(ccp *coderv1alpha1.CoderControlPlane) *corev1.ServiceAccount {
+	return &corev1.ServiceAccount{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        serviceAccountName(ccp),
+			Namespace:   ccp.Namespace,
+			Labels:      childLabels(ccp),
+			Annotations: copyMap(ccp.Spec.ServiceAccount.Annotations),
+		},
+	}
+}
+
+// workspaceVerbs is every verb on the workspace resources, spelled out as
+// in Coder's Helm chart rather than "*" so the grant stays reviewable.
+var workspaceVerbs = []string{"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+
+// desiredWorkspaceRole is the Role Kubernetes workspace templates need in
+// namespace ns.
+func desiredWorkspaceRole(ccp *coderv1alpha1.CoderControlPlane, ns string) *rbacv1.Role {
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: workspaceVerbs},
+		{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: workspaceVerbs},
+	}
+	if ccp.Spec.WorkspaceRBAC.Deployments {
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: workspaceVerbs})
+	}
+	rules = append(rules, ccp.Spec.WorkspaceRBAC.ExtraRules...)
+	return &rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+		ObjectMeta: metav1.ObjectMeta{Name: workspaceRoleName(ccp), Namespace: ns, Labels: childLabels(ccp)},
+		Rules:      rules,
+	}
+}
+
+// desiredWorkspaceRoleBinding binds the workspace Role in ns to coderd's
+// service account.
+func desiredWorkspaceRoleBinding(ccp *coderv1alpha1.CoderControlPlane, ns string) *rbacv1.RoleBinding {
+	return &rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: workspaceRoleName(ccp), Namespace: ns, Labels: childLabels(ccp)},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: workspaceRoleName(ccp)},
+		Subjects: []rbacv1.Subject{{
+			Kind:      rbacv1.ServiceAccountKind,
+			Name:      serviceAccountName(ccp),
+			Namespace: ccp.Namespace,
+		}},
+	}
+}
+
+// desiredIngress routes the access host, and the wildcard host for
+// workspace applications, to the Service's HTTP port.
+func desiredIngress(ccp *coderv1alpha1.CoderControlPlane) *networkingv1.Ingress {
+	spec := ccp.Spec.Expose.Ingress
+	pathType := networkingv1.PathTypePrefix
+	backend := networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
+		Name: ccp.Name,
+		Port: networkingv1.ServiceBackendPort{Name: httpPortName},
+	}}
+	rule := func(host string) networkingv1.IngressRule {
+		return networkingv1.IngressRule{
+			Host: host,
+			IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{
+				Paths: []networkingv1.HTTPIngressPath{{Path: "/", PathType: &pathType, Backend: backend}},
+			}},
+		}
+	}
+	hosts := []string{spec.Host}
+	if spec.WildcardHost != "" {
+		hosts = append(hosts, spec.WildcardHost)
+	}
+	ing := &networkingv1.Ingress{
+		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "Ingress"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        ccp.Name,
+			Namespace:   ccp.Namespace,
+			Labels:      childLabels(ccp),
+			Annotations: copyMap(spec.Annotations),
+		},
+	}
+	if spec.ClassName != "" {
+		ing.Spec.IngressClassName = ptr.To(spec.ClassName)
+	}
+	for _, h := range hosts {
+		ing.Spec.Rules = append(ing.Spec.Rules, rule(h))
+	}
+	if spec.TLSSecretName != "" {
+		ing.Spec.TLS = []networkingv1.IngressTLS{{Hosts: hosts, SecretName: spec.TLSSecretName}}
+	}
+	return ing
+}
+
+// desiredHTTPRoute attaches coderd's Service to the given Gateways.
+func desiredHTTPRoute(ccp *coderv1alpha1.CoderControlPlane) *unstructured.Unstructured {
+	spec := ccp.Spec.Expose.HTTPRoute
+	parents := make([]any, 0, len(spec.ParentRefs))
+	for _, p := range spec.ParentRefs {
+		ref := map[string]any{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": p.Name}
+		if p.Namespace != "" {
+			ref["namespace"] = p.Namespace
+		}
+		if p.SectionName != "" {
+			ref["sectionName"] = p.SectionName
+		}
+		parents = append(parents, ref)
+	}
+	routeSpec := map[string]any{
+		"parentRefs": parents,
+		"rules": []any{map[string]any{
+			"backendRefs": []any{map[string]any{
+				"group": "", "kind": "Service",
+				"name": ccp.Name,
+				"port": int64(servicePort(ccp)),
+			}},
+		}},
+	}
+	if len(spec.Hostnames) > 0 {
+		hosts := make([]any, len(spec.Hostnames))
+		for i, h := range spec.Hostnames {
+			hosts[i] = h
+		}
+		routeSpec["hostnames"] = hosts
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": routeSpec}}
+	u.SetGroupVersionKind(httpRouteGVK)
+	u.SetName(ccp.Name)
+	u.SetNamespace(ccp.Namespace)
+	u.SetLabels(childLabels(ccp))
+	if len(spec.Annotations) > 0 {
+		u.SetAnnotations(copyMap(spec.Annotations))
+	}
+	return u
+}
+
+// dedupeLast keeps the last item of each key, at the position of its first
+// occurrence, so that an override keeps the operator's ordering.
+func dedupeLast[T any](items []T, key func(T) string) []T {
+	if len(items) == 0 {
+		return items
+	}
+	last := make(map[string]int, len(items))
+	for i, it := range items {
+		last[key(it)] = i
+	}
+	out := make([]T, 0, len(last))
+	placed := make(map[string]bool, len(last))
+	for _, it := range items {
+		k := key(it)
+		if placed[k] {
+			continue
+		}
+		placed[k] = true
+		out = append(out, items[last[k]])
+	}
+	return out
+}
+
+func copyMap(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

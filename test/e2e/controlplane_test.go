@@ -1,0 +1,110 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/scheme"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+// A user adopts an existing coderd with a CoderControlPlane; the running
+// operator sets up its own user and token and reports it in status.
+func TestAdoptExistingCoderd(t *testing.T) {
+	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
+	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	op := StartOperator(t, OperatorOptions{Mode: "all", Kubeconfig: k.KubeconfigPath})
+	op.WaitOK(t, op.Health+"/readyz")
+
+	ctx := context.Background()
+	c, err := client.New(k.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "coder"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: "coder"},
+		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ccp := &coderv1alpha1.CoderControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: "coder", Namespace: "coder"},
+		Spec: coderv1alpha1.CoderControlPlaneSpec{
+			ExternalURL: coder.URL.String(),
+			OperatorAccess: coderv1alpha1.OperatorAccessSpec{
+				OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"},
+			},
+		},
+	}
+	if err := c.Create(ctx, ccp); err != nil {
+		t.Fatal(err)
+	}
+
+	waitFor(t, 60*time.Second, func() error {
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "coder", Name: "coder"}, ccp); err != nil {
+			return err
+		}
+		if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) {
+			return errNotYet("OperatorAccessReady is not True: " + conditionSummary(ccp.Status.Conditions))
+		}
+		return nil
+	})
+	if ccp.Status.URL != coder.URL.String() || ccp.Status.ObservedGeneration != ccp.Generation {
+		t.Errorf("status url=%q observedGeneration=%d (generation %d)", ccp.Status.URL, ccp.Status.ObservedGeneration, ccp.Generation)
+	}
+
+	t.Run("the token in the referenced Secret works", func(t *testing.T) {
+		oc, err := coderapi.ForControlPlane(ctx, c, ccp, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		me, err := oc.User(ctx, codersdk.Me)
+		if err != nil {
+			t.Fatalf("coderd rejects the operator token: %v", err)
+		}
+		if me.Username != ccp.Status.OperatorUser {
+			t.Errorf("token user %q, status says %q", me.Username, ccp.Status.OperatorUser)
+		}
+	})
+
+	t.Run("kubectl shows the access column", func(t *testing.T) {
+		kubectl, err := testenv.Binary("kubectl")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(kubectl, "--kubeconfig", k.KubeconfigPath, "get", "ccp", "-n", "coder").CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl get ccp: %v\n%s", err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) != 2 || !strings.Contains(lines[1], coder.URL.String()) || !strings.Contains(lines[1], "True") {
+			t.Errorf("kubectl get ccp:\n%s", out)
+		}
+	})
+}
+
+func conditionSummary(conds []metav1.Condition) string {
+	var parts []string
+	for _, c := range conds {
+		parts = append(parts, c.Type+"="+string(c.Status)+" ("+c.Reason+": "+c.Message+")")
+	}
+	if len(parts) == 0 {
+		return "no conditions"
+	}
+	return strings.Join(parts, "; ")
+}
