@@ -4,6 +4,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
+// DefaultImage is the Coder image workloads run when spec.image is empty:
+// the release this operator is built and tested against.
+const DefaultImage = "ghcr.io/coder/coder:v2.30.0"
+
 // Phase summarizes an object's state for `kubectl get`; conditions carry
 // the detail.
 // +kubebuilder:validation:Enum=Pending;Provisioning;Ready;Degraded;Failed;Unsupported

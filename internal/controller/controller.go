@@ -12,6 +12,8 @@ import (
 
 	"github.com/coder/coder-k8s/internal/controller/controlplane"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+	"github.com/coder/coder-k8s/internal/controller/provisioner"
+	"github.com/coder/coder-k8s/internal/controller/workspaceproxy"
 )
 
 // Options tunes the reconcilers.
@@ -31,6 +33,26 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	if err := (&controlplane.Reconciler{Access: access}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("CoderControlPlane controller: %w", err)
+	}
+	if err := (&provisioner.Reconciler{
+		Client:       mgr.GetClient(),
+		APIReader:    mgr.GetAPIReader(),
+		Scheme:       mgr.GetScheme(),
+		Recorder:     mgr.GetEventRecorder("coderprovisioner-controller"),
+		CoderTimeout: opts.CoderRequestTimeout,
+		DefaultImage: provisioner.DefaultImage,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("CoderProvisioner controller: %w", err)
+	}
+	if err := (&workspaceproxy.Reconciler{
+		Client:       mgr.GetClient(),
+		APIReader:    mgr.GetAPIReader(),
+		Scheme:       mgr.GetScheme(),
+		Recorder:     mgr.GetEventRecorder("coderworkspaceproxy-controller"),
+		CoderTimeout: opts.CoderRequestTimeout,
+		DefaultImage: workspaceproxy.DefaultImage,
+	}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("CoderWorkspaceProxy controller: %w", err)
 	}
 	return nil
 }

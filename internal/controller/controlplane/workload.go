@@ -25,7 +25,7 @@ import (
 
 // DefaultImage is the Coder release this operator is built and tested
 // against.
-const DefaultImage = "ghcr.io/coder/coder:v2.30.0"
+const DefaultImage = coderv1alpha1.DefaultImage
 
 // Ports and paths inside the coderd container.
 const (

@@ -1,0 +1,78 @@
+package coderapi
+
+import (
+	"net/http"
+	"strings"
+)
+
+// Reasons a coderd does not offer an Enterprise/Premium feature, usable as
+// condition reasons.
+const (
+	// ReasonNotSupported: the coderd is the open-source (AGPL) build, which
+	// does not have the feature's routes at all.
+	ReasonNotSupported = "NotSupported"
+	// ReasonNotEntitled: the coderd is the Enterprise build but its license
+	// does not entitle the feature.
+	ReasonNotEntitled = "NotEntitled"
+)
+
+// entitlementHints are fragments of the messages an Enterprise coderd
+// answers with when the license lacks a feature. v2.30.0 writes
+// "<Feature> is a Premium feature. Contact sales!" (RequireFeatureMW, for
+// example "External Provisioner Daemons is a Premium feature. Contact
+// sales!" and "Workspace Proxy is a Premium feature. Contact sales!") and,
+// on older routes, "... is an Enterprise feature. Contact sales!".
+var entitlementHints = []string{
+	"premium feature",
+	"enterprise feature",
+	"contact sales",
+	"not entitled",
+}
+
+// FeatureUnavailable reports whether err means coderd does not offer the
+// feature the request belongs to, and why (ReasonNotSupported or
+// ReasonNotEntitled). Coder's own message is available from Message(err).
+//
+// What coderd v2.30.0 answers (checked against the real servers' code and
+// the open-source build):
+//   - open-source build: 404 {"message":"Route not found."} for every
+//     Enterprise route (provisioner keys, workspace proxies, entitlements);
+//   - Enterprise build without the entitlement: 403 with a "... is a
+//     Premium feature. Contact sales!" message.
+//
+// A 404 counts only with Coder's "Route not found." message: a 404 for an
+// item ("Resource not found or you do not have access to this resource")
+// means the item does not exist, not that the feature is missing.
+func FeatureUnavailable(err error) (reason string, ok bool) {
+	if err == nil {
+		return "", false
+	}
+	switch StatusCode(err) {
+	case http.StatusNotFound:
+		if isRouteNotFound(err) {
+			return ReasonNotSupported, true
+		}
+	case http.StatusForbidden:
+		msg := strings.ToLower(Message(err))
+		for _, hint := range entitlementHints {
+			if strings.Contains(msg, hint) {
+				return ReasonNotEntitled, true
+			}
+		}
+	}
+	return "", false
+}
+
+// IsFeatureUnavailable reports whether err, returned by a request to an
+// Enterprise endpoint, means that coderd does not offer the feature
+// (open-source build or not entitled).
+func IsFeatureUnavailable(err error) bool {
+	_, ok := FeatureUnavailable(err)
+	return ok
+}
+
+// isRouteNotFound reports coderd's answer for a path it has no route for.
+func isRouteNotFound(err error) bool {
+	msg := strings.ToLower(strings.TrimSpace(Message(err)))
+	return strings.HasPrefix(msg, "route not found")
+}

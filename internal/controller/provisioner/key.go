@@ -1,0 +1,234 @@
+package provisioner
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
+)
+
+// KeySecretKey is the key of the provisioner key in its Secret.
+const KeySecretKey = "key"
+
+// Annotations on the key Secret recording what the key in it was issued
+// for. A mismatch with the spec (organization, tags) or with Coder (the
+// key's ID) makes the reconciler rotate the key.
+const (
+	AnnotationKeyOrganizationID = "coder.com/provisioner-key-organization-id"
+	AnnotationKeyName           = "coder.com/provisioner-key-name"
+	AnnotationKeyID             = "coder.com/provisioner-key-id"
+	AnnotationKeyTags           = "coder.com/provisioner-key-tags"
+	// AnnotationKeyHash on the pod template holds a hash of the key's
+	// identity (organization, name, ID): a new key rolls the pods.
+	AnnotationKeyHash = "coder.com/provisioner-key-hash"
+)
+
+// maxKeyName is coderd's limit on provisioner key names.
+const maxKeyName = 64
+
+// keyIdentity names an issued provisioner key; it holds no secret.
+type keyIdentity struct {
+	OrganizationID, Name, ID string
+}
+
+// hash identifies the key in the pod template without revealing it.
+func (k keyIdentity) hash() string {
+	sum := sha256.Sum256([]byte(k.OrganizationID + "/" + k.Name + "/" + k.ID))
+	return hex.EncodeToString(sum[:8])
+}
+
+func keySecretName(obj *coderv1alpha1.CoderProvisioner) string {
+	return obj.Name + "-provisioner-key"
+}
+
+// keyName is the provisioner key's name in Coder: namespace and name, so
+// objects of the same name in different namespaces do not collide in a
+// shared organization; shortened with a hash beyond coderd's 64 characters.
+func keyName(obj *coderv1alpha1.CoderProvisioner) string {
+	name := obj.Namespace + "-" + obj.Name
+	if len(name) <= maxKeyName {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return name[:maxKeyName-9] + "-" + hex.EncodeToString(sum[:4])
+}
+
+// canonicalTags is the tags' JSON with sorted keys ("{}" for none).
+func canonicalTags(tags map[string]string) string {
+	if tags == nil {
+		tags = map[string]string{}
+	}
+	b, _ := json.Marshal(tags) // a map[string]string always marshals
+	return string(b)
+}
+
+func findKey(keys []codersdk.ProvisionerKey, name string) *codersdk.ProvisionerKey {
+	for i := range keys {
+		if keys[i].Name == name {
+			return &keys[i]
+		}
+	}
+	return nil
+}
+
+// ensureKey makes sure the Secret holds a live provisioner key issued for
+// the spec's organization and tags, issuing or rotating it when not.
+// keys is the organization's current list of keys.
+func (r *Reconciler) ensureKey(ctx context.Context, st *state, cl *codersdk.Client, orgID uuid.UUID, keys []codersdk.ProvisionerKey) (keyIdentity, error) {
+	obj := st.obj
+	log := logf.FromContext(ctx)
+	name := keyName(obj)
+	tags := canonicalTags(obj.Spec.Tags)
+
+	var secret corev1.Secret
+	secretKey := types.NamespacedName{Namespace: obj.Namespace, Name: keySecretName(obj)}
+	exists := true
+	if err := r.APIReader.Get(ctx, secretKey, &secret); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return keyIdentity{}, fmt.Errorf("read Secret %s: %w", secretKey.Name, err)
+		}
+		exists = false
+	}
+	if exists && !metav1.IsControlledBy(&secret, obj) {
+		return keyIdentity{}, &conflictError{reason: ReasonSecretConflict,
+			msg: fmt.Sprintf("Secret %s exists and is not owned by this CoderProvisioner", secretKey.Name)}
+	}
+
+	ann := secret.Annotations
+	current := findKey(keys, name)
+	if exists && len(secret.Data[KeySecretKey]) > 0 && current != nil &&
+		ann[AnnotationKeyOrganizationID] == orgID.String() && ann[AnnotationKeyName] == name &&
+		ann[AnnotationKeyID] == current.ID.String() && ann[AnnotationKeyTags] == tags {
+		return keyIdentity{OrganizationID: orgID.String(), Name: name, ID: current.ID.String()}, nil
+	}
+
+	// Issue (or re-issue) the key. First revoke the key the Secret was
+	// issued for when it lives elsewhere (another organization or name),
+	// then any key of the target name: coderd has no key update, and
+	// names are unique per organization.
+	rotating := exists && ann[AnnotationKeyID] != ""
+	if rotating && (ann[AnnotationKeyOrganizationID] != orgID.String() || ann[AnnotationKeyName] != name) {
+		if oldOrg, err := uuid.Parse(ann[AnnotationKeyOrganizationID]); err == nil && ann[AnnotationKeyName] != "" {
+			if err := cl.DeleteProvisionerKey(ctx, oldOrg, ann[AnnotationKeyName]); err != nil && !coderapi.IsNotFound(err) {
+				return keyIdentity{}, fmt.Errorf("revoke old key %q in organization %s: %w", ann[AnnotationKeyName], oldOrg, err)
+			}
+		}
+	}
+	if current != nil {
+		if err := cl.DeleteProvisionerKey(ctx, orgID, name); err != nil && !coderapi.IsNotFound(err) {
+			return keyIdentity{}, fmt.Errorf("revoke key %q: %w", name, err)
+		}
+	}
+	tagMap := maps.Clone(obj.Spec.Tags)
+	if tagMap == nil {
+		tagMap = map[string]string{}
+	}
+	created, err := cl.CreateProvisionerKey(ctx, orgID, codersdk.CreateProvisionerKeyRequest{Name: name, Tags: tagMap})
+	if err != nil {
+		return keyIdentity{}, fmt.Errorf("create key %q: %w", name, err)
+	}
+	// Anything failing from here leaves a key nobody holds: revoke it so
+	// the next attempt starts clean.
+	revokeNew := func() {
+		if err := cl.DeleteProvisionerKey(ctx, orgID, name); err != nil && !coderapi.IsNotFound(err) {
+			log.Error(err, "revoke provisioner key that could not be stored", "key", name)
+		}
+	}
+	after, err := cl.ListProvisionerKeys(ctx, orgID)
+	if err != nil {
+		revokeNew()
+		return keyIdentity{}, fmt.Errorf("list provisioner keys after creating %q: %w", name, err)
+	}
+	issued := findKey(after, name)
+	if issued == nil {
+		revokeNew()
+		return keyIdentity{}, fmt.Errorf("key %q missing from the organization's keys right after its creation", name)
+	}
+	id := keyIdentity{OrganizationID: orgID.String(), Name: name, ID: issued.ID.String()}
+
+	if !exists {
+		secret = corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secretKey.Namespace, Name: secretKey.Name}}
+	}
+	secret.Labels = mergeMaps(secret.Labels, commonLabels(obj))
+	secret.Annotations = mergeMaps(secret.Annotations, map[string]string{
+		AnnotationKeyOrganizationID: id.OrganizationID,
+		AnnotationKeyName:           id.Name,
+		AnnotationKeyID:             id.ID,
+		AnnotationKeyTags:           tags,
+	})
+	secret.Type = corev1.SecretTypeOpaque
+	secret.Data = map[string][]byte{KeySecretKey: []byte(created.Key)}
+	if err := setOwner(obj, &secret, r.Scheme); err != nil {
+		revokeNew()
+		return keyIdentity{}, err
+	}
+	if exists {
+		err = r.Client.Update(ctx, &secret)
+	} else {
+		err = r.Client.Create(ctx, &secret)
+	}
+	if err != nil {
+		revokeNew()
+		return keyIdentity{}, fmt.Errorf("store key in Secret %s: %w", secretKey.Name, err)
+	}
+
+	if rotating {
+		st.event(corev1.EventTypeNormal, EventKeyRotated, "RotateKey",
+			fmt.Sprintf("rotated provisioner key %q (organization %s, tags %s); the daemons restart with the new key", name, orgID, tags))
+	} else {
+		st.event(corev1.EventTypeNormal, EventKeyIssued, "IssueKey",
+			fmt.Sprintf("issued provisioner key %q (organization %s, tags %s) into Secret %s", name, orgID, tags, secretKey.Name))
+	}
+	log.Info("provisioner key issued", "key", name, "organization", orgID, "rotated", rotating)
+	return id, nil
+}
+
+// revokeKey deletes the key the object holds in Coder. done reports that
+// nothing is left to revoke; abandon that it never can be (the control
+// plane is gone); msg explains a failure.
+func (r *Reconciler) revokeKey(ctx context.Context, obj *coderv1alpha1.CoderProvisioner) (done, abandon bool, what, msg string) {
+	orgID, name := obj.Status.OrganizationID, obj.Status.KeyName
+	var secret corev1.Secret
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: obj.Namespace, Name: keySecretName(obj)}, &secret)
+	switch {
+	case err == nil && metav1.IsControlledBy(&secret, obj) && secret.Annotations[AnnotationKeyName] != "":
+		orgID, name = secret.Annotations[AnnotationKeyOrganizationID], secret.Annotations[AnnotationKeyName]
+	case err != nil && !apierrors.IsNotFound(err):
+		return false, false, "", fmt.Sprintf("read Secret %s: %v", keySecretName(obj), err)
+	}
+	org, perr := uuid.Parse(orgID)
+	if name == "" || perr != nil {
+		return true, false, "", "" // nothing was issued
+	}
+	what = fmt.Sprintf("provisioner key %q in organization %s", name, orgID)
+
+	var ccp coderv1alpha1.CoderControlPlane
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Spec.ControlPlaneRef.Name}, &ccp); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, true, what, fmt.Sprintf("CoderControlPlane %q no longer exists", obj.Spec.ControlPlaneRef.Name)
+		}
+		return false, false, what, err.Error()
+	}
+	cl, err := coderapi.ForControlPlane(ctx, r.APIReader, &ccp, r.CoderTimeout)
+	if err != nil {
+		return false, false, what, err.Error()
+	}
+	err = cl.DeleteProvisionerKey(ctx, org, name)
+	if err == nil || coderapi.IsNotFound(err) || coderapi.IsFeatureUnavailable(err) {
+		return true, false, what, ""
+	}
+	return false, false, what, coderapi.Message(err)
+}

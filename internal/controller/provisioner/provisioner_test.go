@@ -1,0 +1,459 @@
+package provisioner_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/provisioner"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+const waitTimeout = 30 * time.Second
+
+// TestProvisionerLifecycle drives a CoderProvisioner through its life
+// against a coderd entitled to external provisioner daemons (the fake
+// following coderd's contract): key issued and stored, Deployment, status,
+// no churn, rotation on a tag change and on an organization change, and
+// revocation on deletion.
+func TestProvisionerLifecycle(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := t.Context()
+	const token = "operator-session-token"
+	fake := newFakeCoderd(t, token, "coder", "other")
+	h.createControlPlane("coder", fake.URL.String(), token)
+
+	p := &coderv1alpha1.CoderProvisioner{
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "eu"},
+		Spec: coderv1alpha1.CoderProvisionerSpec{
+			ControlPlaneRef: coderv1alpha1.ControlPlaneReference{Name: "coder"},
+			Tags:            map[string]string{"region": "eu"},
+			PodSpec: coderv1alpha1.PodSpec{
+				Replicas: ptr.To(int32(2)),
+				Env:      []corev1.EnvVar{{Name: "CODER_VERBOSE", Value: "true"}},
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceCPU: resource.MustParse("250m"),
+				}},
+				NodeSelector:     map[string]string{"pool": "builders"},
+				ImagePullSecrets: []corev1.LocalObjectReference{{Name: "registry"}},
+			},
+		},
+	}
+	if err := h.c.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	keyName := h.ns + "-eu"
+	secretName := "eu-provisioner-key"
+
+	// Issued: key in Coder, Secret, Deployment, status.
+	eventually(t, waitTimeout, "provisioner ready", func() (bool, string) {
+		p = h.get("eu")
+		c := condition(p, coderv1alpha1.ConditionAvailable)
+		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == provisioner.ReasonReplicasNotReady, describeConditions(p)
+	})
+	for _, ct := range []string{coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ConditionFeatureSupported, coderv1alpha1.ConditionCredentialsReady} {
+		c := condition(p, ct)
+		if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != p.Generation {
+			t.Errorf("condition %s = %+v, want True at generation %d", ct, c, p.Generation)
+		}
+	}
+	if c := condition(p, coderv1alpha1.ConditionAvailable); c.Status != metav1.ConditionFalse || c.Message != "0/2 replicas ready" {
+		t.Errorf("Available = %+v, want False with 0/2 replicas ready (no kubelet here)", c)
+	}
+	if p.Status.ObservedGeneration != p.Generation {
+		t.Errorf("observedGeneration = %d, want %d", p.Status.ObservedGeneration, p.Generation)
+	}
+	if p.Status.KeyName != keyName || p.Status.KeySecretRef == nil || *p.Status.KeySecretRef != (coderv1alpha1.SecretKeyReference{Name: secretName, Key: "key"}) {
+		t.Errorf("status key = %q %+v, want %q in %s/key", p.Status.KeyName, p.Status.KeySecretRef, keyName, secretName)
+	}
+	if p.Status.OrganizationID != fake.orgID("coder").String() {
+		t.Errorf("status.organizationID = %q, want %s", p.Status.OrganizationID, fake.orgID("coder"))
+	}
+	if !containsString(p.Finalizers, provisioner.Finalizer) {
+		t.Errorf("finalizers = %v, want %s", p.Finalizers, provisioner.Finalizer)
+	}
+	keys := fake.keysIn("coder")
+	issued, ok := keys[keyName]
+	if len(keys) != 1 || !ok {
+		t.Fatalf("keys in Coder = %v, want only %q", keys, keyName)
+	}
+	if got := map[string]string(issued.key.Tags); len(got) != 1 || got["region"] != "eu" {
+		t.Errorf("key tags = %v, want region=eu", got)
+	}
+	secret := h.secret(secretName)
+	if string(secret.Data["key"]) != issued.secret {
+		t.Errorf("Secret %s holds %q, want the issued key", secretName, secret.Data["key"])
+	}
+	if !metav1.IsControlledBy(secret, p) {
+		t.Errorf("Secret %s is not controlled by the CoderProvisioner: %+v", secretName, secret.OwnerReferences)
+	}
+	dep := h.deployment("eu-provisioner")
+	checkDeployment(t, dep, p, fake.URL.String(), secretName, issued.secret)
+	if n := h.recorder.count("eu", corev1.EventTypeNormal, provisioner.EventKeyIssued); n != 1 {
+		t.Errorf("KeyIssued events = %d, want 1", n)
+	}
+	if w := h.recorder.warnings("eu"); len(w) != 0 {
+		t.Errorf("Warning events on the happy path: %v", w)
+	}
+
+	// No churn: a reconcile with nothing to do writes nothing and asks
+	// coderd for nothing new.
+	before := reconciles(t)
+	depRV, crRV := dep.ResourceVersion, p.ResourceVersion
+	creates := fake.count(http.MethodPost, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys")
+	secret.Labels["test.coder.com/touch"] = "1" // an owned Secret's change triggers a reconcile
+	if err := h.c.Update(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "a reconcile after touching the Secret", func() (bool, string) {
+		return reconciles(t) > before, "no reconcile yet"
+	})
+	time.Sleep(time.Second)
+	if got := h.deployment("eu-provisioner").ResourceVersion; got != depRV {
+		t.Errorf("Deployment rewritten by a no-op reconcile: resourceVersion %s -> %s", depRV, got)
+	}
+	if got := h.get("eu").ResourceVersion; got != crRV {
+		t.Errorf("CoderProvisioner rewritten by a no-op reconcile: resourceVersion %s -> %s", crRV, got)
+	}
+	if got := fake.count(http.MethodPost, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys"); got != creates {
+		t.Errorf("key created again by a no-op reconcile (%d -> %d creations)", creates, got)
+	}
+
+	// A tag change rotates the key: old revoked, new issued with the new
+	// tags, Secret updated, pods rolled.
+	oldHash := dep.Spec.Template.Annotations[provisioner.AnnotationKeyHash]
+	p = h.get("eu")
+	p.Spec.Tags = map[string]string{"region": "eu", "gpu": "true"}
+	if err := h.c.Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "key rotated for the new tags", func() (bool, string) {
+		k, ok := fake.keysIn("coder")[keyName]
+		return ok && k.key.ID != issued.key.ID && k.key.Tags["gpu"] == "true", "key still the old one"
+	})
+	rotated := fake.keysIn("coder")[keyName]
+	if n := len(fake.keysIn("coder")); n != 1 {
+		t.Errorf("keys in Coder after rotation = %d, want 1 (the old one revoked)", n)
+	}
+	if deletes := fake.count(http.MethodDelete, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys/"+keyName); deletes != 1 {
+		t.Errorf("old key revocations = %d, want 1", deletes)
+	}
+	eventually(t, waitTimeout, "Secret and Deployment follow the rotation", func() (bool, string) {
+		s := h.secret(secretName)
+		d := h.deployment("eu-provisioner")
+		newHash := d.Spec.Template.Annotations[provisioner.AnnotationKeyHash]
+		return string(s.Data["key"]) == rotated.secret && newHash != "" && newHash != oldHash,
+			"secret or pod template annotation not updated yet"
+	})
+	checkDeployment(t, h.deployment("eu-provisioner"), h.get("eu"), fake.URL.String(), secretName, rotated.secret)
+	if n := h.recorder.count("eu", corev1.EventTypeNormal, provisioner.EventKeyRotated); n != 1 {
+		t.Errorf("KeyRotated events = %d, want 1", n)
+	}
+
+	// An organization change moves the key: revoked in the old one,
+	// issued in the new one.
+	p = h.get("eu")
+	p.Spec.Organization = "other"
+	if err := h.c.Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "key moved to organization other", func() (bool, string) {
+		p = h.get("eu")
+		return p.Status.OrganizationID == fake.orgID("other").String() && len(fake.keysIn("other")) == 1 && len(fake.keysIn("coder")) == 0,
+			describeConditions(p) + " org=" + p.Status.OrganizationID
+	})
+	if s := h.secret(secretName); string(s.Data["key"]) != fake.keysIn("other")[keyName].secret {
+		t.Errorf("Secret does not hold the key issued in organization other")
+	}
+
+	// Deletion revokes the key and releases the object.
+	if err := h.c.Delete(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "CoderProvisioner deleted", func() (bool, string) {
+		err := h.c.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
+		return apierrors.IsNotFound(err), "still present"
+	})
+	if n := len(fake.keysIn("other")) + len(fake.keysIn("coder")); n != 0 {
+		t.Errorf("keys left in Coder after deletion: %d", n)
+	}
+	if n := h.recorder.count("eu", corev1.EventTypeNormal, provisioner.EventKeyRevoked); n != 1 {
+		t.Errorf("KeyRevoked events = %d, want 1", n)
+	}
+}
+
+// checkDeployment asserts what the daemons run with.
+func checkDeployment(t *testing.T, dep *appsv1.Deployment, p *coderv1alpha1.CoderProvisioner, coderURL, secretName, key string) {
+	t.Helper()
+	if !metav1.IsControlledBy(dep, p) {
+		t.Errorf("Deployment not controlled by the CoderProvisioner: %+v", dep.OwnerReferences)
+	}
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
+		t.Errorf("replicas = %v, want 2", dep.Spec.Replicas)
+	}
+	raw, _ := json.Marshal(dep)
+	if strings.Contains(string(raw), key) {
+		t.Errorf("the Deployment contains the provisioner key itself")
+	}
+	pod := dep.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("containers = %d, want 1", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if c.Image != provisioner.DefaultImage {
+		t.Errorf("image = %q, want %q", c.Image, provisioner.DefaultImage)
+	}
+	if got := strings.Join(append(c.Command, c.Args...), " "); got != "/opt/coder provisioner start" {
+		t.Errorf("command = %q, want /opt/coder provisioner start", got)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	if env["CODER_URL"].Value != coderURL {
+		t.Errorf("CODER_URL = %q, want %q", env["CODER_URL"].Value, coderURL)
+	}
+	ref := env["CODER_PROVISIONER_DAEMON_KEY"].ValueFrom
+	if env["CODER_PROVISIONER_DAEMON_KEY"].Value != "" || ref == nil || ref.SecretKeyRef == nil ||
+		ref.SecretKeyRef.Name != secretName || ref.SecretKeyRef.Key != "key" {
+		t.Errorf("CODER_PROVISIONER_DAEMON_KEY = %+v, want a secretKeyRef to %s/key", env["CODER_PROVISIONER_DAEMON_KEY"], secretName)
+	}
+	if _, ok := env["CODER_PROVISIONERD_TAGS"]; ok {
+		t.Errorf("CODER_PROVISIONERD_TAGS set: `coder provisioner start` refuses tags with a key (they are bound to it)")
+	}
+	if env["CODER_VERBOSE"].Value != "true" {
+		t.Errorf("user env CODER_VERBOSE missing: %+v", c.Env)
+	}
+	if got := c.Resources.Requests.Cpu().String(); got != "250m" {
+		t.Errorf("cpu request = %s, want 250m", got)
+	}
+	if pod.NodeSelector["pool"] != "builders" || len(pod.ImagePullSecrets) != 1 || pod.ImagePullSecrets[0].Name != "registry" {
+		t.Errorf("scheduling/pull secrets not passed: nodeSelector %v, imagePullSecrets %v", pod.NodeSelector, pod.ImagePullSecrets)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+		t.Errorf("container security context = %+v, want the restricted default", sc)
+	}
+	psc := pod.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context = %+v, want non-root with RuntimeDefault seccomp", psc)
+	}
+	if dep.Spec.Template.Annotations[provisioner.AnnotationKeyHash] == "" {
+		t.Errorf("pod template lacks %s", provisioner.AnnotationKeyHash)
+	}
+}
+
+// TestProvisionerMissingControlPlane: a CoderProvisioner whose control
+// plane does not exist says so (condition and one Warning event) and
+// recovers by itself once the control plane appears with working access,
+// without anyone touching the CoderProvisioner.
+func TestProvisionerMissingControlPlane(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := t.Context()
+	const token = "operator-session-token"
+	fake := newFakeCoderd(t, token, "coder")
+
+	p := &coderv1alpha1.CoderProvisioner{
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "late"},
+		Spec:       coderv1alpha1.CoderProvisionerSpec{ControlPlaneRef: coderv1alpha1.ControlPlaneReference{Name: "coder"}},
+	}
+	if err := h.c.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "ControlPlaneNotFound reported", func() (bool, string) {
+		p = h.get("late")
+		c := condition(p, coderv1alpha1.ConditionControlPlaneReady)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == provisioner.ReasonControlPlaneNotFound, describeConditions(p)
+	})
+	if p.Status.Phase != coderv1alpha1.PhasePending {
+		t.Errorf("phase = %s, want Pending", p.Status.Phase)
+	}
+	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
+		return len(h.apiEvents("late", corev1.EventTypeWarning, provisioner.ReasonControlPlaneNotFound)) == 1, "no event yet"
+	})
+	if n := h.recorder.count("late", corev1.EventTypeWarning, provisioner.ReasonControlPlaneNotFound); n != 1 {
+		t.Errorf("ControlPlaneNotFound events emitted = %d, want 1", n)
+	}
+	generation := p.Generation
+
+	h.createControlPlane("coder", fake.URL.String(), token)
+	eventually(t, waitTimeout, "recovered once the control plane exists", func() (bool, string) {
+		p = h.get("late")
+		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
+		return condition(p, coderv1alpha1.ConditionControlPlaneReady).Status == metav1.ConditionTrue &&
+			c != nil && c.Status == metav1.ConditionTrue && p.Status.Phase == coderv1alpha1.PhaseProvisioning, describeConditions(p)
+	})
+	if p.Generation != generation {
+		t.Errorf("the CoderProvisioner's spec changed (generation %d -> %d); recovery must come from the control plane watch", generation, p.Generation)
+	}
+	if len(fake.keysIn("coder")) != 1 {
+		t.Errorf("keys in Coder = %d, want 1", len(fake.keysIn("coder")))
+	}
+}
+
+// TestProvisionerDeletionWithUnreachableCoderd: deletion does not hang
+// when coderd is gone: revocation is retried until CleanupTimeout, then
+// the finalizer is removed with a Warning event naming the key.
+func TestProvisionerDeletionWithUnreachableCoderd(t *testing.T) {
+	h := newHarness(t, harnessOptions{cleanupTimeout: 3 * time.Second})
+	ctx := t.Context()
+	const token = "operator-session-token"
+	fake := newFakeCoderd(t, token, "coder")
+	h.createControlPlane("coder", fake.URL.String(), token)
+	p := &coderv1alpha1.CoderProvisioner{
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "orphan"},
+		Spec:       coderv1alpha1.CoderProvisionerSpec{ControlPlaneRef: coderv1alpha1.ControlPlaneReference{Name: "coder"}},
+	}
+	if err := h.c.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "key issued", func() (bool, string) {
+		p = h.get("orphan")
+		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
+		return c != nil && c.Status == metav1.ConditionTrue, describeConditions(p)
+	})
+	fake.srv.Close() // coderd goes away
+
+	start := time.Now()
+	if err := h.c.Delete(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "CoderProvisioner deleted despite coderd being gone", func() (bool, string) {
+		err := h.c.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
+		return apierrors.IsNotFound(err), "still present"
+	})
+	if took := time.Since(start); took < 1500*time.Millisecond {
+		t.Errorf("finalizer removed after %s, before the 3s cleanup timeout: revocation was not retried", took)
+	}
+	if n := h.recorder.count("orphan", corev1.EventTypeWarning, provisioner.EventKeyRevocationFailed); n != 1 {
+		t.Errorf("KeyRevocationFailed events = %d, want 1 (warnings: %v)", n, h.recorder.warnings("orphan"))
+	}
+}
+
+// TestProvisionerUnsupportedOnOpenSourceCoderd runs against the real
+// open-source coderd, which has no provisioner key API: the object reports
+// FeatureSupported=False with Coder's own message and phase Unsupported,
+// creates no Deployment, emits one Warning event, and does not loop.
+func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
+	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	h := newHarness(t, harnessOptions{})
+	ctx := t.Context()
+	h.createControlPlane("coder", coder.URL.String(), coder.SessionToken)
+
+	start := reconciles(t)
+	p := &coderv1alpha1.CoderProvisioner{
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "oss"},
+		Spec: coderv1alpha1.CoderProvisionerSpec{
+			ControlPlaneRef: coderv1alpha1.ControlPlaneReference{Name: "coder"},
+			Tags:            map[string]string{"region": "eu"},
+		},
+	}
+	if err := h.c.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "FeatureSupported=False", func() (bool, string) {
+		p = h.get("oss")
+		c := condition(p, coderv1alpha1.ConditionFeatureSupported)
+		return c != nil && c.Status == metav1.ConditionFalse, describeConditions(p)
+	})
+	c := condition(p, coderv1alpha1.ConditionFeatureSupported)
+	if c.Reason != provisioner.ReasonNotSupported || !strings.Contains(c.Message, "Route not found.") {
+		t.Errorf("FeatureSupported = %s %q, want NotSupported with coderd's message (Route not found.)", c.Reason, c.Message)
+	}
+	if p.Status.Phase != coderv1alpha1.PhaseUnsupported {
+		t.Errorf("phase = %s, want Unsupported", p.Status.Phase)
+	}
+	if cp := condition(p, coderv1alpha1.ConditionControlPlaneReady); cp.Status != metav1.ConditionTrue {
+		t.Errorf("ControlPlaneReady = %+v, want True (coderd answered)", cp)
+	}
+	if p.Status.OrganizationID != coder.OrganizationID.String() {
+		t.Errorf("status.organizationID = %q, want %s", p.Status.OrganizationID, coder.OrganizationID)
+	}
+	if len(p.Finalizers) != 0 {
+		t.Errorf("finalizers = %v, want none: nothing was issued in Coder", p.Finalizers)
+	}
+	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
+		return len(h.apiEvents("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported)) == 1, "no event yet"
+	})
+	if ev := h.apiEvents("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported)[0]; !strings.Contains(ev.Note, "Route not found.") {
+		t.Errorf("event note = %q, want coderd's message", ev.Note)
+	}
+
+	// No hot loop: the object stays put while the manager runs.
+	rv := p.ResourceVersion
+	settled := reconciles(t)
+	time.Sleep(5 * time.Second)
+	if got := h.get("oss").ResourceVersion; got != rv {
+		t.Errorf("resourceVersion changed %s -> %s while nothing changed", rv, got)
+	}
+	if got := reconciles(t); got != settled || got-start > 3 {
+		t.Errorf("reconciles: %v before settling, %v after 5s idle (started at %v): want no further reconciles and at most 3 in all", settled, got, start)
+	}
+	if n := h.recorder.count("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported); n != 1 {
+		t.Errorf("NotSupported events emitted = %d, want exactly 1", n)
+	}
+	var deps appsv1.DeploymentList
+	if err := h.c.List(ctx, &deps, client.InNamespace(h.ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(deps.Items) != 0 {
+		t.Errorf("Deployments created on an open-source coderd: %d", len(deps.Items))
+	}
+	var secrets corev1.SecretList
+	if err := h.c.List(ctx, &secrets, client.InNamespace(h.ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range secrets.Items {
+		if s.Name == "oss-provisioner-key" {
+			t.Errorf("key Secret created on an open-source coderd")
+		}
+	}
+
+	// Without a finalizer, deletion is immediate.
+	if err := h.c.Delete(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "deleted", func() (bool, string) {
+		err := h.c.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
+		return apierrors.IsNotFound(err), "still present"
+	})
+}
+
+func (h *harness) secret(name string) *corev1.Secret {
+	h.t.Helper()
+	var s corev1.Secret
+	if err := h.c.Get(h.t.Context(), client.ObjectKey{Namespace: h.ns, Name: name}, &s); err != nil {
+		h.t.Fatalf("get Secret %s: %v", name, err)
+	}
+	return &s
+}
+
+func (h *harness) deployment(name string) *appsv1.Deployment {
+	h.t.Helper()
+	var d appsv1.Deployment
+	if err := h.c.Get(h.t.Context(), client.ObjectKey{Namespace: h.ns, Name: name}, &d); err != nil {
+		h.t.Fatalf("get Deployment %s: %v", name, err)
+	}
+	return &d
+}
+
+func containsString(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,473 @@
+package workspaceproxy_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/workspaceproxy"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+const waitTimeout = 30 * time.Second
+
+// TestWorkspaceProxyLifecycle drives a CoderWorkspaceProxy through its
+// life against a coderd entitled to workspace proxies (the fake following
+// coderd's contract): registration, token Secret, Deployment and Service,
+// status, display name sync, token regeneration when its Secret is lost,
+// and deregistration on deletion.
+func TestWorkspaceProxyLifecycle(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := t.Context()
+	const token = "operator-session-token"
+	fake := newFakeCoderd(t, token)
+	h.createControlPlane("coder", fake.URL.String(), token)
+
+	p := &coderv1alpha1.CoderWorkspaceProxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "eu"},
+		Spec: coderv1alpha1.CoderWorkspaceProxySpec{
+			ControlPlaneRef:   coderv1alpha1.ControlPlaneReference{Name: "coder"},
+			DisplayName:       "Europe",
+			Icon:              "/emojis/1f1ea-1f1fa.png",
+			AccessURL:         "https://eu.coder.example.com",
+			WildcardAccessURL: "*.eu.coder.example.com",
+			Service: coderv1alpha1.ServiceSpec{
+				Type:                  corev1.ServiceTypeLoadBalancer,
+				Port:                  443,
+				Annotations:           map[string]string{"lb.example.com/scheme": "internet-facing"},
+				ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			},
+			PodSpec: coderv1alpha1.PodSpec{
+				Env: []corev1.EnvVar{{Name: "CODER_VERBOSE", Value: "true"}},
+			},
+		},
+	}
+	if err := h.c.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	const secretName, workload = "eu-wsproxy-token", "eu-wsproxy"
+
+	eventually(t, waitTimeout, "proxy registered and deployed", func() (bool, string) {
+		p = h.get("eu")
+		c := condition(p, coderv1alpha1.ConditionAvailable)
+		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == workspaceproxy.ReasonReplicasNotReady, describeConditions(p)
+	})
+	registered, ok := fake.proxy("eu")
+	if !ok || fake.registered() != 1 {
+		t.Fatalf("proxy %q not registered in Coder (%d registered)", "eu", fake.registered())
+	}
+	if registered.proxy.DisplayName != "Europe" || registered.proxy.IconURL != "/emojis/1f1ea-1f1fa.png" {
+		t.Errorf("registered display name/icon = %q/%q", registered.proxy.DisplayName, registered.proxy.IconURL)
+	}
+	for _, ct := range []string{coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ConditionFeatureSupported, coderv1alpha1.ConditionCredentialsReady} {
+		c := condition(p, ct)
+		if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != p.Generation {
+			t.Errorf("condition %s = %+v, want True at generation %d", ct, c, p.Generation)
+		}
+	}
+	if p.Status.ObservedGeneration != p.Generation {
+		t.Errorf("observedGeneration = %d, want %d", p.Status.ObservedGeneration, p.Generation)
+	}
+	if p.Status.ProxyID != registered.proxy.ID.String() || p.Status.URL != "https://eu.coder.example.com" ||
+		p.Status.TokenSecretRef == nil || *p.Status.TokenSecretRef != (coderv1alpha1.SecretKeyReference{Name: secretName, Key: "token"}) {
+		t.Errorf("status = proxyID %q url %q tokenSecretRef %+v", p.Status.ProxyID, p.Status.URL, p.Status.TokenSecretRef)
+	}
+	if !containsString(p.Finalizers, workspaceproxy.Finalizer) {
+		t.Errorf("finalizers = %v, want %s", p.Finalizers, workspaceproxy.Finalizer)
+	}
+	secret := h.secret(secretName)
+	if string(secret.Data["token"]) != registered.token || !metav1.IsControlledBy(secret, p) {
+		t.Errorf("Secret %s: token matches %v, controlled %v", secretName, string(secret.Data["token"]) == registered.token, metav1.IsControlledBy(secret, p))
+	}
+	dep := h.deployment(workload)
+	checkDeployment(t, dep, p, fake.URL.String(), secretName, "token", registered.token)
+	svc := h.service(workload)
+	if !metav1.IsControlledBy(svc, p) || svc.Spec.Type != corev1.ServiceTypeLoadBalancer || len(svc.Spec.Ports) != 1 ||
+		svc.Spec.Ports[0].Port != 443 || svc.Spec.Ports[0].TargetPort.String() != "http" ||
+		svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal ||
+		svc.Annotations["lb.example.com/scheme"] != "internet-facing" ||
+		svc.Spec.Selector["app.kubernetes.io/instance"] != "eu" {
+		t.Errorf("Service = %+v %+v", svc.ObjectMeta, svc.Spec)
+	}
+	if n := h.recorder.count("eu", corev1.EventTypeNormal, workspaceproxy.EventProxyRegistered); n != 1 {
+		t.Errorf("ProxyRegistered events = %d, want 1", n)
+	}
+	if w := h.recorder.warnings("eu"); len(w) != 0 {
+		t.Errorf("Warning events on the happy path: %v", w)
+	}
+
+	// No churn on a reconcile with nothing to do.
+	before := reconciles(t)
+	depRV, svcRV, crRV := dep.ResourceVersion, svc.ResourceVersion, p.ResourceVersion
+	secret.Labels["test.coder.com/touch"] = "1"
+	if err := h.c.Update(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "a reconcile after touching the Secret", func() (bool, string) {
+		return reconciles(t) > before, "no reconcile yet"
+	})
+	time.Sleep(time.Second)
+	if h.deployment(workload).ResourceVersion != depRV || h.service(workload).ResourceVersion != svcRV || h.get("eu").ResourceVersion != crRV {
+		t.Errorf("a no-op reconcile rewrote the Deployment, the Service or the CoderWorkspaceProxy")
+	}
+	if n := fake.count(http.MethodPatch, "/api/v2/workspaceproxies/"+registered.proxy.ID.String()); n != 0 {
+		t.Errorf("PATCH calls with nothing to change: %d", n)
+	}
+
+	// Display name and icon follow the spec; the token stays.
+	tokenHash := dep.Spec.Template.Annotations[workspaceproxy.AnnotationTokenHash]
+	p = h.get("eu")
+	p.Spec.DisplayName = "Europe (Frankfurt)"
+	p.Spec.Icon = ""
+	if err := h.c.Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "display name and icon synced", func() (bool, string) {
+		got, _ := fake.proxy("eu")
+		return got.proxy.DisplayName == "Europe (Frankfurt)" && got.proxy.IconURL == workspaceproxy.DefaultIcon,
+			got.proxy.DisplayName + " " + got.proxy.IconURL
+	})
+	if got, _ := fake.proxy("eu"); got.token != registered.token {
+		t.Errorf("token regenerated by a display name change")
+	}
+	time.Sleep(500 * time.Millisecond)
+	if got := h.deployment(workload).Spec.Template.Annotations[workspaceproxy.AnnotationTokenHash]; got != tokenHash {
+		t.Errorf("pods rolled by a display name change: token hash %s -> %s", tokenHash, got)
+	}
+
+	// A lost token Secret: the token of the registered proxy is
+	// regenerated (same proxy ID) and the pods roll.
+	if err := h.c.Delete(ctx, h.secret(secretName)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "token regenerated into a new Secret", func() (bool, string) {
+		got, _ := fake.proxy("eu")
+		var s corev1.Secret
+		if err := h.c.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: secretName}, &s); err != nil {
+			return false, err.Error()
+		}
+		return got.token != registered.token && string(s.Data["token"]) == got.token, "Secret not rewritten yet"
+	})
+	if got, _ := fake.proxy("eu"); got.proxy.ID != registered.proxy.ID || fake.registered() != 1 {
+		t.Errorf("the proxy was registered again instead of regenerating its token")
+	}
+	eventually(t, waitTimeout, "pods rolled for the new token", func() (bool, string) {
+		got := h.deployment(workload).Spec.Template.Annotations[workspaceproxy.AnnotationTokenHash]
+		return got != "" && got != tokenHash, "token hash unchanged"
+	})
+	if n := h.recorder.count("eu", corev1.EventTypeNormal, workspaceproxy.EventTokenRegenerated); n != 1 {
+		t.Errorf("TokenRegenerated events = %d, want 1", n)
+	}
+
+	// Deletion deregisters the proxy and releases the object.
+	if err := h.c.Delete(ctx, h.get("eu")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "CoderWorkspaceProxy deleted", func() (bool, string) {
+		err := h.c.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: "eu"}, &coderv1alpha1.CoderWorkspaceProxy{})
+		return apierrors.IsNotFound(err), "still present"
+	})
+	if fake.registered() != 0 {
+		t.Errorf("proxy still registered in Coder after deletion")
+	}
+	if n := h.recorder.count("eu", corev1.EventTypeNormal, workspaceproxy.EventProxyDeregistered); n != 1 {
+		t.Errorf("ProxyDeregistered events = %d, want 1", n)
+	}
+}
+
+// checkDeployment asserts what the proxy runs with.
+func checkDeployment(t *testing.T, dep *appsv1.Deployment, p *coderv1alpha1.CoderWorkspaceProxy, primaryURL, secretName, secretKey, token string) {
+	t.Helper()
+	if !metav1.IsControlledBy(dep, p) {
+		t.Errorf("Deployment not controlled by the CoderWorkspaceProxy: %+v", dep.OwnerReferences)
+	}
+	raw, _ := json.Marshal(dep)
+	if strings.Contains(string(raw), token) {
+		t.Errorf("the Deployment contains the proxy token itself")
+	}
+	pod := dep.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("containers = %d, want 1", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if c.Image != workspaceproxy.DefaultImage {
+		t.Errorf("image = %q, want %q", c.Image, workspaceproxy.DefaultImage)
+	}
+	if got := strings.Join(append(c.Command, c.Args...), " "); got != "/opt/coder wsproxy server" {
+		t.Errorf("command = %q, want /opt/coder wsproxy server", got)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	want := map[string]string{
+		"CODER_PRIMARY_ACCESS_URL": primaryURL,
+		"CODER_ACCESS_URL":         p.Spec.AccessURL,
+		"CODER_HTTP_ADDRESS":       "0.0.0.0:8080",
+	}
+	for _, e := range p.Spec.Env {
+		want[e.Name] = e.Value
+	}
+	if p.Spec.WildcardAccessURL != "" {
+		want["CODER_WILDCARD_ACCESS_URL"] = p.Spec.WildcardAccessURL
+	}
+	for k, v := range want {
+		if env[k].Value != v {
+			t.Errorf("%s = %q, want %q", k, env[k].Value, v)
+		}
+	}
+	ref := env["CODER_PROXY_SESSION_TOKEN"].ValueFrom
+	if env["CODER_PROXY_SESSION_TOKEN"].Value != "" || ref == nil || ref.SecretKeyRef == nil ||
+		ref.SecretKeyRef.Name != secretName || ref.SecretKeyRef.Key != secretKey {
+		t.Errorf("CODER_PROXY_SESSION_TOKEN = %+v, want a secretKeyRef to %s/%s", env["CODER_PROXY_SESSION_TOKEN"], secretName, secretKey)
+	}
+	if len(c.Ports) != 1 || c.Ports[0].Name != "http" || c.Ports[0].ContainerPort != 8080 {
+		t.Errorf("ports = %+v, want http 8080", c.Ports)
+	}
+	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("readiness probe = %+v, want GET /healthz", c.ReadinessProbe)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+		t.Errorf("container security context = %+v, want the restricted default", sc)
+	}
+	psc := pod.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context = %+v, want non-root with RuntimeDefault seccomp", psc)
+	}
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Errorf("the proxy pod mounts a service account token it does not need")
+	}
+	if dep.Spec.Template.Annotations[workspaceproxy.AnnotationTokenHash] == "" {
+		t.Errorf("pod template lacks %s", workspaceproxy.AnnotationTokenHash)
+	}
+}
+
+// TestWorkspaceProxySuppliedToken: with spec.proxyTokenSecretRef the
+// proxy runs with that token and nothing is registered, edited or deleted
+// in Coder, on creation or on deletion.
+func TestWorkspaceProxySuppliedToken(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := t.Context()
+	const token = "operator-session-token"
+	fake := newFakeCoderd(t, token)
+	h.createControlPlane("coder", fake.URL.String(), token)
+
+	proxyID := uuid.New()
+	supplied := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "byo-token"},
+		Data:       map[string][]byte{"proxy-token": []byte(proxyID.String() + ":s3cr3t-part")},
+	}
+	if err := h.c.Create(ctx, supplied); err != nil {
+		t.Fatal(err)
+	}
+	p := &coderv1alpha1.CoderWorkspaceProxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "byo"},
+		Spec: coderv1alpha1.CoderWorkspaceProxySpec{
+			ControlPlaneRef:     coderv1alpha1.ControlPlaneReference{Name: "coder"},
+			AccessURL:           "https://byo.coder.example.com",
+			ProxyTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "byo-token", Key: "proxy-token"},
+		},
+	}
+	if err := h.c.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "proxy deployed with the supplied token", func() (bool, string) {
+		p = h.get("byo")
+		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
+		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == workspaceproxy.ReasonTokenSupplied, describeConditions(p)
+	})
+	if p.Status.TokenSecretRef == nil || *p.Status.TokenSecretRef != *p.Spec.ProxyTokenSecretRef {
+		t.Errorf("status.tokenSecretRef = %+v, want the supplied one", p.Status.TokenSecretRef)
+	}
+	if p.Status.ProxyID != proxyID.String() {
+		t.Errorf("status.proxyID = %q, want %s (from the token)", p.Status.ProxyID, proxyID)
+	}
+	checkDeployment(t, h.deployment("byo-wsproxy"), p, fake.URL.String(), "byo-token", "proxy-token", "s3cr3t-part")
+	var s corev1.Secret
+	if err := h.c.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: "byo-wsproxy-token"}, &s); !apierrors.IsNotFound(err) {
+		t.Errorf("an operator token Secret exists with a supplied token (err %v)", err)
+	}
+
+	if err := h.c.Delete(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "deleted", func() (bool, string) {
+		err := h.c.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderWorkspaceProxy{})
+		return apierrors.IsNotFound(err), "still present"
+	})
+	if calls := fake.callsExcept(http.MethodGet); len(calls) != 0 {
+		t.Errorf("calls to coderd other than reads with a supplied token: %v", calls)
+	}
+	if fake.registered() != 0 {
+		t.Errorf("a proxy was registered")
+	}
+}
+
+// TestWorkspaceProxyMissingControlPlane: a CoderWorkspaceProxy whose
+// control plane does not exist says so (condition and one Warning event)
+// and recovers by itself once the control plane appears with working
+// access, without anyone touching the CoderWorkspaceProxy.
+func TestWorkspaceProxyMissingControlPlane(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := t.Context()
+	const token = "operator-session-token"
+	fake := newFakeCoderd(t, token)
+
+	p := &coderv1alpha1.CoderWorkspaceProxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "late"},
+		Spec: coderv1alpha1.CoderWorkspaceProxySpec{
+			ControlPlaneRef: coderv1alpha1.ControlPlaneReference{Name: "coder"},
+			AccessURL:       "https://late.coder.example.com",
+		},
+	}
+	if err := h.c.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "ControlPlaneNotFound reported", func() (bool, string) {
+		p = h.get("late")
+		c := condition(p, coderv1alpha1.ConditionControlPlaneReady)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == workspaceproxy.ReasonControlPlaneNotFound, describeConditions(p)
+	})
+	if p.Status.Phase != coderv1alpha1.PhasePending {
+		t.Errorf("phase = %s, want Pending", p.Status.Phase)
+	}
+	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
+		return len(h.apiEvents("late", corev1.EventTypeWarning, workspaceproxy.ReasonControlPlaneNotFound)) == 1, "no event yet"
+	})
+	if n := h.recorder.count("late", corev1.EventTypeWarning, workspaceproxy.ReasonControlPlaneNotFound); n != 1 {
+		t.Errorf("ControlPlaneNotFound events emitted = %d, want 1", n)
+	}
+	generation := p.Generation
+
+	h.createControlPlane("coder", fake.URL.String(), token)
+	eventually(t, waitTimeout, "recovered once the control plane exists", func() (bool, string) {
+		p = h.get("late")
+		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
+		return condition(p, coderv1alpha1.ConditionControlPlaneReady).Status == metav1.ConditionTrue &&
+			c != nil && c.Status == metav1.ConditionTrue && p.Status.Phase == coderv1alpha1.PhaseProvisioning, describeConditions(p)
+	})
+	if p.Generation != generation {
+		t.Errorf("the CoderWorkspaceProxy's spec changed (generation %d -> %d); recovery must come from the control plane watch", generation, p.Generation)
+	}
+	if fake.registered() != 1 {
+		t.Errorf("registered proxies = %d, want 1", fake.registered())
+	}
+}
+
+// TestWorkspaceProxyUnsupportedOnOpenSourceCoderd runs against the real
+// open-source coderd, which has no workspace proxy API: the object reports
+// FeatureSupported=False with Coder's own message and phase Unsupported,
+// creates no Deployment or Service, emits one Warning event, and does not
+// loop.
+func TestWorkspaceProxyUnsupportedOnOpenSourceCoderd(t *testing.T) {
+	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	h := newHarness(t, harnessOptions{})
+	ctx := t.Context()
+	h.createControlPlane("coder", coder.URL.String(), coder.SessionToken)
+
+	start := reconciles(t)
+	p := &coderv1alpha1.CoderWorkspaceProxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "oss"},
+		Spec: coderv1alpha1.CoderWorkspaceProxySpec{
+			ControlPlaneRef: coderv1alpha1.ControlPlaneReference{Name: "coder"},
+			AccessURL:       "https://oss.coder.example.com",
+		},
+	}
+	if err := h.c.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitTimeout, "FeatureSupported=False", func() (bool, string) {
+		p = h.get("oss")
+		c := condition(p, coderv1alpha1.ConditionFeatureSupported)
+		return c != nil && c.Status == metav1.ConditionFalse, describeConditions(p)
+	})
+	c := condition(p, coderv1alpha1.ConditionFeatureSupported)
+	if c.Reason != workspaceproxy.ReasonNotSupported || !strings.Contains(c.Message, "Route not found.") {
+		t.Errorf("FeatureSupported = %s %q, want NotSupported with coderd's message (Route not found.)", c.Reason, c.Message)
+	}
+	if p.Status.Phase != coderv1alpha1.PhaseUnsupported {
+		t.Errorf("phase = %s, want Unsupported", p.Status.Phase)
+	}
+	if len(p.Finalizers) != 0 {
+		t.Errorf("finalizers = %v, want none: nothing was registered in Coder", p.Finalizers)
+	}
+	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
+		return len(h.apiEvents("oss", corev1.EventTypeWarning, workspaceproxy.ReasonNotSupported)) == 1, "no event yet"
+	})
+	if ev := h.apiEvents("oss", corev1.EventTypeWarning, workspaceproxy.ReasonNotSupported)[0]; !strings.Contains(ev.Note, "Route not found.") {
+		t.Errorf("event note = %q, want coderd's message", ev.Note)
+	}
+
+	// No hot loop: the object stays put while the manager runs.
+	rv := p.ResourceVersion
+	settled := reconciles(t)
+	time.Sleep(5 * time.Second)
+	if got := h.get("oss").ResourceVersion; got != rv {
+		t.Errorf("resourceVersion changed %s -> %s while nothing changed", rv, got)
+	}
+	if got := reconciles(t); got != settled || got-start > 3 {
+		t.Errorf("reconciles: %v before settling, %v after 5s idle (started at %v): want no further reconciles and at most 3 in all", settled, got, start)
+	}
+	if n := h.recorder.count("oss", corev1.EventTypeWarning, workspaceproxy.ReasonNotSupported); n != 1 {
+		t.Errorf("NotSupported events emitted = %d, want exactly 1", n)
+	}
+	var deps appsv1.DeploymentList
+	if err := h.c.List(ctx, &deps, client.InNamespace(h.ns)); err != nil {
+		t.Fatal(err)
+	}
+	var svcs corev1.ServiceList
+	if err := h.c.List(ctx, &svcs, client.InNamespace(h.ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(deps.Items) != 0 || len(svcs.Items) != 0 {
+		t.Errorf("created on an open-source coderd: %d Deployments, %d Services", len(deps.Items), len(svcs.Items))
+	}
+}
+
+func (h *harness) secret(name string) *corev1.Secret {
+	h.t.Helper()
+	var s corev1.Secret
+	if err := h.c.Get(h.t.Context(), client.ObjectKey{Namespace: h.ns, Name: name}, &s); err != nil {
+		h.t.Fatalf("get Secret %s: %v", name, err)
+	}
+	return &s
+}
+
+func (h *harness) deployment(name string) *appsv1.Deployment {
+	h.t.Helper()
+	var d appsv1.Deployment
+	if err := h.c.Get(h.t.Context(), client.ObjectKey{Namespace: h.ns, Name: name}, &d); err != nil {
+		h.t.Fatalf("get Deployment %s: %v", name, err)
+	}
+	return &d
+}
+
+func (h *harness) service(name string) *corev1.Service {
+	h.t.Helper()
+	var s corev1.Service
+	if err := h.c.Get(h.t.Context(), client.ObjectKey{Namespace: h.ns, Name: name}, &s); err != nil {
+		h.t.Fatalf("get Service %s: %v", name, err)
+	}
+	return &s
+}
+
+func containsString(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
