@@ -73,7 +73,10 @@ func BenchmarkController(b *testing.B) {
 	}, b)
 	reference := time.Since(start)
 
-	op := StartOperator(b, OperatorOptions{Mode: "controller", Kubeconfig: k.KubeconfigPath})
+	// BENCH_KUBE_QPS raises the operator's client rate limit (default
+	// kubernetes.qps 50) to see what the controller does unthrottled.
+	qps, _ := strconv.Atoi(os.Getenv("BENCH_KUBE_QPS"))
+	op := StartOperator(b, OperatorOptions{Mode: "controller", Kubeconfig: k.KubeconfigPath, KubeQPS: qps})
 	op.WaitOK(b, op.Health+"/readyz")
 
 	b.ResetTimer()

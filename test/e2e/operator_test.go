@@ -60,6 +60,9 @@ type OperatorOptions struct {
 	Kubeconfig string
 	// ExtraConfig is appended to the generated configuration file.
 	ExtraConfig string
+	// KubeQPS, when set, overrides the Kubernetes client's rate limit
+	// (burst twice as much).
+	KubeQPS int
 	Args        []string
 }
 
@@ -76,19 +79,23 @@ func StartOperator(t testing.TB, opts OperatorOptions) *Operator {
 		ports[i] = p
 	}
 	lease := "coder-k8s-" + strconv.Itoa(ports[0])
+	qps := ""
+	if opts.KubeQPS > 0 {
+		qps = fmt.Sprintf(", qps: %d, burst: %d", opts.KubeQPS, 2*opts.KubeQPS)
+	}
 	dir := t.TempDir()
 	cfg := fmt.Sprintf(`apiVersion: config.coder.com/v1alpha1
 kind: CoderK8sConfiguration
 app: %s
 logging: {level: debug, format: console}
-kubernetes: {kubeconfig: %s}
+kubernetes: {kubeconfig: %s%s}
 controller:
   healthProbeBindAddress: 127.0.0.1:%d
   metricsBindAddress: 127.0.0.1:%d
   leaderElection: {namespace: default, leaseName: %s}
 aggregatedAPIServer: {bindAddress: 127.0.0.1, securePort: %d}
 mcp: {bindAddress: "127.0.0.1:%d"}
-%s`, opts.Mode, opts.Kubeconfig, ports[0], ports[1], lease, ports[2], ports[3], opts.ExtraConfig)
+%s`, opts.Mode, opts.Kubeconfig, qps, ports[0], ports[1], lease, ports[2], ports[3], opts.ExtraConfig)
 	file := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
