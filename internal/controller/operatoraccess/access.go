@@ -128,7 +128,7 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 	} else if admin != nil {
 		res.AdminCredentialsSecret = admin.Name
 	}
-	res.Entitlements = entitlements(ctx, operator)
+	// The license first, so the entitlements reported include it.
 	if ccp.Spec.License != nil {
 		lr, err := m.applyLicense(ctx, ccp, operator, secret)
 		if err != nil {
@@ -136,6 +136,7 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		}
 		res.License = lr
 	}
+	res.Entitlements = entitlements(ctx, operator)
 	res.RequeueAfter = m.validateEvery()
 	m.remember(ccp, secret, res)
 	return res, nil
@@ -406,8 +407,8 @@ func (m *Manager) applyLicense(ctx context.Context, ccp *coderv1alpha1.CoderCont
 		return &LicenseResult{Applied: true, Reason: "Uploaded", Message: "the license is installed"}, nil
 	}
 	if _, err := c.AddLicense(ctx, codersdk.AddLicenseRequest{License: string(s.Data[ref.Key])}); err != nil {
-		if coderapi.IsNotFound(err) {
-			return &LicenseResult{Reason: "NotSupported", Message: "this coderd has no license API (open-source build)"}, nil
+		if reason, ok := coderapi.FeatureUnavailable(err); ok {
+			return &LicenseResult{Reason: reason, Message: "coderd cannot take a license: " + coderapi.Message(err)}, nil
 		}
 		return &LicenseResult{Reason: "Rejected", Message: "coderd rejected the license: " + coderapi.Message(err)}, nil
 	}

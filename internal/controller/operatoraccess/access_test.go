@@ -281,6 +281,29 @@ func TestExistingCoderd(t *testing.T) {
 		}
 	})
 
+	t.Run("a license on the open-source coderd is reported as not supported", func(t *testing.T) {
+		ccp := f.controlPlane(t, "licensed", coder.URL.String(), coderv1alpha1.OperatorAccessSpec{
+			OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"},
+		})
+		ccp.Spec.License = &coderv1alpha1.LicenseSpec{SecretRef: coderv1alpha1.SecretKeyReference{Name: "license", Key: "jwt"}}
+		for name, data := range map[string]map[string][]byte{
+			"owner":   {"token": []byte(coder.SessionToken)},
+			"license": {"jwt": []byte("eyJhbGciOiJFZERTQSJ9.e30.c2ln")},
+		} {
+			if err := f.c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ccp.Namespace}, Data: data}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		mustReady(t, r, err)
+		if r.License == nil || r.License.Applied || r.License.Reason != coderapi.ReasonNotSupported || !strings.Contains(r.License.Message, "Route not found") {
+			t.Errorf("license result = %+v, want not applied, NotSupported with Coder's message", r.License)
+		}
+		if r.Entitlements != nil {
+			t.Errorf("entitlements = %+v from a coderd without the entitlements API", r.Entitlements)
+		}
+	})
+
 	t.Run("wrong owner credentials are reported with Coder's message", func(t *testing.T) {
 		ccp := f.controlPlane(t, "badcreds", coder.URL.String(), coderv1alpha1.OperatorAccessSpec{
 			OwnerCredentialsSecretRef: &corev1.LocalObjectReference{Name: "creds"},
@@ -333,4 +356,8 @@ func TestExistingCoderd(t *testing.T) {
 			t.Errorf("took %s, more than the Coder request timeout", d)
 		}
 	})
+}
+
+func clientKey(namespace, name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: namespace, Name: name}
 }
