@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/coder/coder-k8s/internal/controller/controlplane"
+	"github.com/coder/coder-k8s/internal/controller/dependent"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 	"github.com/coder/coder-k8s/internal/controller/provisioner"
 	"github.com/coder/coder-k8s/internal/controller/workspaceproxy"
@@ -34,23 +35,25 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if err := (&controlplane.Reconciler{Access: access}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("CoderControlPlane controller: %w", err)
 	}
+	// base is what the reconcilers of the kinds that reference a control
+	// plane are given; each records events under its own name.
+	base := func(recorder, image string) dependent.Base {
+		return dependent.Base{
+			Client:       mgr.GetClient(),
+			APIReader:    mgr.GetAPIReader(),
+			Scheme:       mgr.GetScheme(),
+			Recorder:     mgr.GetEventRecorder(recorder),
+			CoderTimeout: opts.CoderRequestTimeout,
+			DefaultImage: image,
+		}
+	}
 	if err := (&provisioner.Reconciler{
-		Client:       mgr.GetClient(),
-		APIReader:    mgr.GetAPIReader(),
-		Scheme:       mgr.GetScheme(),
-		Recorder:     mgr.GetEventRecorder("coderprovisioner-controller"),
-		CoderTimeout: opts.CoderRequestTimeout,
-		DefaultImage: provisioner.DefaultImage,
+		Base: base("coderprovisioner-controller", provisioner.DefaultImage),
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("CoderProvisioner controller: %w", err)
 	}
 	if err := (&workspaceproxy.Reconciler{
-		Client:       mgr.GetClient(),
-		APIReader:    mgr.GetAPIReader(),
-		Scheme:       mgr.GetScheme(),
-		Recorder:     mgr.GetEventRecorder("coderworkspaceproxy-controller"),
-		CoderTimeout: opts.CoderRequestTimeout,
-		DefaultImage: workspaceproxy.DefaultImage,
+		Base: base("coderworkspaceproxy-controller", workspaceproxy.DefaultImage),
 	}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("CoderWorkspaceProxy controller: %w", err)
 	}

@@ -13,15 +13,10 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/controllertest"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
-	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -31,19 +26,10 @@ import (
 // in the status, and revokes it when the control plane is deleted.
 func TestAdoptedControlPlaneGetsOperatorAccess(t *testing.T) {
 	coder := testenv.NewCoder(t, testenv.CoderOptions{SkipFirstUser: true})
-	ns := newNamespace(t, "adopt")
+	ns := controllertest.Namespace(t, "adopt")
 	ctx := context.Background()
 
-	mgr, err := ctrl.NewManager(kube.Config, ctrl.Options{
-		Scheme:                 scheme.New(),
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mgr := controllertest.NewManager(t, controllertest.Kube().Config, ns)
 	access := &operatoraccess.Manager{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
@@ -54,15 +40,9 @@ func TestAdoptedControlPlaneGetsOperatorAccess(t *testing.T) {
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	controllertest.StartManager(t, mgr)
 
-	c := testClient(t)
+	c := controllertest.Client(t)
 	ccp := newControlPlane(ns, "coder")
 	ccp.Spec.ExternalURL = coder.URL.String()
 	create(t, c, ccp)
@@ -126,7 +106,7 @@ func TestAdoptedControlPlaneGetsOperatorAccess(t *testing.T) {
 func readSecretKey(t *testing.T, ns, name, key string) string {
 	t.Helper()
 	var s corev1.Secret
-	if err := testClient(t).Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &s); err != nil {
+	if err := controllertest.Client(t).Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &s); err != nil {
 		t.Fatalf("token Secret %s: %v", name, err)
 	}
 	v := string(s.Data[key])

@@ -2,10 +2,7 @@ package controlplane
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -19,59 +16,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/controllertest"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
-	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
-// kube is one real kube-apiserver and etcd shared by the tests of this
-// package; each test works in namespaces of its own and runs its own
-// manager whose cache sees only those namespaces.
-var kube *testenv.KubeAPI
-
+// The tests share one real kube-apiserver and etcd; each test works in
+// namespaces of its own and runs its own manager whose cache sees only
+// those namespaces.
 func TestMain(m *testing.M) {
-	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true)))
-	var err error
-	kube, err = testenv.StartKubeAPI(context.Background(), testenv.KubeAPIOptions{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kube-apiserver:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	kube.Stop()
-	os.Exit(code)
-}
-
-// testClient reads and writes the API server directly, as a user would.
-func testClient(t *testing.T) client.Client {
-	t.Helper()
-	c, err := client.New(kube.Config, client.Options{Scheme: scheme.New()})
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	return c
-}
-
-// newNamespace creates a namespace with a unique name.
-func newNamespace(t *testing.T, prefix string) string {
-	t.Helper()
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	name := prefix + "-" + hex.EncodeToString(b)
-	if err := kube.EnsureNamespace(context.Background(), name); err != nil {
-		t.Fatalf("namespace %s: %v", name, err)
-	}
-	return name
+	controllertest.Main(m, controllertest.MainOptions{AlwaysLog: true})
 }
 
 // fakeAccess stands in for the operator access manager in tests where no
@@ -214,28 +171,14 @@ type harness struct {
 // (fakeAccess unless given) and the tweaks.
 func startManager(t *testing.T, namespaces []string, access AccessManager, tweak func(*Reconciler)) *harness {
 	t.Helper()
-	return startManagerAs(t, kube.Config, namespaces, access, tweak)
+	return startManagerAs(t, controllertest.Kube().Config, namespaces, access, tweak)
 }
 
 // startManagerAs is startManager with the manager authenticating with cfg.
 func startManagerAs(t *testing.T, cfg *rest.Config, namespaces []string, access AccessManager, tweak func(*Reconciler)) *harness {
 	t.Helper()
-	defaults := map[string]cache.Config{}
-	for _, ns := range namespaces {
-		defaults[ns] = cache.Config{}
-	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme.New(),
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: defaults},
-		// Every test registers the same controller name.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatalf("manager: %v", err)
-	}
-	h := &harness{c: testClient(t), writes: &countingClient{Client: mgr.GetClient()}}
+	mgr := controllertest.NewManager(t, cfg, namespaces...)
+	h := &harness{c: controllertest.Client(t), writes: &countingClient{Client: mgr.GetClient()}}
 	if access == nil {
 		h.access = &fakeAccess{result: readyAccess()}
 		access = h.access
@@ -247,16 +190,8 @@ func startManagerAs(t *testing.T, cfg *rest.Config, namespaces []string, access 
 	if err := h.r.SetupWithManager(mgr); err != nil {
 		t.Fatalf("setup: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	})
-	syncCtx, syncCancel := context.WithTimeout(ctx, 30*time.Second)
+	controllertest.StartManager(t, mgr)
+	syncCtx, syncCancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer syncCancel()
 	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
 		t.Fatal("cache did not sync")
@@ -340,7 +275,7 @@ func waitEvent(t *testing.T, ns, name, eventType, reason string) eventsv1.Event 
 	t.Helper()
 	var found eventsv1.Event
 	eventually(t, 30*time.Second, fmt.Sprintf("%s event %s", eventType, reason), func() error {
-		list, err := kube.Clientset.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		list, err := controllertest.Kube().Clientset.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			return err
 		}
@@ -363,7 +298,7 @@ func waitEvent(t *testing.T, ns, name, eventType, reason string) eventsv1.Event 
 // countEvents counts events about the control plane with a reason.
 func countEvents(t *testing.T, ns, name, reason string) int {
 	t.Helper()
-	list, err := kube.Clientset.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	list, err := controllertest.Kube().Clientset.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatalf("list events: %v", err)
 	}

@@ -16,15 +16,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/controllertest"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
-	"github.com/coder/coder-k8s/internal/scheme"
 )
 
 var rbacMarker = regexp.MustCompile(`(?m)^// \+kubebuilder:rbac:groups=([^,]*),resources=([^,]+),verbs=(\S+)$`)
@@ -57,10 +52,10 @@ func markerRules(t *testing.T) []rbacv1.PolicyRule {
 // cross-namespace workspace RBAC with extra rules, exposure, events and
 // deletion: a missing permission fails the test.
 func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
-	ns := newNamespace(t, "rbac-min")
-	extra := newNamespace(t, "rbac-min-ws")
+	ns := controllertest.Namespace(t, "rbac-min")
+	extra := controllertest.Namespace(t, "rbac-min-ws")
 	ctx := context.Background()
-	admin := testClient(t)
+	admin := controllertest.Client(t)
 
 	user := "controlplane-" + ns
 	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: markerRules(t)}
@@ -70,7 +65,7 @@ func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
 	})
-	cfg, err := kube.UserConfig(user)
+	cfg, err := controllertest.Kube().UserConfig(user)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +125,7 @@ func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
 // keeps retrying, and can still be deleted at once since no token was
 // ever issued.
 func TestAdoptedUnreachableCoderd(t *testing.T) {
-	ns := newNamespace(t, "unreachable")
+	ns := controllertest.Namespace(t, "unreachable")
 	ctx := context.Background()
 
 	// A port nothing listens on.
@@ -141,16 +136,7 @@ func TestAdoptedUnreachableCoderd(t *testing.T) {
 	addr := ln.Addr().String()
 	_ = ln.Close()
 
-	mgr, err := ctrl.NewManager(kube.Config, ctrl.Options{
-		Scheme:                 scheme.New(),
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mgr := controllertest.NewManager(t, controllertest.Kube().Config, ns)
 	r := &Reconciler{Access: &operatoraccess.Manager{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
@@ -160,15 +146,9 @@ func TestAdoptedUnreachableCoderd(t *testing.T) {
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	controllertest.StartManager(t, mgr)
 
-	c := testClient(t)
+	c := controllertest.Client(t)
 	ccp := newControlPlane(ns, "coder")
 	ccp.Spec.ExternalURL = "http://" + addr
 	create(t, c, ccp)

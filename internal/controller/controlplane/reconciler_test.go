@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/controllertest"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 )
 
@@ -74,7 +75,7 @@ func requireControlledBy(t *testing.T, obj client.Object, ccp *coderv1alpha1.Cod
 }
 
 func TestDeployedControlPlaneCreatesChildren(t *testing.T) {
-	ns := newNamespace(t, "children")
+	ns := controllertest.Namespace(t, "children")
 	h := startManager(t, []string{ns}, nil, nil)
 	ctx := context.Background()
 
@@ -224,7 +225,7 @@ func TestDeployedControlPlaneCreatesChildren(t *testing.T) {
 }
 
 func TestDeployedControlPlaneBecomesReadyWithoutChurn(t *testing.T) {
-	ns := newNamespace(t, "ready")
+	ns := controllertest.Namespace(t, "ready")
 	h := startManager(t, []string{ns}, nil, nil)
 	ctx := context.Background()
 
@@ -356,7 +357,7 @@ func mapsEqual(a, b map[string]string) bool {
 }
 
 func TestSpecChangeUpdatesDeployment(t *testing.T) {
-	ns := newNamespace(t, "change")
+	ns := controllertest.Namespace(t, "change")
 	h := startManager(t, []string{ns}, nil, nil)
 
 	ccp := newControlPlane(ns, "coder")
@@ -413,9 +414,9 @@ func TestSpecChangeUpdatesDeployment(t *testing.T) {
 }
 
 func TestWorkspaceRBACInExtraNamespaces(t *testing.T) {
-	ns := newNamespace(t, "rbac")
-	extra1 := newNamespace(t, "ws1")
-	extra2 := newNamespace(t, "ws2")
+	ns := controllertest.Namespace(t, "rbac")
+	extra1 := controllertest.Namespace(t, "ws1")
+	extra2 := controllertest.Namespace(t, "ws2")
 	h := startManager(t, []string{ns, extra1, extra2}, nil, nil)
 	ctx := context.Background()
 
@@ -508,7 +509,7 @@ func TestWorkspaceRBACInExtraNamespaces(t *testing.T) {
 }
 
 func TestExposeIngress(t *testing.T) {
-	ns := newNamespace(t, "ingress")
+	ns := controllertest.Namespace(t, "ingress")
 	h := startManager(t, []string{ns}, nil, nil)
 	ctx := context.Background()
 
@@ -582,7 +583,7 @@ func httpRouteCRD() *unstructured.Unstructured {
 }
 
 func TestExposeHTTPRouteWithoutAndWithGatewayAPI(t *testing.T) {
-	ns := newNamespace(t, "route")
+	ns := controllertest.Namespace(t, "route")
 	h := startManager(t, []string{ns}, nil, nil)
 	ctx := context.Background()
 
@@ -649,8 +650,8 @@ func TestExposeHTTPRouteWithoutAndWithGatewayAPI(t *testing.T) {
 }
 
 func TestSwitchToExternalURLRemovesChildren(t *testing.T) {
-	ns := newNamespace(t, "switch")
-	extra := newNamespace(t, "switch-ws")
+	ns := controllertest.Namespace(t, "switch")
+	extra := controllertest.Namespace(t, "switch-ws")
 	h := startManager(t, []string{ns, extra}, nil, nil)
 	ctx := context.Background()
 
@@ -714,7 +715,7 @@ func TestSwitchToExternalURLRemovesChildren(t *testing.T) {
 }
 
 func TestMissingTLSSecretRecoversWhenCreated(t *testing.T) {
-	ns := newNamespace(t, "tls")
+	ns := controllertest.Namespace(t, "tls")
 	h := startManager(t, []string{ns}, nil, nil)
 	ctx := context.Background()
 
@@ -779,7 +780,7 @@ func contains(s, sub string) bool {
 }
 
 func TestAccessErrorIsAConditionNotACrash(t *testing.T) {
-	ns := newNamespace(t, "accesserr")
+	ns := controllertest.Namespace(t, "accesserr")
 	access := &fakeAccess{err: errors.New("operator access: implementation in progress")}
 	h := startManager(t, []string{ns}, access, nil)
 
@@ -808,7 +809,7 @@ func TestAccessErrorIsAConditionNotACrash(t *testing.T) {
 }
 
 func TestDeletionRevokesAccess(t *testing.T) {
-	ns := newNamespace(t, "delete")
+	ns := controllertest.Namespace(t, "delete")
 	h := startManager(t, []string{ns}, nil, nil)
 	ctx := context.Background()
 
@@ -830,7 +831,7 @@ func TestDeletionRevokesAccess(t *testing.T) {
 }
 
 func TestDeletionWithUnreachableCoderdIsBounded(t *testing.T) {
-	ns := newNamespace(t, "delete-stuck")
+	ns := controllertest.Namespace(t, "delete-stuck")
 	access := &fakeAccess{result: readyAccess(), revokeErr: errors.New("dial tcp 10.0.0.1:80: connect: connection refused")}
 	h := startManager(t, []string{ns}, access, func(r *Reconciler) { r.RevokeGracePeriod = 5 * time.Second })
 	ctx := context.Background()
@@ -862,7 +863,7 @@ func TestDeletionWithUnreachableCoderdIsBounded(t *testing.T) {
 }
 
 func TestNameTakenByUnmanagedObjectFails(t *testing.T) {
-	ns := newNamespace(t, "taken")
+	ns := controllertest.Namespace(t, "taken")
 	h := startManager(t, []string{ns}, nil, nil)
 	ctx := context.Background()
 

@@ -3,55 +3,57 @@ package provisioner
 import (
 	"context"
 	"fmt"
-	"time"
 
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/dependent"
 )
 
-// finalize revokes the object's provisioner key in Coder, then releases
-// the object. Revocation is best effort and bounded: while coderd is
-// unreachable or the operator's access is not ready it is retried every
-// few seconds until CleanupTimeout after the deletion request; then, or at
-// once when the CoderControlPlane no longer exists, the finalizer is
-// removed anyway and a Warning event names the key to revoke by hand.
-// Deletion never waits forever on an absent coderd.
-func (r *Reconciler) finalize(ctx context.Context, obj *coderv1alpha1.CoderProvisioner) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(obj, Finalizer) {
-		return ctrl.Result{}, nil
+// keyCleanup revokes the object's provisioner key in Coder on deletion,
+// best effort and bounded (dependent.Base.Finalize): the finalizer goes
+// after CleanupTimeout, or at once when the CoderControlPlane no longer
+// exists, with a Warning event naming the key to revoke by hand.
+func (r *Reconciler) keyCleanup(obj *coderv1alpha1.CoderProvisioner) dependent.Cleanup {
+	return dependent.Cleanup{
+		Finalizer:    Finalizer,
+		ControlPlane: obj.Spec.ControlPlaneRef.Name,
+		Find: func(ctx context.Context) (string, dependent.UndoFunc, error) {
+			return r.issuedKey(ctx, obj)
+		},
+		Action:       "RevokeKey",
+		DoneReason:   EventKeyRevoked,
+		FailedReason: EventKeyRevocationFailed,
+		Verb:         "revoke", Gerund: "revoking", Past: "revoked",
+		ByHand: "revoke it in Coder by hand",
+		Noun:   "the provisioner key", LogKey: "key",
 	}
-	log := logf.FromContext(ctx)
-	done, abandon, what, msg := r.revokeKey(ctx, obj)
-	switch {
-	case done && what != "":
-		r.event(obj, corev1.EventTypeNormal, EventKeyRevoked, "RevokeKey", "revoked "+what)
-	case !done && !abandon:
-		deadline := obj.DeletionTimestamp.Add(r.cleanupTimeout())
-		if wait := time.Until(deadline); wait > 0 {
-			log.Info("cannot revoke the provisioner key yet; retrying", "key", what, "reason", msg, "givingUpIn", wait.Round(time.Second))
-			return ctrl.Result{RequeueAfter: min(cleanupRetry, wait)}, nil
-		}
-		r.event(obj, corev1.EventTypeWarning, EventKeyRevocationFailed, "RevokeKey",
-			fmt.Sprintf("gave up revoking %s after %s: %s; revoke it in Coder by hand", what, r.cleanupTimeout(), msg))
-	case abandon:
-		r.event(obj, corev1.EventTypeWarning, EventKeyRevocationFailed, "RevokeKey",
-			fmt.Sprintf("cannot revoke %s: %s; revoke it in Coder by hand", what, msg))
-	}
-	base := obj.DeepCopy()
-	controllerutil.RemoveFinalizer(obj, Finalizer)
-	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
-	}
-	return ctrl.Result{}, nil
 }
 
-func (r *Reconciler) event(obj *coderv1alpha1.CoderProvisioner, eventType, reason, action, note string) {
-	if r.Recorder != nil {
-		r.Recorder.Eventf(obj, nil, eventType, reason, action, "%s", truncate(note, maxNote))
+// issuedKey names the key the object holds in Coder and how to revoke it;
+// a nil revoke means none was issued. The key Secret's annotations win
+// over the status, which may lag behind an issue.
+func (r *Reconciler) issuedKey(ctx context.Context, obj *coderv1alpha1.CoderProvisioner) (string, dependent.UndoFunc, error) {
+	orgID, name := obj.Status.OrganizationID, obj.Status.KeyName
+	var secret corev1.Secret
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: obj.Namespace, Name: keySecretName(obj)}, &secret)
+	switch {
+	case err == nil && metav1.IsControlledBy(&secret, obj) && secret.Annotations[AnnotationKeyName] != "":
+		orgID, name = secret.Annotations[AnnotationKeyOrganizationID], secret.Annotations[AnnotationKeyName]
+	case err != nil && !apierrors.IsNotFound(err):
+		return "", nil, fmt.Errorf("read Secret %s: %w", keySecretName(obj), err)
 	}
+	org, perr := uuid.Parse(orgID)
+	if name == "" || perr != nil {
+		return "", nil, nil
+	}
+	revoke := func(ctx context.Context, cl *codersdk.Client) error {
+		return cl.DeleteProvisionerKey(ctx, org, name)
+	}
+	return fmt.Sprintf("provisioner key %q in organization %s", name, orgID), revoke, nil
 }

@@ -18,6 +18,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/dependent"
 )
 
 // KeySecretKey is the key of the provisioner key in its Secret.
@@ -103,8 +104,8 @@ func (r *Reconciler) ensureKey(ctx context.Context, st *state, cl *codersdk.Clie
 		exists = false
 	}
 	if exists && !metav1.IsControlledBy(&secret, obj) {
-		return keyIdentity{}, &conflictError{reason: ReasonSecretConflict,
-			msg: fmt.Sprintf("Secret %s exists and is not owned by this CoderProvisioner", secretKey.Name)}
+		return keyIdentity{}, &dependent.ConflictError{Reason: ReasonSecretConflict,
+			Msg: fmt.Sprintf("Secret %s exists and is not owned by this CoderProvisioner", secretKey.Name)}
 	}
 
 	ann := secret.Annotations
@@ -162,8 +163,8 @@ func (r *Reconciler) ensureKey(ctx context.Context, st *state, cl *codersdk.Clie
 	if !exists {
 		secret = corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secretKey.Namespace, Name: secretKey.Name}}
 	}
-	secret.Labels = mergeMaps(secret.Labels, commonLabels(obj))
-	secret.Annotations = mergeMaps(secret.Annotations, map[string]string{
+	secret.Labels = dependent.MergeMaps(secret.Labels, commonLabels(obj))
+	secret.Annotations = dependent.MergeMaps(secret.Annotations, map[string]string{
 		AnnotationKeyOrganizationID: id.OrganizationID,
 		AnnotationKeyName:           id.Name,
 		AnnotationKeyID:             id.ID,
@@ -171,7 +172,7 @@ func (r *Reconciler) ensureKey(ctx context.Context, st *state, cl *codersdk.Clie
 	})
 	secret.Type = corev1.SecretTypeOpaque
 	secret.Data = map[string][]byte{KeySecretKey: []byte(created.Key)}
-	if err := setOwner(obj, &secret, r.Scheme); err != nil {
+	if err := dependent.SetOwner(obj, &secret, r.Scheme); err != nil {
 		revokeNew()
 		return keyIdentity{}, err
 	}
@@ -186,49 +187,12 @@ func (r *Reconciler) ensureKey(ctx context.Context, st *state, cl *codersdk.Clie
 	}
 
 	if rotating {
-		st.event(corev1.EventTypeNormal, EventKeyRotated, "RotateKey",
+		st.Event(corev1.EventTypeNormal, EventKeyRotated, "RotateKey",
 			fmt.Sprintf("rotated provisioner key %q (organization %s, tags %s); the daemons restart with the new key", name, orgID, tags))
 	} else {
-		st.event(corev1.EventTypeNormal, EventKeyIssued, "IssueKey",
+		st.Event(corev1.EventTypeNormal, EventKeyIssued, "IssueKey",
 			fmt.Sprintf("issued provisioner key %q (organization %s, tags %s) into Secret %s", name, orgID, tags, secretKey.Name))
 	}
 	log.Info("provisioner key issued", "key", name, "organization", orgID, "rotated", rotating)
 	return id, nil
-}
-
-// revokeKey deletes the key the object holds in Coder. done reports that
-// nothing is left to revoke; abandon that it never can be (the control
-// plane is gone); msg explains a failure.
-func (r *Reconciler) revokeKey(ctx context.Context, obj *coderv1alpha1.CoderProvisioner) (done, abandon bool, what, msg string) {
-	orgID, name := obj.Status.OrganizationID, obj.Status.KeyName
-	var secret corev1.Secret
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: obj.Namespace, Name: keySecretName(obj)}, &secret)
-	switch {
-	case err == nil && metav1.IsControlledBy(&secret, obj) && secret.Annotations[AnnotationKeyName] != "":
-		orgID, name = secret.Annotations[AnnotationKeyOrganizationID], secret.Annotations[AnnotationKeyName]
-	case err != nil && !apierrors.IsNotFound(err):
-		return false, false, "", fmt.Sprintf("read Secret %s: %v", keySecretName(obj), err)
-	}
-	org, perr := uuid.Parse(orgID)
-	if name == "" || perr != nil {
-		return true, false, "", "" // nothing was issued
-	}
-	what = fmt.Sprintf("provisioner key %q in organization %s", name, orgID)
-
-	var ccp coderv1alpha1.CoderControlPlane
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Spec.ControlPlaneRef.Name}, &ccp); err != nil {
-		if apierrors.IsNotFound(err) {
-			return false, true, what, fmt.Sprintf("CoderControlPlane %q no longer exists", obj.Spec.ControlPlaneRef.Name)
-		}
-		return false, false, what, err.Error()
-	}
-	cl, err := coderapi.ForControlPlane(ctx, r.APIReader, &ccp, r.CoderTimeout)
-	if err != nil {
-		return false, false, what, err.Error()
-	}
-	err = cl.DeleteProvisionerKey(ctx, org, name)
-	if err == nil || coderapi.IsNotFound(err) || coderapi.IsFeatureUnavailable(err) {
-		return true, false, what, ""
-	}
-	return false, false, what, coderapi.Message(err)
 }

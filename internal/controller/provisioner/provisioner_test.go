@@ -3,6 +3,7 @@ package provisioner_test
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,10 +33,10 @@ func TestProvisionerLifecycle(t *testing.T) {
 	ctx := t.Context()
 	const token = "operator-session-token"
 	fake := newFakeCoderd(t, token, "coder", "other")
-	h.createControlPlane("coder", fake.URL.String(), token)
+	h.CreateControlPlane("coder", fake.URL.String(), token)
 
 	p := &coderv1alpha1.CoderProvisioner{
-		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "eu"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.NS, Name: "eu"},
 		Spec: coderv1alpha1.CoderProvisionerSpec{
 			ControlPlaneRef: coderv1alpha1.ControlPlaneReference{Name: "coder"},
 			Tags:            map[string]string{"region": "eu"},
@@ -50,10 +51,10 @@ func TestProvisionerLifecycle(t *testing.T) {
 			},
 		},
 	}
-	if err := h.c.Create(ctx, p); err != nil {
+	if err := h.C.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	keyName := h.ns + "-eu"
+	keyName := h.NS + "-eu"
 	secretName := "eu-provisioner-key"
 
 	// Issued: key in Coder, Secret, Deployment, status.
@@ -80,7 +81,7 @@ func TestProvisionerLifecycle(t *testing.T) {
 	if p.Status.OrganizationID != fake.orgID("coder").String() {
 		t.Errorf("status.organizationID = %q, want %s", p.Status.OrganizationID, fake.orgID("coder"))
 	}
-	if !containsString(p.Finalizers, provisioner.Finalizer) {
+	if !slices.Contains(p.Finalizers, provisioner.Finalizer) {
 		t.Errorf("finalizers = %v, want %s", p.Finalizers, provisioner.Finalizer)
 	}
 	keys := fake.keysIn("coder")
@@ -91,19 +92,19 @@ func TestProvisionerLifecycle(t *testing.T) {
 	if got := map[string]string(issued.key.Tags); len(got) != 1 || got["region"] != "eu" {
 		t.Errorf("key tags = %v, want region=eu", got)
 	}
-	secret := h.secret(secretName)
+	secret := h.Secret(secretName)
 	if string(secret.Data["key"]) != issued.secret {
 		t.Errorf("Secret %s holds %q, want the issued key", secretName, secret.Data["key"])
 	}
 	if !metav1.IsControlledBy(secret, p) {
 		t.Errorf("Secret %s is not controlled by the CoderProvisioner: %+v", secretName, secret.OwnerReferences)
 	}
-	dep := h.deployment("eu-provisioner")
+	dep := h.Deployment("eu-provisioner")
 	checkDeployment(t, dep, p, fake.URL.String(), secretName, issued.secret)
-	if n := h.recorder.count("eu", corev1.EventTypeNormal, provisioner.EventKeyIssued); n != 1 {
+	if n := h.Recorder.Count("eu", corev1.EventTypeNormal, provisioner.EventKeyIssued); n != 1 {
 		t.Errorf("KeyIssued events = %d, want 1", n)
 	}
-	if w := h.recorder.warnings("eu"); len(w) != 0 {
+	if w := h.Recorder.Warnings("eu"); len(w) != 0 {
 		t.Errorf("Warning events on the happy path: %v", w)
 	}
 
@@ -111,22 +112,22 @@ func TestProvisionerLifecycle(t *testing.T) {
 	// coderd for nothing new.
 	before := reconciles(t)
 	depRV, crRV := dep.ResourceVersion, p.ResourceVersion
-	creates := fake.count(http.MethodPost, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys")
+	creates := fake.Count(http.MethodPost, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys")
 	secret.Labels["test.coder.com/touch"] = "1" // an owned Secret's change triggers a reconcile
-	if err := h.c.Update(ctx, secret); err != nil {
+	if err := h.C.Update(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, waitTimeout, "a reconcile after touching the Secret", func() (bool, string) {
 		return reconciles(t) > before, "no reconcile yet"
 	})
 	time.Sleep(time.Second)
-	if got := h.deployment("eu-provisioner").ResourceVersion; got != depRV {
+	if got := h.Deployment("eu-provisioner").ResourceVersion; got != depRV {
 		t.Errorf("Deployment rewritten by a no-op reconcile: resourceVersion %s -> %s", depRV, got)
 	}
 	if got := h.get("eu").ResourceVersion; got != crRV {
 		t.Errorf("CoderProvisioner rewritten by a no-op reconcile: resourceVersion %s -> %s", crRV, got)
 	}
-	if got := fake.count(http.MethodPost, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys"); got != creates {
+	if got := fake.Count(http.MethodPost, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys"); got != creates {
 		t.Errorf("key created again by a no-op reconcile (%d -> %d creations)", creates, got)
 	}
 
@@ -135,7 +136,7 @@ func TestProvisionerLifecycle(t *testing.T) {
 	oldHash := dep.Spec.Template.Annotations[provisioner.AnnotationKeyHash]
 	p = h.get("eu")
 	p.Spec.Tags = map[string]string{"region": "eu", "gpu": "true"}
-	if err := h.c.Update(ctx, p); err != nil {
+	if err := h.C.Update(ctx, p); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, waitTimeout, "key rotated for the new tags", func() (bool, string) {
@@ -146,18 +147,18 @@ func TestProvisionerLifecycle(t *testing.T) {
 	if n := len(fake.keysIn("coder")); n != 1 {
 		t.Errorf("keys in Coder after rotation = %d, want 1 (the old one revoked)", n)
 	}
-	if deletes := fake.count(http.MethodDelete, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys/"+keyName); deletes != 1 {
+	if deletes := fake.Count(http.MethodDelete, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys/"+keyName); deletes != 1 {
 		t.Errorf("old key revocations = %d, want 1", deletes)
 	}
 	eventually(t, waitTimeout, "Secret and Deployment follow the rotation", func() (bool, string) {
-		s := h.secret(secretName)
-		d := h.deployment("eu-provisioner")
+		s := h.Secret(secretName)
+		d := h.Deployment("eu-provisioner")
 		newHash := d.Spec.Template.Annotations[provisioner.AnnotationKeyHash]
 		return string(s.Data["key"]) == rotated.secret && newHash != "" && newHash != oldHash,
 			"secret or pod template annotation not updated yet"
 	})
-	checkDeployment(t, h.deployment("eu-provisioner"), h.get("eu"), fake.URL.String(), secretName, rotated.secret)
-	if n := h.recorder.count("eu", corev1.EventTypeNormal, provisioner.EventKeyRotated); n != 1 {
+	checkDeployment(t, h.Deployment("eu-provisioner"), h.get("eu"), fake.URL.String(), secretName, rotated.secret)
+	if n := h.Recorder.Count("eu", corev1.EventTypeNormal, provisioner.EventKeyRotated); n != 1 {
 		t.Errorf("KeyRotated events = %d, want 1", n)
 	}
 
@@ -165,7 +166,7 @@ func TestProvisionerLifecycle(t *testing.T) {
 	// issued in the new one.
 	p = h.get("eu")
 	p.Spec.Organization = "other"
-	if err := h.c.Update(ctx, p); err != nil {
+	if err := h.C.Update(ctx, p); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, waitTimeout, "key moved to organization other", func() (bool, string) {
@@ -173,22 +174,22 @@ func TestProvisionerLifecycle(t *testing.T) {
 		return p.Status.OrganizationID == fake.orgID("other").String() && len(fake.keysIn("other")) == 1 && len(fake.keysIn("coder")) == 0,
 			describeConditions(p) + " org=" + p.Status.OrganizationID
 	})
-	if s := h.secret(secretName); string(s.Data["key"]) != fake.keysIn("other")[keyName].secret {
+	if s := h.Secret(secretName); string(s.Data["key"]) != fake.keysIn("other")[keyName].secret {
 		t.Errorf("Secret does not hold the key issued in organization other")
 	}
 
 	// Deletion revokes the key and releases the object.
-	if err := h.c.Delete(ctx, p); err != nil {
+	if err := h.C.Delete(ctx, p); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, waitTimeout, "CoderProvisioner deleted", func() (bool, string) {
-		err := h.c.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
+		err := h.C.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
 		return apierrors.IsNotFound(err), "still present"
 	})
 	if n := len(fake.keysIn("other")) + len(fake.keysIn("coder")); n != 0 {
 		t.Errorf("keys left in Coder after deletion: %d", n)
 	}
-	if n := h.recorder.count("eu", corev1.EventTypeNormal, provisioner.EventKeyRevoked); n != 1 {
+	if n := h.Recorder.Count("eu", corev1.EventTypeNormal, provisioner.EventKeyRevoked); n != 1 {
 		t.Errorf("KeyRevoked events = %d, want 1", n)
 	}
 }
@@ -266,10 +267,10 @@ func TestProvisionerMissingControlPlane(t *testing.T) {
 	fake := newFakeCoderd(t, token, "coder")
 
 	p := &coderv1alpha1.CoderProvisioner{
-		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "late"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.NS, Name: "late"},
 		Spec:       coderv1alpha1.CoderProvisionerSpec{ControlPlaneRef: coderv1alpha1.ControlPlaneReference{Name: "coder"}},
 	}
-	if err := h.c.Create(ctx, p); err != nil {
+	if err := h.C.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, waitTimeout, "ControlPlaneNotFound reported", func() (bool, string) {
@@ -281,14 +282,14 @@ func TestProvisionerMissingControlPlane(t *testing.T) {
 		t.Errorf("phase = %s, want Pending", p.Status.Phase)
 	}
 	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
-		return len(h.apiEvents("late", corev1.EventTypeWarning, provisioner.ReasonControlPlaneNotFound)) == 1, "no event yet"
+		return len(h.APIEvents("late", corev1.EventTypeWarning, provisioner.ReasonControlPlaneNotFound)) == 1, "no event yet"
 	})
-	if n := h.recorder.count("late", corev1.EventTypeWarning, provisioner.ReasonControlPlaneNotFound); n != 1 {
+	if n := h.Recorder.Count("late", corev1.EventTypeWarning, provisioner.ReasonControlPlaneNotFound); n != 1 {
 		t.Errorf("ControlPlaneNotFound events emitted = %d, want 1", n)
 	}
 	generation := p.Generation
 
-	h.createControlPlane("coder", fake.URL.String(), token)
+	h.CreateControlPlane("coder", fake.URL.String(), token)
 	eventually(t, waitTimeout, "recovered once the control plane exists", func() (bool, string) {
 		p = h.get("late")
 		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
@@ -311,12 +312,12 @@ func TestProvisionerDeletionWithUnreachableCoderd(t *testing.T) {
 	ctx := t.Context()
 	const token = "operator-session-token"
 	fake := newFakeCoderd(t, token, "coder")
-	h.createControlPlane("coder", fake.URL.String(), token)
+	h.CreateControlPlane("coder", fake.URL.String(), token)
 	p := &coderv1alpha1.CoderProvisioner{
-		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "orphan"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.NS, Name: "orphan"},
 		Spec:       coderv1alpha1.CoderProvisionerSpec{ControlPlaneRef: coderv1alpha1.ControlPlaneReference{Name: "coder"}},
 	}
-	if err := h.c.Create(ctx, p); err != nil {
+	if err := h.C.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, waitTimeout, "key issued", func() (bool, string) {
@@ -324,21 +325,21 @@ func TestProvisionerDeletionWithUnreachableCoderd(t *testing.T) {
 		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
 		return c != nil && c.Status == metav1.ConditionTrue, describeConditions(p)
 	})
-	fake.srv.Close() // coderd goes away
+	fake.Close() // coderd goes away
 
 	start := time.Now()
-	if err := h.c.Delete(ctx, p); err != nil {
+	if err := h.C.Delete(ctx, p); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, waitTimeout, "CoderProvisioner deleted despite coderd being gone", func() (bool, string) {
-		err := h.c.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
+		err := h.C.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
 		return apierrors.IsNotFound(err), "still present"
 	})
 	if took := time.Since(start); took < 1500*time.Millisecond {
 		t.Errorf("finalizer removed after %s, before the 3s cleanup timeout: revocation was not retried", took)
 	}
-	if n := h.recorder.count("orphan", corev1.EventTypeWarning, provisioner.EventKeyRevocationFailed); n != 1 {
-		t.Errorf("KeyRevocationFailed events = %d, want 1 (warnings: %v)", n, h.recorder.warnings("orphan"))
+	if n := h.Recorder.Count("orphan", corev1.EventTypeWarning, provisioner.EventKeyRevocationFailed); n != 1 {
+		t.Errorf("KeyRevocationFailed events = %d, want 1 (warnings: %v)", n, h.Recorder.Warnings("orphan"))
 	}
 }
 
@@ -350,17 +351,17 @@ func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
 	coder := testenv.NewCoder(t, testenv.CoderOptions{})
 	h := newHarness(t, harnessOptions{})
 	ctx := t.Context()
-	h.createControlPlane("coder", coder.URL.String(), coder.SessionToken)
+	h.CreateControlPlane("coder", coder.URL.String(), coder.SessionToken)
 
 	start := reconciles(t)
 	p := &coderv1alpha1.CoderProvisioner{
-		ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "oss"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.NS, Name: "oss"},
 		Spec: coderv1alpha1.CoderProvisionerSpec{
 			ControlPlaneRef: coderv1alpha1.ControlPlaneReference{Name: "coder"},
 			Tags:            map[string]string{"region": "eu"},
 		},
 	}
-	if err := h.c.Create(ctx, p); err != nil {
+	if err := h.C.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, waitTimeout, "FeatureSupported=False", func() (bool, string) {
@@ -385,9 +386,9 @@ func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
 		t.Errorf("finalizers = %v, want none: nothing was issued in Coder", p.Finalizers)
 	}
 	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
-		return len(h.apiEvents("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported)) == 1, "no event yet"
+		return len(h.APIEvents("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported)) == 1, "no event yet"
 	})
-	if ev := h.apiEvents("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported)[0]; !strings.Contains(ev.Note, "Route not found.") {
+	if ev := h.APIEvents("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported)[0]; !strings.Contains(ev.Note, "Route not found.") {
 		t.Errorf("event note = %q, want coderd's message", ev.Note)
 	}
 
@@ -401,18 +402,18 @@ func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
 	if got := reconciles(t); got != settled || got-start > 3 {
 		t.Errorf("reconciles: %v before settling, %v after 5s idle (started at %v): want no further reconciles and at most 3 in all", settled, got, start)
 	}
-	if n := h.recorder.count("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported); n != 1 {
+	if n := h.Recorder.Count("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported); n != 1 {
 		t.Errorf("NotSupported events emitted = %d, want exactly 1", n)
 	}
 	var deps appsv1.DeploymentList
-	if err := h.c.List(ctx, &deps, client.InNamespace(h.ns)); err != nil {
+	if err := h.C.List(ctx, &deps, client.InNamespace(h.NS)); err != nil {
 		t.Fatal(err)
 	}
 	if len(deps.Items) != 0 {
 		t.Errorf("Deployments created on an open-source coderd: %d", len(deps.Items))
 	}
 	var secrets corev1.SecretList
-	if err := h.c.List(ctx, &secrets, client.InNamespace(h.ns)); err != nil {
+	if err := h.C.List(ctx, &secrets, client.InNamespace(h.NS)); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range secrets.Items {
@@ -422,38 +423,11 @@ func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
 	}
 
 	// Without a finalizer, deletion is immediate.
-	if err := h.c.Delete(ctx, p); err != nil {
+	if err := h.C.Delete(ctx, p); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, waitTimeout, "deleted", func() (bool, string) {
-		err := h.c.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
+		err := h.C.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
 		return apierrors.IsNotFound(err), "still present"
 	})
-}
-
-func (h *harness) secret(name string) *corev1.Secret {
-	h.t.Helper()
-	var s corev1.Secret
-	if err := h.c.Get(h.t.Context(), client.ObjectKey{Namespace: h.ns, Name: name}, &s); err != nil {
-		h.t.Fatalf("get Secret %s: %v", name, err)
-	}
-	return &s
-}
-
-func (h *harness) deployment(name string) *appsv1.Deployment {
-	h.t.Helper()
-	var d appsv1.Deployment
-	if err := h.c.Get(h.t.Context(), client.ObjectKey{Namespace: h.ns, Name: name}, &d); err != nil {
-		h.t.Fatalf("get Deployment %s: %v", name, err)
-	}
-	return &d
-}
-
-func containsString(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }

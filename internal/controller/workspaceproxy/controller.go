@@ -26,32 +26,18 @@ package workspaceproxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/coder/coder/v2/codersdk"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/dependent"
 )
 
 const (
@@ -60,7 +46,7 @@ const (
 	Finalizer = "coder.com/workspace-proxy"
 	// ControlPlaneRefIndex indexes CoderWorkspaceProxies by
 	// spec.controlPlaneRef.name.
-	ControlPlaneRefIndex = "spec.controlPlaneRef.name"
+	ControlPlaneRefIndex = dependent.ControlPlaneRefIndex
 	// DefaultImage runs the proxy when spec.image is empty.
 	DefaultImage = coderv1alpha1.DefaultImage
 	// DefaultIcon is the icon `coder wsproxy create` suggests; coderd
@@ -68,44 +54,39 @@ const (
 	DefaultIcon = "/emojis/1f5fa.png"
 	// DefaultCleanupTimeout bounds how long deletion waits for the proxy's
 	// deregistration in Coder.
-	DefaultCleanupTimeout = 5 * time.Minute
+	DefaultCleanupTimeout = dependent.DefaultCleanupTimeout
 
 	// UnsupportedRequeue is how often a coderd without the feature is asked
 	// again (a license may be added).
 	UnsupportedRequeue = 10 * time.Minute
 	// SteadyRequeue re-checks the registration when everything is ready
 	// (and notices a rotated supplied token).
-	SteadyRequeue              = 10 * time.Minute
-	controlPlaneMissingRequeue = 2 * time.Minute
-	accessNotReadyRequeue      = time.Minute
-	failedRequeue              = 5 * time.Minute
-	cleanupRetry               = 10 * time.Second
+	SteadyRequeue = 10 * time.Minute
 
-	fieldOwner     = "coder-k8s"
 	controllerName = "coderworkspaceproxy"
 )
 
 // Condition reasons.
 const (
-	ReasonReady                  = "Ready"
-	ReasonControlPlaneNotFound   = "ControlPlaneNotFound"
-	ReasonOperatorAccessNotReady = "OperatorAccessNotReady"
-	ReasonCoderdUnreachable      = "CoderdUnreachable"
-	ReasonCoderAPIError          = "CoderAPIError"
-	ReasonSupported              = "Supported"
-	ReasonNotSupported           = coderapi.ReasonNotSupported
-	ReasonNotEntitled            = coderapi.ReasonNotEntitled
+	ReasonReady                  = dependent.ReasonReady
+	ReasonControlPlaneNotFound   = dependent.ReasonControlPlaneNotFound
+	ReasonOperatorAccessNotReady = dependent.ReasonOperatorAccessNotReady
+	ReasonCoderdUnreachable      = dependent.ReasonCoderdUnreachable
+	ReasonCoderAPIError          = dependent.ReasonCoderAPIError
+	ReasonSupported              = dependent.ReasonSupported
+	ReasonNotSupported           = dependent.ReasonNotSupported
+	ReasonNotEntitled            = dependent.ReasonNotEntitled
 	ReasonRegistered             = "Registered"
 	ReasonTokenSupplied          = "TokenSupplied"
 	ReasonTokenSecretNotFound    = "TokenSecretNotFound"
 	ReasonNameConflict           = "NameConflict"
-	ReasonSecretConflict         = "SecretConflict"
-	ReasonDeploymentConflict     = "DeploymentConflict"
+	ReasonSecretConflict         = dependent.ReasonSecretConflict
+	ReasonDeploymentConflict     = dependent.ReasonDeploymentConflict
 	ReasonServiceConflict        = "ServiceConflict"
-	ReasonReplicasReady          = "ReplicasReady"
-	ReasonReplicasNotReady       = "ReplicasNotReady"
-	ReasonScaledToZero           = "ScaledToZero"
-	ReasonReconciling            = "Reconciling"
+	ReasonReplicasReady          = dependent.ReasonReplicasReady
+	ReasonReplicasNotReady       = dependent.ReasonReplicasNotReady
+	ReasonScaledToZero           = dependent.ReasonScaledToZero
+	ReasonReconciling            = dependent.ReasonReconciling
 )
 
 // Event reasons that are not condition reasons.
@@ -117,24 +98,13 @@ const (
 	EventProxyDeregistrationFailed = "ProxyDeregistrationFailed"
 )
 
-// Reconciler reconciles CoderWorkspaceProxy objects.
+// Reconciler reconciles CoderWorkspaceProxy objects. Base.DefaultImage
+// runs the proxy when spec.image is empty; Base.CleanupTimeout bounds how
+// long deletion waits for the proxy's deregistration before the finalizer
+// is removed anyway with a Warning event naming the proxy to delete by
+// hand.
 type Reconciler struct {
-	Client client.Client
-	// APIReader reads Secrets without caching them cluster-wide.
-	APIReader client.Reader
-	Scheme    *runtime.Scheme
-	// Recorder is the manager's events recorder (mgr.GetEventRecorder).
-	Recorder events.EventRecorder
-	// CoderTimeout bounds each call to coderd.
-	CoderTimeout time.Duration
-	// DefaultImage runs the proxy when spec.image is empty.
-	DefaultImage string
-	// CleanupTimeout bounds, from the deletion request, how long deletion
-	// waits for the proxy's deregistration while coderd is unreachable or
-	// the operator's access is not ready; then the finalizer is removed
-	// anyway with a Warning event naming the proxy to delete by hand. Zero
-	// means DefaultCleanupTimeout.
-	CleanupTimeout time.Duration
+	dependent.Base
 }
 
 // +kubebuilder:rbac:groups=coder.com,resources=coderworkspaceproxies,verbs=get;list;watch;patch
@@ -149,70 +119,31 @@ type Reconciler struct {
 // SetupWithManager registers the reconciler: it watches
 // CoderWorkspaceProxies, the Deployments, Services and Secrets they own
 // (Secrets as metadata only, so their data is never cached), and the
-// CoderControlPlanes they reference.
+// CoderControlPlanes they reference, also when coderd's access URL, which
+// the proxy runs with, changes.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.DefaultImage == "" {
-		r.DefaultImage = DefaultImage
-	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &coderv1alpha1.CoderWorkspaceProxy{}, ControlPlaneRefIndex,
-		func(o client.Object) []string {
-			p, ok := o.(*coderv1alpha1.CoderWorkspaceProxy)
-			if !ok || p.Spec.ControlPlaneRef.Name == "" {
-				return nil
+	b, err := r.NewController(mgr, dependent.Controller{
+		Name:    controllerName,
+		Kind:    "CoderWorkspaceProxy",
+		Object:  &coderv1alpha1.CoderWorkspaceProxy{},
+		NewList: func() client.ObjectList { return &coderv1alpha1.CoderWorkspaceProxyList{} },
+		ControlPlaneRef: func(o client.Object) string {
+			if p, ok := o.(*coderv1alpha1.CoderWorkspaceProxy); ok {
+				return p.Spec.ControlPlaneRef.Name
 			}
-			return []string{p.Spec.ControlPlaneRef.Name}
-		}); err != nil {
-		return fmt.Errorf("index CoderWorkspaceProxy by %s: %w", ControlPlaneRefIndex, err)
+			return ""
+		},
+		ControlPlaneChanged: func(o, n *coderv1alpha1.CoderControlPlane) bool {
+			return o.Spec.AccessURL != n.Spec.AccessURL
+		},
+	})
+	if err != nil {
+		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).
-		Named(controllerName).
-		// Status writes and finalizer patches do not change the generation:
-		// they must not trigger another reconcile.
-		For(&coderv1alpha1.CoderWorkspaceProxy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Owns(&appsv1.Deployment{}).
+	return b.Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
 		Owns(&corev1.Secret{}, builder.OnlyMetadata).
-		Watches(&coderv1alpha1.CoderControlPlane{},
-			handler.EnqueueRequestsFromMapFunc(r.requestsForControlPlane),
-			builder.WithPredicates(controlPlaneAccessChanged())).
 		Complete(r)
-}
-
-// requestsForControlPlane maps a CoderControlPlane to the
-// CoderWorkspaceProxies referencing it.
-func (r *Reconciler) requestsForControlPlane(ctx context.Context, o client.Object) []reconcile.Request {
-	var list coderv1alpha1.CoderWorkspaceProxyList
-	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace()),
-		client.MatchingFields{ControlPlaneRefIndex: o.GetName()}); err != nil {
-		logf.FromContext(ctx).Error(err, "list CoderWorkspaceProxies for control plane", "controlPlane", o.GetName())
-		return nil
-	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for _, p := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
-	}
-	return reqs
-}
-
-// controlPlaneAccessChanged passes creations, deletions and the updates of
-// a CoderControlPlane that change how the operator reaches its coderd or
-// coderd's access URL.
-func controlPlaneAccessChanged() predicate.Predicate {
-	return predicate.Funcs{
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			o, ok1 := e.ObjectOld.(*coderv1alpha1.CoderControlPlane)
-			n, ok2 := e.ObjectNew.(*coderv1alpha1.CoderControlPlane)
-			if !ok1 || !ok2 {
-				return true
-			}
-			return o.Status.URL != n.Status.URL || o.Spec.AccessURL != n.Spec.AccessURL ||
-				!equality.Semantic.DeepEqual(o.Status.OperatorTokenSecretRef, n.Status.OperatorTokenSecretRef) ||
-				apimeta.IsStatusConditionTrue(o.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) !=
-					apimeta.IsStatusConditionTrue(n.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) ||
-				o.Spec.OperatorAccess.Disabled != n.Spec.OperatorAccess.Disabled ||
-				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
-		},
-	}
 }
 
 // Reconcile brings one CoderWorkspaceProxy to its desired state.
@@ -222,50 +153,35 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !obj.DeletionTimestamp.IsZero() {
-		return r.finalize(ctx, &obj)
+		return r.Finalize(ctx, &obj, r.proxyCleanup(&obj))
 	}
-
 	st := newState(&obj)
-	res, recErr := r.reconcile(ctx, st)
-	if err := r.writeStatus(ctx, &obj, st.status); err != nil {
-		if apierrors.IsConflict(err) && recErr == nil {
-			// A newer version reaches the cache soon; decide again then.
-			return ctrl.Result{RequeueAfter: time.Second}, nil
-		}
-		return ctrl.Result{}, errors.Join(recErr, fmt.Errorf("write status: %w", err))
-	}
-	st.emit(r.Recorder)
-	if recErr != nil {
-		return ctrl.Result{}, recErr
-	}
-	return res, nil
+	res, err := r.reconcile(ctx, st)
+	return r.Finish(ctx, st.State, res, err)
 }
 
 func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, error) {
 	obj := st.obj
-	ccp, cl, res, err := r.controlPlane(ctx, st)
+	ccp, cl, res, err := r.ControlPlane(ctx, st.State, obj.Spec.ControlPlaneRef.Name)
 	if cl == nil {
 		return res, err
 	}
 
 	proxies, err := cl.WorkspaceProxies(ctx)
-	if reason, unavailable := coderapi.FeatureUnavailable(err); unavailable {
-		st.setCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionTrue, ReasonReady, "the operator reaches coderd at "+ccp.Status.URL, "")
-		st.setCondition(coderv1alpha1.ConditionFeatureSupported, metav1.ConditionFalse, reason,
-			"coderd does not offer workspace proxies: "+coderapi.Message(err), corev1.EventTypeWarning)
-		st.status.Phase = coderv1alpha1.PhaseUnsupported
+	if st.Unsupported(err, "workspace proxies") {
+		st.SetControlPlaneReady(ccp)
 		return ctrl.Result{RequeueAfter: UnsupportedRequeue}, nil
 	}
 	if err != nil {
-		return ctrl.Result{}, st.coderError("list workspace proxies", err)
+		return ctrl.Result{}, st.CoderError("list workspace proxies", err)
 	}
-	st.setCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionTrue, ReasonReady, "the operator reaches coderd at "+ccp.Status.URL, "")
-	st.setCondition(coderv1alpha1.ConditionFeatureSupported, metav1.ConditionTrue, ReasonSupported, "coderd offers workspace proxies", "")
+	st.SetControlPlaneReady(ccp)
+	st.Supported("workspace proxies")
 
 	var cred credentials
 	if obj.Spec.ProxyTokenSecretRef != nil {
 		if err := r.dropRegistration(ctx, st, cl); err != nil {
-			return ctrl.Result{}, st.coderError("deregister the proxy registered before a token was supplied", err)
+			return ctrl.Result{}, st.CoderError("deregister the proxy registered before a token was supplied", err)
 		}
 		var ok bool
 		cred, ok, err = r.suppliedCredentials(ctx, obj)
@@ -274,30 +190,27 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 		}
 		if !ok {
 			ref := obj.Spec.ProxyTokenSecretRef
-			st.setCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, ReasonTokenSecretNotFound,
+			st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, ReasonTokenSecretNotFound,
 				fmt.Sprintf("spec.proxyTokenSecretRef: Secret %s has no key %q", ref.Name, ref.Key), corev1.EventTypeWarning)
-			st.status.Phase = st.waitingPhase()
-			return ctrl.Result{RequeueAfter: accessNotReadyRequeue}, nil
+			st.status.Phase = st.WaitingPhase()
+			return ctrl.Result{RequeueAfter: dependent.AccessNotReadyRequeue}, nil
 		}
-		st.setCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, ReasonTokenSupplied,
+		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, ReasonTokenSupplied,
 			fmt.Sprintf("the proxy runs with the token in Secret %s (key %q)", cred.ref.Name, cred.ref.Key), "")
 	} else {
 		// The finalizer goes on before the proxy exists in Coder, so a
 		// registration cannot outlive the object unnoticed.
-		if err := r.ensureFinalizer(ctx, obj); err != nil {
+		if err := r.EnsureFinalizer(ctx, obj, Finalizer); err != nil {
 			return ctrl.Result{}, err
 		}
 		cred, err = r.ensureRegistration(ctx, st, cl, proxies.Regions)
 		if err != nil {
-			var conflict *conflictError
-			if errors.As(err, &conflict) {
-				st.setCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, conflict.reason, conflict.Error(), corev1.EventTypeWarning)
-				st.status.Phase = coderv1alpha1.PhaseFailed
-				return ctrl.Result{RequeueAfter: failedRequeue}, nil
+			if st.Conflict(coderv1alpha1.ConditionCredentialsReady, err) {
+				return ctrl.Result{RequeueAfter: dependent.FailedRequeue}, nil
 			}
-			return ctrl.Result{}, st.coderError("register workspace proxy", err)
+			return ctrl.Result{}, st.CoderError("register workspace proxy", err)
 		}
-		st.setCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, ReasonRegistered,
+		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, ReasonRegistered,
 			fmt.Sprintf("workspace proxy %q is registered; its token is stored in Secret %s", proxyName(obj), cred.ref.Name), "")
 	}
 	st.status.ProxyID = cred.proxyID
@@ -306,82 +219,11 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 
 	dep, err := r.applyWorkload(ctx, obj, ccp, cred)
 	if err != nil {
-		var conflict *conflictError
-		if errors.As(err, &conflict) {
-			st.setCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, conflict.reason, conflict.Error(), corev1.EventTypeWarning)
-			st.status.Phase = coderv1alpha1.PhaseFailed
-			return ctrl.Result{RequeueAfter: failedRequeue}, nil
+		if st.Conflict(coderv1alpha1.ConditionAvailable, err) {
+			return ctrl.Result{RequeueAfter: dependent.FailedRequeue}, nil
 		}
 		return ctrl.Result{}, err
 	}
-	st.setAvailability(dep)
+	st.SetAvailability(dep)
 	return ctrl.Result{RequeueAfter: SteadyRequeue}, nil
-}
-
-// controlPlane resolves the referenced CoderControlPlane and a Coder client
-// acting as the operator on it. When it returns a nil client it has set
-// the ControlPlaneReady condition and the phase.
-func (r *Reconciler) controlPlane(ctx context.Context, st *state) (*coderv1alpha1.CoderControlPlane, *codersdk.Client, ctrl.Result, error) {
-	obj := st.obj
-	var ccp coderv1alpha1.CoderControlPlane
-	key := types.NamespacedName{Namespace: obj.Namespace, Name: obj.Spec.ControlPlaneRef.Name}
-	if err := r.Client.Get(ctx, key, &ccp); err != nil {
-		if apierrors.IsNotFound(err) {
-			st.setCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, ReasonControlPlaneNotFound,
-				fmt.Sprintf("CoderControlPlane %q not found in namespace %s", key.Name, key.Namespace), corev1.EventTypeWarning)
-			st.status.Phase = st.waitingPhase()
-			return nil, nil, ctrl.Result{RequeueAfter: controlPlaneMissingRequeue}, nil
-		}
-		return nil, nil, ctrl.Result{}, fmt.Errorf("get CoderControlPlane %s: %w", key.Name, err)
-	}
-	sdk, err := coderapi.ForControlPlane(ctx, r.APIReader, &ccp, r.CoderTimeout)
-	if err != nil {
-		st.setCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, ReasonOperatorAccessNotReady,
-			err.Error(), corev1.EventTypeWarning)
-		st.status.Phase = st.waitingPhase()
-		if errors.Is(err, coderapi.ErrAccessNotReady) {
-			return nil, nil, ctrl.Result{RequeueAfter: accessNotReadyRequeue}, nil
-		}
-		return nil, nil, ctrl.Result{}, err
-	}
-	return &ccp, sdk, ctrl.Result{}, nil
-}
-
-// ensureFinalizer adds the finalizer (one patch, only when missing).
-func (r *Reconciler) ensureFinalizer(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy) error {
-	if controllerutil.ContainsFinalizer(obj, Finalizer) {
-		return nil
-	}
-	base := obj.DeepCopy()
-	controllerutil.AddFinalizer(obj, Finalizer)
-	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("add finalizer: %w", err)
-	}
-	return nil
-}
-
-// writeStatus writes status only when it changed.
-func (r *Reconciler) writeStatus(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy, status coderv1alpha1.CoderWorkspaceProxyStatus) error {
-	if equality.Semantic.DeepEqual(obj.Status, status) {
-		return nil
-	}
-	obj.Status = status
-	return r.Client.Status().Update(ctx, obj)
-}
-
-func (r *Reconciler) cleanupTimeout() time.Duration {
-	if r.CleanupTimeout > 0 {
-		return r.CleanupTimeout
-	}
-	return DefaultCleanupTimeout
-}
-
-func (r *Reconciler) image(obj *coderv1alpha1.CoderWorkspaceProxy) string {
-	if obj.Spec.Image != "" {
-		return obj.Spec.Image
-	}
-	if r.DefaultImage != "" {
-		return r.DefaultImage
-	}
-	return DefaultImage
 }

@@ -2,58 +2,61 @@ package workspaceproxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/dependent"
 )
 
-// finalize deregisters the proxy the object registered, then releases the
-// object. Deregistration is best effort and bounded: while coderd is
-// unreachable or the operator's access is not ready it is retried every
-// few seconds until CleanupTimeout after the deletion request; then, or at
-// once when the CoderControlPlane no longer exists, the finalizer is
-// removed anyway and a Warning event names the proxy to delete by hand.
-// Deletion never waits forever on an absent coderd. A proxy whose token
-// was supplied (spec.proxyTokenSecretRef) was not registered by the
-// operator and is left alone.
-func (r *Reconciler) finalize(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(obj, Finalizer) {
-		return ctrl.Result{}, nil
+// proxyCleanup deregisters the proxy the object registered on deletion,
+// best effort and bounded (dependent.Base.Finalize): the finalizer goes
+// after CleanupTimeout, or at once when the CoderControlPlane no longer
+// exists, with a Warning event naming the proxy to delete by hand. A
+// proxy whose token was supplied (spec.proxyTokenSecretRef) was not
+// registered by the operator and is left alone.
+func (r *Reconciler) proxyCleanup(obj *coderv1alpha1.CoderWorkspaceProxy) dependent.Cleanup {
+	return dependent.Cleanup{
+		Finalizer:    Finalizer,
+		ControlPlane: obj.Spec.ControlPlaneRef.Name,
+		Find: func(ctx context.Context) (string, dependent.UndoFunc, error) {
+			return r.registeredProxy(ctx, obj)
+		},
+		Action:       "DeregisterProxy",
+		DoneReason:   EventProxyDeregistered,
+		FailedReason: EventProxyDeregistrationFailed,
+		Verb:         "deregister", Gerund: "deregistering", Past: "deregistered",
+		ByHand: "delete it in Coder by hand",
+		Noun:   "the workspace proxy", LogKey: "proxy",
 	}
-	log := logf.FromContext(ctx)
-	done, abandon, what, msg := r.deregister(ctx, obj)
-	switch {
-	case done && what != "":
-		r.event(obj, corev1.EventTypeNormal, EventProxyDeregistered, "DeregisterProxy", "deregistered "+what)
-	case !done && !abandon:
-		deadline := obj.DeletionTimestamp.Add(r.cleanupTimeout())
-		if wait := time.Until(deadline); wait > 0 {
-			log.Info("cannot deregister the workspace proxy yet; retrying", "proxy", what, "reason", msg, "givingUpIn", wait.Round(time.Second))
-			return ctrl.Result{RequeueAfter: min(cleanupRetry, wait)}, nil
-		}
-		r.event(obj, corev1.EventTypeWarning, EventProxyDeregistrationFailed, "DeregisterProxy",
-			fmt.Sprintf("gave up deregistering %s after %s: %s; delete it in Coder by hand", what, r.cleanupTimeout(), msg))
-	case abandon:
-		r.event(obj, corev1.EventTypeWarning, EventProxyDeregistrationFailed, "DeregisterProxy",
-			fmt.Sprintf("cannot deregister %s: %s; delete it in Coder by hand", what, msg))
-	}
-	base := obj.DeepCopy()
-	controllerutil.RemoveFinalizer(obj, Finalizer)
-	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
-	}
-	return ctrl.Result{}, nil
 }
 
-func (r *Reconciler) event(obj *coderv1alpha1.CoderWorkspaceProxy, eventType, reason, action, note string) {
-	if r.Recorder != nil {
-		r.Recorder.Eventf(obj, nil, eventType, reason, action, "%s", truncate(note, maxNote))
+// registeredProxy names the proxy the object registered and how to
+// delete it; a nil deregister means it registered none.
+func (r *Reconciler) registeredProxy(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy) (string, dependent.UndoFunc, error) {
+	var id string
+	secret, err := r.ownedTokenSecret(ctx, obj)
+	switch {
+	case err == nil && secret != nil:
+		id = secret.Annotations[AnnotationProxyID]
+	case err == nil && obj.Spec.ProxyTokenSecretRef == nil:
+		// The Secret may be gone first (foreground deletion).
+		id = obj.Status.ProxyID
+	case err != nil:
+		var conflict *dependent.ConflictError
+		if !errors.As(err, &conflict) {
+			return "", nil, err
+		}
 	}
+	proxyID, perr := uuid.Parse(id)
+	if perr != nil {
+		return "", nil, nil
+	}
+	deregister := func(ctx context.Context, cl *codersdk.Client) error {
+		return cl.DeleteWorkspaceProxyByID(ctx, proxyID)
+	}
+	return fmt.Sprintf("workspace proxy %q (ID %s)", proxyName(obj), proxyID), deregister, nil
 }

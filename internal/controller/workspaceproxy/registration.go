@@ -19,6 +19,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/dependent"
 )
 
 // TokenSecretKey is the key of the proxy token in the Secret the operator
@@ -96,8 +97,8 @@ func (r *Reconciler) ownedTokenSecret(ctx context.Context, obj *coderv1alpha1.Co
 		return nil, fmt.Errorf("read Secret %s: %w", name, err)
 	}
 	if !metav1.IsControlledBy(&secret, obj) {
-		return nil, &conflictError{reason: ReasonSecretConflict,
-			msg: fmt.Sprintf("Secret %s exists and is not owned by this CoderWorkspaceProxy", name)}
+		return nil, &dependent.ConflictError{Reason: ReasonSecretConflict,
+			Msg: fmt.Sprintf("Secret %s exists and is not owned by this CoderWorkspaceProxy", name)}
 	}
 	return &secret, nil
 }
@@ -119,8 +120,8 @@ func (r *Reconciler) ensureRegistration(ctx context.Context, st *state, cl *code
 		ours := secret != nil && len(secret.Data[TokenSecretKey]) > 0 && secret.Annotations[AnnotationProxyID] == found.ID.String()
 		if !ours {
 			if found.ID.String() != obj.Status.ProxyID {
-				return credentials{}, &conflictError{reason: ReasonNameConflict,
-					msg: fmt.Sprintf("a workspace proxy named %q (ID %s) exists in Coder and was not registered by this object; delete it in Coder or rename this object", name, found.ID)}
+				return credentials{}, &dependent.ConflictError{Reason: ReasonNameConflict,
+					Msg: fmt.Sprintf("a workspace proxy named %q (ID %s) exists in Coder and was not registered by this object; delete it in Coder or rename this object", name, found.ID)}
 			}
 			// This object registered the proxy but its token is lost:
 			// regenerate it.
@@ -134,7 +135,7 @@ func (r *Reconciler) ensureRegistration(ctx context.Context, st *state, cl *code
 			if err != nil {
 				return credentials{}, err
 			}
-			st.event(corev1.EventTypeNormal, EventTokenRegenerated, "RegenerateToken",
+			st.Event(corev1.EventTypeNormal, EventTokenRegenerated, "RegenerateToken",
 				fmt.Sprintf("regenerated the token of workspace proxy %q into Secret %s", name, ref.Name))
 			return credentials{ref: ref, proxyID: found.ID.String(), identity: found.ID.String() + "/" + issuedAt}, nil
 		}
@@ -144,7 +145,7 @@ func (r *Reconciler) ensureRegistration(ctx context.Context, st *state, cl *code
 			}); err != nil {
 				return credentials{}, fmt.Errorf("update workspace proxy %q: %w", name, err)
 			}
-			st.event(corev1.EventTypeNormal, EventProxyUpdated, "UpdateProxy",
+			st.Event(corev1.EventTypeNormal, EventProxyUpdated, "UpdateProxy",
 				fmt.Sprintf("workspace proxy %q: display name %q, icon %q", name, display, iconURL))
 		}
 		return credentials{ref: ref, proxyID: found.ID.String(), identity: found.ID.String() + "/" + secret.Annotations[AnnotationTokenIssuedAt]}, nil
@@ -165,7 +166,7 @@ func (r *Reconciler) ensureRegistration(ctx context.Context, st *state, cl *code
 		}
 		return credentials{}, err
 	}
-	st.event(corev1.EventTypeNormal, EventProxyRegistered, "RegisterProxy",
+	st.Event(corev1.EventTypeNormal, EventProxyRegistered, "RegisterProxy",
 		fmt.Sprintf("registered workspace proxy %q (ID %s); its token is in Secret %s", name, id, ref.Name))
 	return credentials{ref: ref, proxyID: id.String(), identity: id.String() + "/" + issuedAt}, nil
 }
@@ -181,14 +182,14 @@ func (r *Reconciler) storeToken(ctx context.Context, obj *coderv1alpha1.CoderWor
 		secret = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: obj.Namespace, Name: tokenSecretName(obj)}}
 	}
 	issuedAt := time.Now().UTC().Format(time.RFC3339Nano)
-	secret.Labels = mergeMaps(secret.Labels, commonLabels(obj))
-	secret.Annotations = mergeMaps(secret.Annotations, map[string]string{
+	secret.Labels = dependent.MergeMaps(secret.Labels, commonLabels(obj))
+	secret.Annotations = dependent.MergeMaps(secret.Annotations, map[string]string{
 		AnnotationProxyID:       proxyID.String(),
 		AnnotationTokenIssuedAt: issuedAt,
 	})
 	secret.Type = corev1.SecretTypeOpaque
 	secret.Data = map[string][]byte{TokenSecretKey: []byte(token)}
-	if err := setOwner(obj, secret, r.Scheme); err != nil {
+	if err := dependent.SetOwner(obj, secret, r.Scheme); err != nil {
 		return "", err
 	}
 	var err error
@@ -234,7 +235,7 @@ func (r *Reconciler) suppliedCredentials(ctx context.Context, obj *coderv1alpha1
 // token was supplied, and deletes its Secret.
 func (r *Reconciler) dropRegistration(ctx context.Context, st *state, cl *codersdk.Client) error {
 	secret, err := r.ownedTokenSecret(ctx, st.obj)
-	var conflict *conflictError
+	var conflict *dependent.ConflictError
 	if errors.As(err, &conflict) || (err == nil && secret == nil) {
 		// Nothing registered, or a foreign Secret of that name, which is
 		// none of this object's business once a token is supplied.
@@ -247,53 +248,11 @@ func (r *Reconciler) dropRegistration(ctx context.Context, st *state, cl *coders
 		if err := cl.DeleteWorkspaceProxyByID(ctx, id); err != nil && !coderapi.IsNotFound(err) {
 			return fmt.Errorf("delete workspace proxy %s: %w", id, err)
 		}
-		st.event(corev1.EventTypeNormal, EventProxyDeregistered, "DeregisterProxy",
+		st.Event(corev1.EventTypeNormal, EventProxyDeregistered, "DeregisterProxy",
 			fmt.Sprintf("deregistered workspace proxy %s: spec.proxyTokenSecretRef now supplies the token", id))
 	}
 	if err := r.Client.Delete(ctx, secret); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete Secret %s: %w", secret.Name, err)
 	}
 	return nil
-}
-
-// deregister deletes the proxy the object registered. done reports that
-// nothing is left to delete; abandon that it never can be (the control
-// plane is gone); msg explains a failure.
-func (r *Reconciler) deregister(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy) (done, abandon bool, what, msg string) {
-	var id string
-	secret, err := r.ownedTokenSecret(ctx, obj)
-	switch {
-	case err == nil && secret != nil:
-		id = secret.Annotations[AnnotationProxyID]
-	case err == nil && obj.Spec.ProxyTokenSecretRef == nil:
-		// The Secret may be gone first (foreground deletion).
-		id = obj.Status.ProxyID
-	case err != nil:
-		var conflict *conflictError
-		if !errors.As(err, &conflict) {
-			return false, false, "", err.Error()
-		}
-	}
-	proxyID, perr := uuid.Parse(id)
-	if perr != nil {
-		return true, false, "", "" // nothing was registered
-	}
-	what = fmt.Sprintf("workspace proxy %q (ID %s)", proxyName(obj), proxyID)
-
-	var ccp coderv1alpha1.CoderControlPlane
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: obj.Namespace, Name: obj.Spec.ControlPlaneRef.Name}, &ccp); err != nil {
-		if apierrors.IsNotFound(err) {
-			return false, true, what, fmt.Sprintf("CoderControlPlane %q no longer exists", obj.Spec.ControlPlaneRef.Name)
-		}
-		return false, false, what, err.Error()
-	}
-	cl, err := coderapi.ForControlPlane(ctx, r.APIReader, &ccp, r.CoderTimeout)
-	if err != nil {
-		return false, false, what, err.Error()
-	}
-	err = cl.DeleteWorkspaceProxyByID(ctx, proxyID)
-	if err == nil || coderapi.IsNotFound(err) || coderapi.IsFeatureUnavailable(err) {
-		return true, false, what, ""
-	}
-	return false, false, what, coderapi.Message(err)
 }

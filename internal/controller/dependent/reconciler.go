@@ -1,0 +1,181 @@
+// Package dependent holds what the reconcilers of the kinds that depend on
+// a CoderControlPlane (CoderProvisioner, CoderWorkspaceProxy) share: the
+// status they build during a reconcile (conditions at the object's
+// generation, events only on transitions, emitted after the status is
+// written), the resolution of the referenced control plane and the watch
+// that reconciles its dependents when it changes, the bounded best-effort
+// cleanup in Coder behind a finalizer, and the Deployment they run with
+// restricted defaults, written with server-side apply.
+//
+// The RBAC markers for what this code does stay in the reconciler packages
+// that use it, so that each reconciler states its own permissions.
+package dependent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
+)
+
+const (
+	// DefaultCleanupTimeout bounds how long deletion waits for the cleanup
+	// in Coder when Base.CleanupTimeout is zero.
+	DefaultCleanupTimeout = 5 * time.Minute
+
+	// ControlPlaneMissingRequeue is a safety net: the CoderControlPlane
+	// watch reconciles as soon as the control plane appears.
+	ControlPlaneMissingRequeue = 2 * time.Minute
+	// AccessNotReadyRequeue re-checks an object waiting for something it
+	// reads (the operator's access, a Secret).
+	AccessNotReadyRequeue = time.Minute
+	// FailedRequeue re-checks an object that needs a change to make
+	// progress (a conflict, a missing organization).
+	FailedRequeue = 5 * time.Minute
+	// cleanupRetry is how often a failed cleanup is retried until the
+	// cleanup timeout.
+	cleanupRetry = 10 * time.Second
+)
+
+// Condition reasons every dependent kind reports.
+const (
+	ReasonReady                  = "Ready"
+	ReasonControlPlaneNotFound   = "ControlPlaneNotFound"
+	ReasonOperatorAccessNotReady = "OperatorAccessNotReady"
+	ReasonCoderdUnreachable      = "CoderdUnreachable"
+	ReasonCoderAPIError          = "CoderAPIError"
+	ReasonSupported              = "Supported"
+	ReasonNotSupported           = coderapi.ReasonNotSupported
+	ReasonNotEntitled            = coderapi.ReasonNotEntitled
+	ReasonSecretConflict         = "SecretConflict"
+	ReasonDeploymentConflict     = "DeploymentConflict"
+	ReasonReplicasReady          = "ReplicasReady"
+	ReasonReplicasNotReady       = "ReplicasNotReady"
+	ReasonScaledToZero           = "ScaledToZero"
+	ReasonReconciling            = "Reconciling"
+)
+
+// Base is what a dependent kind's reconciler is given: its clients, its
+// events recorder and its tunables. The reconcilers embed it.
+type Base struct {
+	Client client.Client
+	// APIReader reads Secrets without caching them cluster-wide.
+	APIReader client.Reader
+	Scheme    *runtime.Scheme
+	// Recorder is the manager's events recorder (mgr.GetEventRecorder).
+	Recorder events.EventRecorder
+	// CoderTimeout bounds each call to coderd.
+	CoderTimeout time.Duration
+	// DefaultImage runs the workload when spec.image is empty.
+	DefaultImage string
+	// CleanupTimeout bounds, from the deletion request, how long deletion
+	// waits for the cleanup in Coder (what the object created there) while
+	// coderd is unreachable or the operator's access is not ready; then
+	// the finalizer is removed anyway with a Warning event naming what to
+	// delete by hand. Zero means DefaultCleanupTimeout.
+	CleanupTimeout time.Duration
+}
+
+// Image is the image the workload runs: spec.image, else DefaultImage.
+func (b *Base) Image(specImage string) string {
+	if specImage != "" {
+		return specImage
+	}
+	if b.DefaultImage != "" {
+		return b.DefaultImage
+	}
+	return coderv1alpha1.DefaultImage
+}
+
+func (b *Base) cleanupTimeout() time.Duration {
+	if b.CleanupTimeout > 0 {
+		return b.CleanupTimeout
+	}
+	return DefaultCleanupTimeout
+}
+
+// ControlPlane resolves the CoderControlPlane called name in the
+// namespace of st's object, and a Coder client acting as the operator on
+// it. When it returns a nil client it has set the ControlPlaneReady
+// condition and the phase, and the result and error are the reconcile's.
+func (b *Base) ControlPlane(ctx context.Context, st *State, name string) (*coderv1alpha1.CoderControlPlane, *codersdk.Client, ctrl.Result, error) {
+	var ccp coderv1alpha1.CoderControlPlane
+	key := types.NamespacedName{Namespace: st.obj.GetNamespace(), Name: name}
+	if err := b.Client.Get(ctx, key, &ccp); err != nil {
+		if apierrors.IsNotFound(err) {
+			st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, ReasonControlPlaneNotFound,
+				fmt.Sprintf("CoderControlPlane %q not found in namespace %s", key.Name, key.Namespace), corev1.EventTypeWarning)
+			st.setWaiting()
+			return nil, nil, ctrl.Result{RequeueAfter: ControlPlaneMissingRequeue}, nil
+		}
+		return nil, nil, ctrl.Result{}, fmt.Errorf("get CoderControlPlane %s: %w", key.Name, err)
+	}
+	sdk, err := coderapi.ForControlPlane(ctx, b.APIReader, &ccp, b.CoderTimeout)
+	if err != nil {
+		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, ReasonOperatorAccessNotReady,
+			err.Error(), corev1.EventTypeWarning)
+		st.setWaiting()
+		if errors.Is(err, coderapi.ErrAccessNotReady) {
+			return nil, nil, ctrl.Result{RequeueAfter: AccessNotReadyRequeue}, nil
+		}
+		return nil, nil, ctrl.Result{}, err
+	}
+	return &ccp, sdk, ctrl.Result{}, nil
+}
+
+// EnsureFinalizer adds finalizer to obj (one patch, only when missing).
+// The patch fails rather than overwrite a concurrent change.
+func (b *Base) EnsureFinalizer(ctx context.Context, obj client.Object, finalizer string) error {
+	if controllerutil.ContainsFinalizer(obj, finalizer) {
+		return nil
+	}
+	base, ok := obj.DeepCopyObject().(client.Object)
+	if !ok {
+		return fmt.Errorf("add finalizer: cannot copy %T", obj)
+	}
+	controllerutil.AddFinalizer(obj, finalizer)
+	if err := b.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("add finalizer: %w", err)
+	}
+	return nil
+}
+
+// Finish ends a reconcile that built st and returned res and recErr: it
+// writes the status when it changed, then records st's events. A status
+// write lost to a newer version of the object is decided again once that
+// version reaches the cache.
+func (b *Base) Finish(ctx context.Context, st *State, res ctrl.Result, recErr error) (ctrl.Result, error) {
+	if err := st.writeStatus(ctx, b.Client); err != nil {
+		if apierrors.IsConflict(err) && recErr == nil {
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		return ctrl.Result{}, errors.Join(recErr, fmt.Errorf("write status: %w", err))
+	}
+	st.emit(b.Recorder)
+	if recErr != nil {
+		return ctrl.Result{}, recErr
+	}
+	return res, nil
+}
+
+// event records an event about obj at once (outside a State: deletion
+// writes no status).
+func (b *Base) event(obj client.Object, eventType, reason, action, note string) {
+	if b.Recorder != nil {
+		b.Recorder.Eventf(obj, nil, eventType, reason, action, "%s", truncate(note, maxNote))
+	}
+}
