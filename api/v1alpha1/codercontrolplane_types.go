@@ -285,6 +285,3 @@ type CoderControlPlaneList struct {
 	Items           []CoderControlPlane `json:"items"`
 }
 
-func init() {
-	SchemeBuilder.Register(&CoderControlPlane{}, &CoderControlPlaneList{})
-}

@@ -79,6 +79,3 @@ type CoderProvisionerList struct {
 	Items           []CoderProvisioner `json:"items"`
 }
 
-func init() {
-	SchemeBuilder.Register(&CoderProvisioner{}, &CoderProvisionerList{})
-}

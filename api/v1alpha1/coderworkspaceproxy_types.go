@@ -91,6 +91,3 @@ type CoderWorkspaceProxyList struct {
 	Items           []CoderWorkspaceProxy `json:"items"`
 }
 
-func init() {
-	SchemeBuilder.Register(&CoderWorkspaceProxy{}, &CoderWorkspaceProxyList{})
-}
