@@ -63,7 +63,7 @@ type OperatorOptions struct {
 	// KubeQPS, when set, overrides the Kubernetes client's rate limit
 	// (burst twice as much).
 	KubeQPS int
-	Args        []string
+	Args    []string
 }
 
 // StartOperator writes a configuration file with free ports and runs the
