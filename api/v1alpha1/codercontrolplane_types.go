@@ -284,4 +284,3 @@ type CoderControlPlaneList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []CoderControlPlane `json:"items"`
 }
-

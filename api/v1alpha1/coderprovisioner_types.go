@@ -78,4 +78,3 @@ type CoderProvisionerList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []CoderProvisioner `json:"items"`
 }
-

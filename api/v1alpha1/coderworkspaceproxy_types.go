@@ -90,4 +90,3 @@ type CoderWorkspaceProxyList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []CoderWorkspaceProxy `json:"items"`
 }
-
