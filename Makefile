@@ -36,7 +36,8 @@ docker-build: ## Build the container image (needs a Docker engine).
 
 .PHONY: dev
 dev: tools build ## Run the local stack (kube-apiserver, etcd, PostgreSQL, coderd) plus coder-k8s; Ctrl-C stops it.
-	$(GO) run ./hack/dev --state-dir .dev --operator $(BIN)/coder-k8s
+	$(GO) build -o $(BIN)/dev ./hack/dev
+	$(BIN)/dev --state-dir .dev --operator $(BIN)/coder-k8s
 
 ##@ Test
 
