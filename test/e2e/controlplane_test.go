@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"net"
 	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,6 +99,85 @@ func TestAdoptExistingCoderd(t *testing.T) {
 			t.Errorf("kubectl get ccp:\n%s", out)
 		}
 	})
+}
+
+// A coderd that accepts connections and never answers holds each call for
+// the full Coder request timeout; other control planes must not wait for it.
+func TestHungCoderdDoesNotBlockOthers(t *testing.T) {
+	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
+	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	hung, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hung.Close() })
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			conn, err := hung.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, conn)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+
+	op := StartOperator(t, OperatorOptions{Mode: "all", Kubeconfig: k.KubeconfigPath})
+	op.WaitOK(t, op.Health+"/readyz")
+	ctx := context.Background()
+	c, err := client.New(k.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "coder"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: "coder"},
+		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	owner := coderv1alpha1.OperatorAccessSpec{OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"}}
+	// Several hung control planes first, so they occupy reconcile workers.
+	for i := range 3 {
+		ccp := &coderv1alpha1.CoderControlPlane{
+			ObjectMeta: metav1.ObjectMeta{Name: "hung-" + strconv.Itoa(i), Namespace: "coder"},
+			Spec:       coderv1alpha1.CoderControlPlaneSpec{ExternalURL: "http://" + hung.Addr().String(), OperatorAccess: owner},
+		}
+		if err := c.Create(ctx, ccp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	good := &coderv1alpha1.CoderControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: "good", Namespace: "coder"},
+		Spec:       coderv1alpha1.CoderControlPlaneSpec{ExternalURL: coder.URL.String(), OperatorAccess: owner},
+	}
+	if err := c.Create(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	// Well inside the 30s Coder request timeout the hung ones are held for.
+	waitFor(t, 20*time.Second, func() error {
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "coder", Name: "good"}, good); err != nil {
+			return err
+		}
+		if !apimeta.IsStatusConditionTrue(good.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) {
+			return errNotYet(conditionSummary(good.Status.Conditions))
+		}
+		return nil
+	})
+	t.Logf("healthy control plane ready after %s next to 3 hung ones", time.Since(start).Round(time.Millisecond))
 }
 
 func conditionSummary(conds []metav1.Condition) string {
