@@ -204,3 +204,12 @@ func TestKubeAPI(t *testing.T) {
 		}
 	})
 }
+
+// Without the binaries the error tells the user how to get them.
+func TestKubeAPIMissingBinary(t *testing.T) {
+	t.Setenv("CODER_K8S_BIN_DIR", t.TempDir())
+	_, err := StartKubeAPI(context.Background(), KubeAPIOptions{})
+	if err == nil || !strings.Contains(err.Error(), "make tools") || !strings.Contains(err.Error(), "kube-apiserver") {
+		t.Fatalf("error = %v, want one naming kube-apiserver and `make tools`", err)
+	}
+}
