@@ -66,6 +66,15 @@ func getDeployment(t *testing.T, c client.Client, ns, name string) *appsv1.Deplo
 	return &dep
 }
 
+// waitObject waits until the named object exists: the reconciler writes
+// children one after another, so one existing says nothing of the next.
+func waitObject(t *testing.T, c client.Client, ns, name string, obj client.Object) {
+	t.Helper()
+	eventually(t, 30*time.Second, fmt.Sprintf("%T %s", obj, name), func() error {
+		return c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, obj)
+	})
+}
+
 func requireControlledBy(t *testing.T, obj client.Object, ccp *coderv1alpha1.CoderControlPlane) {
 	t.Helper()
 	ref := metav1.GetControllerOf(obj)
@@ -77,7 +86,6 @@ func requireControlledBy(t *testing.T, obj client.Object, ccp *coderv1alpha1.Cod
 func TestDeployedControlPlaneCreatesChildren(t *testing.T) {
 	ns := controllertest.Namespace(t, "children")
 	h := startManager(t, []string{ns}, nil, nil)
-	ctx := context.Background()
 
 	ccp := newControlPlane(ns, "coder")
 	ccp.Spec.Replicas = ptr.To[int32](2)
@@ -159,9 +167,7 @@ func TestDeployedControlPlaneCreatesChildren(t *testing.T) {
 	}
 
 	var svc corev1.Service
-	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &svc); err != nil {
-		t.Fatalf("Service: %v", err)
-	}
+	waitObject(t, h.c, ns, "coder", &svc)
 	requireControlledBy(t, &svc, ccp)
 	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 80 || svc.Spec.Ports[0].TargetPort.StrVal != "http" || svc.Spec.Type != corev1.ServiceTypeClusterIP {
 		t.Errorf("Service = %s %+v, want ClusterIP port 80 -> http", svc.Spec.Type, svc.Spec.Ports)
@@ -173,26 +179,20 @@ func TestDeployedControlPlaneCreatesChildren(t *testing.T) {
 	}
 
 	var sa corev1.ServiceAccount
-	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &sa); err != nil {
-		t.Fatalf("ServiceAccount: %v", err)
-	}
+	waitObject(t, h.c, ns, "coder", &sa)
 	requireControlledBy(t, &sa, ccp)
 	if sa.Annotations["iam.example.com/role"] != "coder" {
 		t.Errorf("ServiceAccount annotations = %v", sa.Annotations)
 	}
 
 	var role rbacv1.Role
-	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder-workspace-perms"}, &role); err != nil {
-		t.Fatalf("Role: %v", err)
-	}
+	waitObject(t, h.c, ns, "coder-workspace-perms", &role)
 	requireControlledBy(t, &role, ccp)
 	if len(role.Rules) != 2 || role.Rules[0].Resources[0] != "pods" || role.Rules[1].Resources[0] != "persistentvolumeclaims" {
 		t.Errorf("Role rules = %+v, want pods and persistentvolumeclaims", role.Rules)
 	}
 	var rb rbacv1.RoleBinding
-	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder-workspace-perms"}, &rb); err != nil {
-		t.Fatalf("RoleBinding: %v", err)
-	}
+	waitObject(t, h.c, ns, "coder-workspace-perms", &rb)
 	requireControlledBy(t, &rb, ccp)
 	if len(rb.Subjects) != 1 || rb.Subjects[0].Name != "coder" || rb.Subjects[0].Namespace != ns || rb.RoleRef.Name != "coder-workspace-perms" {
 		t.Errorf("RoleBinding = %+v -> %+v, want service account coder bound to coder-workspace-perms", rb.Subjects, rb.RoleRef)
