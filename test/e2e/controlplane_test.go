@@ -28,23 +28,8 @@ import (
 func TestAdoptExistingCoderd(t *testing.T) {
 	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
 	coder := testenv.NewCoder(t, testenv.CoderOptions{})
-	op := StartOperator(t, OperatorOptions{Mode: "all", Kubeconfig: k.KubeconfigPath})
-	op.WaitOK(t, op.Health+"/readyz")
-
+	c := startAdopting(t, k, coder)
 	ctx := context.Background()
-	c, err := client.New(k.Config, client.Options{Scheme: scheme.New()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "coder"}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: "coder"},
-		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
-	}); err != nil {
-		t.Fatal(err)
-	}
 	ccp := &coderv1alpha1.CoderControlPlane{
 		ObjectMeta: metav1.ObjectMeta{Name: "coder", Namespace: "coder"},
 		Spec: coderv1alpha1.CoderControlPlaneSpec{
@@ -132,22 +117,8 @@ func TestHungCoderdDoesNotBlockOthers(t *testing.T) {
 		}
 	})
 
-	op := StartOperator(t, OperatorOptions{Mode: "all", Kubeconfig: k.KubeconfigPath})
-	op.WaitOK(t, op.Health+"/readyz")
+	c := startAdopting(t, k, coder)
 	ctx := context.Background()
-	c, err := client.New(k.Config, client.Options{Scheme: scheme.New()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "coder"}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: "coder"},
-		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
-	}); err != nil {
-		t.Fatal(err)
-	}
 	owner := coderv1alpha1.OperatorAccessSpec{OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"}}
 	// Several hung control planes first, so they occupy reconcile workers.
 	for i := range 3 {
@@ -178,6 +149,30 @@ func TestHungCoderdDoesNotBlockOthers(t *testing.T) {
 		return nil
 	})
 	t.Logf("healthy control plane ready after %s next to 3 hung ones", time.Since(start).Round(time.Millisecond))
+}
+
+// startAdopting runs the operator in all mode and prepares namespace
+// "coder" with Secret "owner" holding the owner token of coder, as a user
+// adopting an existing coderd would.
+func startAdopting(t *testing.T, k *testenv.KubeAPI, coder *testenv.Coder) client.Client {
+	t.Helper()
+	op := StartOperator(t, OperatorOptions{Mode: "all", Kubeconfig: k.KubeconfigPath})
+	op.WaitOK(t, op.Health+"/readyz")
+	ctx := context.Background()
+	c, err := client.New(k.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "coder"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: "coder"},
+		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 func conditionSummary(conds []metav1.Condition) string {
