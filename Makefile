@@ -65,12 +65,21 @@ lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
 ##@ Generate
 
 .PHONY: generate
-generate: $(BIN)/controller-gen ## Regenerate deepcopy, CRDs, RBAC, the defaults golden file and the config reference.
+generate: $(BIN)/controller-gen $(BIN)/openapi-gen ## Regenerate deepcopy, OpenAPI, CRDs, RBAC, the defaults golden file and the config reference.
 	$(BIN)/controller-gen object paths=./api/...
+	$(BIN)/openapi-gen --output-dir api/aggregation/v1alpha1 --output-pkg github.com/coder/coder-k8s/api/aggregation/v1alpha1 \
+	  --output-file zz_generated.openapi.go --output-model-name-file zz_generated.model_name.go \
+	  --go-header-file hack/boilerplate.go.txt --report-filename $(BIN)/openapi-rule-violations.txt \
+	  $(foreach p,$(OPENAPI_META),--readonly-pkg $(p)) $(OPENAPI_META) ./api/aggregation/v1alpha1
+	@if grep coder-k8s $(BIN)/openapi-rule-violations.txt; then echo "fix the API rule violations above"; exit 1; fi
 	$(BIN)/controller-gen crd paths=./api/v1alpha1/... output:crd:artifacts:config=config/crd/bases
-	$(BIN)/controller-gen rbac:roleName=coder-k8s-manager paths=./internal/controller/... output:rbac:artifacts:config=config/rbac
+	$(BIN)/controller-gen rbac:roleName=coder-k8s-manager paths="./internal/controller/...;./internal/aggregated/backend/..." output:rbac:artifacts:config=config/rbac
 	$(GO) test ./internal/config/ -run TestDefaultsGolden -update >/dev/null
 	$(GO) run ./hack/configdoc --types internal/config/types.go --out docs/config-reference.md
+
+# The apimachinery packages whose OpenAPI definitions the aggregated API
+# server serves next to its own.
+OPENAPI_META := k8s.io/apimachinery/pkg/apis/meta/v1 k8s.io/apimachinery/pkg/runtime k8s.io/apimachinery/pkg/version
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail when generated files differ from what is committed.
@@ -94,8 +103,8 @@ KUBE_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
                  -X k8s.io/client-go/pkg/version.gitMajor=1 \
                  -X k8s.io/client-go/pkg/version.gitMinor=$(KUBE_MINOR)
 
-TOOLS := $(BIN)/kube-apiserver $(BIN)/kubectl $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
-         $(BIN)/helm $(BIN)/ct $(BIN)/staticcheck $(BIN)/controller-gen
+TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
+         $(BIN)/helm $(BIN)/ct $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen
 
 .PHONY: tools
 tools: $(TOOLS) postgresql yamllint ## Build every pinned test binary into bin/ (cached).
@@ -105,6 +114,10 @@ tools: $(TOOLS) postgresql yamllint ## Build every pinned test binary into bin/ 
 
 $(BIN)/kube-apiserver: hack/tools/kube/go.mod hack/tools/kube/go.sum
 	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kube-apiserver
+
+# Run by tests that need real built-in controllers (the namespace controller).
+$(BIN)/kube-controller-manager: hack/tools/kube/go.mod hack/tools/kube/go.sum
+	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kube-controller-manager
 
 $(BIN)/kubectl: hack/tools/kube/go.mod hack/tools/kube/go.sum
 	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kubectl
@@ -130,6 +143,9 @@ $(BIN)/staticcheck: hack/tools/lint/go.mod hack/tools/lint/go.sum
 
 $(BIN)/controller-gen: hack/tools/lint/go.mod hack/tools/lint/go.sum
 	cd hack/tools/lint && $(GO) build -trimpath -o $@ sigs.k8s.io/controller-tools/cmd/controller-gen
+
+$(BIN)/openapi-gen: hack/tools/lint/go.mod hack/tools/lint/go.sum
+	cd hack/tools/lint && $(GO) build -trimpath -o $@ k8s.io/kube-openapi/cmd/openapi-gen
 
 # PostgreSQL and yamllint come from Debian; install them only when missing.
 .PHONY: postgresql

@@ -1,10 +1,12 @@
 //go:build tools
 
 // Package tools pins the Kubernetes binaries the test stack builds:
-// kube-apiserver and kubectl at the version in go.mod.
+// kube-apiserver, kube-controller-manager and kubectl at the version in
+// go.mod.
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
