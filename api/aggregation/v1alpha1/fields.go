@@ -1,0 +1,86 @@
+package v1alpha1
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// Labels the server sets on every object from Coder's data, so that
+// `kubectl get -l` selects by them.
+const (
+	LabelControlPlane = GroupName + "/control-plane"
+	LabelOrganization = GroupName + "/organization"
+	LabelOwner        = GroupName + "/owner"
+	LabelTemplate     = GroupName + "/template"
+)
+
+// Condition types.
+const (
+	// ConditionReady: a workspace is running with a succeeded start build;
+	// a template's active version built successfully.
+	ConditionReady = "Ready"
+	// ConditionBuilding: a workspace build is pending or running.
+	ConditionBuilding = "Building"
+)
+
+// WorkspaceFields returns the fields a CoderWorkspace can be selected by
+// with --field-selector.
+func WorkspaceFields(w *CoderWorkspace) fields.Set {
+	return fields.Set{
+		"metadata.name":      w.Name,
+		"metadata.namespace": w.Namespace,
+		"spec.organization":  w.Spec.Organization,
+		"spec.templateName":  w.Spec.TemplateName,
+		"spec.running":       strconv.FormatBool(w.Spec.Running),
+		"status.owner":       w.Status.Owner,
+		"status.phase":       w.Status.Phase,
+		"status.id":          w.Status.ID,
+	}
+}
+
+// TemplateFields returns the fields a CoderTemplate can be selected by
+// with --field-selector.
+func TemplateFields(t *CoderTemplate) fields.Set {
+	return fields.Set{
+		"metadata.name":      t.Name,
+		"metadata.namespace": t.Namespace,
+		"spec.organization":  t.Spec.Organization,
+		"status.deprecated":  strconv.FormatBool(t.Status.Deprecated),
+		"status.buildStatus": t.Status.BuildStatus,
+		"status.id":          t.Status.ID,
+	}
+}
+
+func addFieldLabelConversions(scheme *runtime.Scheme) error {
+	for kind, set := range map[string]fields.Set{
+		"CoderWorkspace": WorkspaceFields(&CoderWorkspace{}),
+		"CoderTemplate":  TemplateFields(&CoderTemplate{}),
+	} {
+		if err := scheme.AddFieldLabelConversionFunc(SchemeGroupVersion.WithKind(kind), fieldLabelConversion(kind, set)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func fieldLabelConversion(kind string, known fields.Set) runtime.FieldLabelConversionFunc {
+	return func(label, value string) (string, string, error) {
+		if _, ok := known[label]; ok {
+			return label, value, nil
+		}
+		return "", "", fmt.Errorf("field label %q is not supported for %s; supported: %s", label, kind, fieldNames(known))
+	}
+}
+
+func fieldNames(s fields.Set) string {
+	names := make([]string, 0, len(s))
+	for k := range s {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return fmt.Sprint(names)
+}

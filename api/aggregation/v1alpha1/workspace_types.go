@@ -1,0 +1,155 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// CoderWorkspace is a Coder workspace seen through Kubernetes. Its name is
+// <organization>.<owner>.<workspace>, or
+// <control plane>.<organization>.<owner>.<workspace> when the namespace has
+// more than one control plane; coderd stores it.
+//
+// +genclient
+// +kubebuilder:object:root=true
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type CoderWorkspace struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the desired workspace.
+	Spec CoderWorkspaceSpec `json:"spec,omitempty"`
+	// Status is the workspace as coderd reports it.
+	// +optional
+	Status CoderWorkspaceStatus `json:"status,omitempty"`
+}
+
+// CoderWorkspaceSpec is what a user sets on a workspace.
+type CoderWorkspaceSpec struct {
+	// Organization is the Coder organization name. It is part of the
+	// object name; when set it must agree with it.
+	// +optional
+	Organization string `json:"organization,omitempty"`
+	// TemplateName is the template the workspace is built from, in the same
+	// organization. Required on create; a workspace cannot move to another
+	// template.
+	TemplateName string `json:"templateName"`
+	// TemplateVersionID pins the template version (a UUID). Empty on create
+	// means the template's active version; changing it starts a build with
+	// that version.
+	// +optional
+	TemplateVersionID string `json:"templateVersionID,omitempty"`
+	// Running is the desired run state: true starts the workspace with a
+	// start build, false stops it with a stop build. A workspace created
+	// with running false is never left running.
+	Running bool `json:"running"`
+	// TTLMillis is how long the workspace runs after a start before Coder
+	// stops it automatically; unset means no automatic stop.
+	// +optional
+	TTLMillis *int64 `json:"ttlMillis,omitempty"`
+	// AutostartSchedule is a cron schedule with a time zone prefix
+	// ("CRON_TZ=Europe/Berlin 30 9 * * 1-5") on which Coder starts the
+	// workspace; unset means no autostart.
+	// +optional
+	AutostartSchedule *string `json:"autostartSchedule,omitempty"`
+	// Parameters are the template's rich parameter values of the latest
+	// build. Changing them starts a build with the new values.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Parameters []WorkspaceParameter `json:"parameters,omitempty"`
+}
+
+// WorkspaceParameter is one rich parameter value.
+type WorkspaceParameter struct {
+	// Name of the template parameter.
+	Name string `json:"name"`
+	// Value, as Coder stores it (lists are JSON arrays).
+	Value string `json:"value"`
+}
+
+// CoderWorkspaceStatus is the workspace as coderd reports it.
+type CoderWorkspaceStatus struct {
+	// ID is the Coder workspace ID.
+	// +optional
+	ID string `json:"id,omitempty"`
+	// Owner is the owner's Coder username.
+	// +optional
+	Owner string `json:"owner,omitempty"`
+	// Organization is the Coder organization name.
+	// +optional
+	Organization string `json:"organization,omitempty"`
+	// Template is the template name.
+	// +optional
+	Template string `json:"template,omitempty"`
+	// TemplateDisplayName is the template's display name.
+	// +optional
+	TemplateDisplayName string `json:"templateDisplayName,omitempty"`
+	// Phase is Coder's workspace status: pending, starting, running,
+	// stopping, stopped, failed, canceling, canceled, deleting or deleted.
+	// +optional
+	Phase string `json:"phase,omitempty"`
+	// LatestBuild is the most recent workspace build.
+	// +optional
+	LatestBuild *WorkspaceBuild `json:"latestBuild,omitempty"`
+	// Outdated reports that the template has a newer active version.
+	// +optional
+	Outdated bool `json:"outdated,omitempty"`
+	// Healthy reports whether every agent of the workspace is healthy.
+	// +optional
+	Healthy bool `json:"healthy,omitempty"`
+	// AutoShutdownDeadline is when Coder stops the running workspace.
+	// +optional
+	AutoShutdownDeadline *metav1.Time `json:"autoShutdownDeadline,omitempty"`
+	// LastUsedAt is the last time someone used the workspace.
+	// +optional
+	LastUsedAt *metav1.Time `json:"lastUsedAt,omitempty"`
+	// URL opens the workspace in the Coder dashboard.
+	// +optional
+	URL string `json:"url,omitempty"`
+	// Conditions: Ready (running and its start build succeeded) and
+	// Building (a build is pending or running).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// WorkspaceBuild summarises a workspace build.
+type WorkspaceBuild struct {
+	// ID is the build ID.
+	ID string `json:"id"`
+	// Number counts the workspace's builds from 1.
+	Number int32 `json:"number"`
+	// Transition is start, stop or delete.
+	Transition string `json:"transition"`
+	// JobStatus is the provisioner job status: pending, running,
+	// succeeded, canceling, canceled or failed.
+	JobStatus string `json:"jobStatus"`
+	// Error is the job's error message when it failed.
+	// +optional
+	Error string `json:"error,omitempty"`
+	// TemplateVersionID is the template version the build used.
+	// +optional
+	TemplateVersionID string `json:"templateVersionID,omitempty"`
+	// TemplateVersionName is that version's name.
+	// +optional
+	TemplateVersionName string `json:"templateVersionName,omitempty"`
+	// Initiator is the username who started the build.
+	// +optional
+	Initiator string `json:"initiator,omitempty"`
+	// CreatedAt is when the build was queued.
+	CreatedAt metav1.Time `json:"createdAt"`
+	// CompletedAt is when the build's job finished.
+	// +optional
+	CompletedAt *metav1.Time `json:"completedAt,omitempty"`
+}
+
+// CoderWorkspaceList is a list of workspaces.
+//
+// +kubebuilder:object:root=true
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type CoderWorkspaceList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []CoderWorkspace `json:"items"`
+}
