@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -24,6 +26,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/coder/coder-k8s/internal/aggregated/apiserver"
+	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/controller"
 	"github.com/coder/coder-k8s/internal/mcpserver"
@@ -57,9 +60,7 @@ var modes = map[config.AppMode]runFunc{
 	config.AppController: func(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger) error {
 		return runManager(ctx, cfg, kube, log, false)
 	},
-	config.AppAggregatedAPIServer: func(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger) error {
-		return apiserver.New(cfg.AggregatedAPIServer, kube.file, log).Start(ctx)
-	},
+	config.AppAggregatedAPIServer: runAggregatedAPIServer,
 	config.AppMCPHTTP: func(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger) error {
 		return mcpserver.New(cfg.MCP, apiReachable(kube.rest), log).Start(ctx)
 	},
@@ -99,7 +100,26 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 		return fmt.Errorf("set up controllers: %w", err)
 	}
 	if all {
-		if err := mgr.Add(apiserver.New(cfg.AggregatedAPIServer, kube.file, log)); err != nil {
+		cps, err := backend.NewControlPlaneProvider(mgr, cfg.AggregatedAPIServer.Coder.RequestTimeout.Duration, log)
+		if err != nil {
+			return fmt.Errorf("control plane discovery: %w", err)
+		}
+		var backends backend.Provider = cps
+		if sb := cfg.AggregatedAPIServer.Coder.StaticBackend; sb.Enabled() {
+			static, err := staticBackend(cfg, kube, log)
+			if err != nil {
+				return err
+			}
+			if err := mgr.Add(static); err != nil {
+				return fmt.Errorf("add static backend: %w", err)
+			}
+			backends = backend.Join(static, cps)
+		}
+		srv, err := apiserver.New(apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: backends, Log: log})
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(srv); err != nil {
 			return fmt.Errorf("add aggregated API server: %w", err)
 		}
 		if err := mgr.Add(mcpserver.New(cfg.MCP, cacheSynced, log)); err != nil {
@@ -110,6 +130,36 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 		return fmt.Errorf("manager: %w", err)
 	}
 	return nil
+}
+
+// runAggregatedAPIServer serves the aggregated API alone, backed by the
+// static backend from the configuration.
+func runAggregatedAPIServer(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger) error {
+	static, err := staticBackend(cfg, kube, log)
+	if err != nil {
+		return err
+	}
+	srv, err := apiserver.New(apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: static, Log: log})
+	if err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return static.Start(gctx) })
+	g.Go(func() error { return srv.Start(gctx) })
+	return g.Wait()
+}
+
+func staticBackend(cfg *config.Configuration, kube *kubeConn, log logr.Logger) (*backend.StaticProvider, error) {
+	cs, err := kubernetes.NewForConfig(kube.rest)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	a := cfg.AggregatedAPIServer
+	p, err := backend.NewStaticProvider(a.Coder.StaticBackend, a.Coder.RequestTimeout.Duration, cs, log)
+	if err != nil {
+		return nil, fmt.Errorf("aggregatedAPIServer.coder.staticBackend: %w", err)
+	}
+	return p, nil
 }
 
 // cacheSyncedChecker is ready once the shared cache has synced.

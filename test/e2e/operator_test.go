@@ -63,7 +63,10 @@ type OperatorOptions struct {
 	// KubeQPS, when set, overrides the Kubernetes client's rate limit
 	// (burst twice as much).
 	KubeQPS int
-	Args    []string
+	// Aggregated adds entries to the aggregatedAPIServer mapping, for
+	// example `certDir: /x, watchPollInterval: 1s`.
+	Aggregated string
+	Args       []string
 }
 
 // StartOperator writes a configuration file with free ports and runs the
@@ -83,6 +86,10 @@ func StartOperator(t testing.TB, opts OperatorOptions) *Operator {
 	if opts.KubeQPS > 0 {
 		qps = fmt.Sprintf(", qps: %d, burst: %d", opts.KubeQPS, 2*opts.KubeQPS)
 	}
+	aggregated := ""
+	if opts.Aggregated != "" {
+		aggregated = ", " + opts.Aggregated
+	}
 	dir := t.TempDir()
 	cfg := fmt.Sprintf(`apiVersion: config.coder.com/v1alpha1
 kind: CoderK8sConfiguration
@@ -93,9 +100,9 @@ controller:
   healthProbeBindAddress: 127.0.0.1:%d
   metricsBindAddress: 127.0.0.1:%d
   leaderElection: {namespace: default, leaseName: %s}
-aggregatedAPIServer: {bindAddress: 127.0.0.1, securePort: %d}
+aggregatedAPIServer: {bindAddress: 127.0.0.1, securePort: %d%s}
 mcp: {bindAddress: "127.0.0.1:%d"}
-%s`, opts.Mode, opts.Kubeconfig, qps, ports[0], ports[1], lease, ports[2], ports[3], opts.ExtraConfig)
+%s`, opts.Mode, opts.Kubeconfig, qps, ports[0], ports[1], lease, ports[2], aggregated, ports[3], opts.ExtraConfig)
 	file := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -15,12 +16,19 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
+	"k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/apiserver/pkg/server/options"
 	"k8s.io/component-base/compatibility"
 
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/backend"
+	"github.com/coder/coder-k8s/internal/aggregated/storage"
+	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
 	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/version"
 )
 
 // healthPaths answer without credentials so kubelet probes work; every
@@ -31,30 +39,71 @@ var healthPaths = []string{"/healthz", "/readyz", "/livez"}
 type Server struct {
 	cfg        config.AggregatedAPIServer
 	kubeconfig string
+	backends   backend.Provider
 	log        logr.Logger
 
-	scheme *runtime.Scheme
-	codecs serializer.CodecFactory
+	scheme     *runtime.Scheme
+	codecs     serializer.CodecFactory
+	workspaces *storage.WorkspaceStorage
+	templates  *storage.TemplateStorage
 }
 
-// New returns a server for cfg. kubeconfig is the file the delegated
-// authentication and authorization clients use; empty means in-cluster.
-func New(cfg config.AggregatedAPIServer, kubeconfig string, log logr.Logger) *Server {
+// Options are what the server is built from.
+type Options struct {
+	Config config.AggregatedAPIServer
+	// Kubeconfig is the file the delegated authentication and
+	// authorization clients use; empty means in-cluster.
+	Kubeconfig string
+	// Backends finds the coderd of each namespace.
+	Backends backend.Provider
+	Log      logr.Logger
+}
+
+// New returns a server for o.
+func New(o Options) (*Server, error) {
+	cfg, log := o.Config, o.Log
 	scheme := runtime.NewScheme()
+	if err := aggv1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("register %s: %w", aggv1.GroupName, err)
+	}
+	// The hub version the API machinery converts through. The served types
+	// are the internal types too: with one version there is nothing to
+	// convert, and the scheme maps between the two kinds without copying.
+	scheme.AddKnownTypes(schema.GroupVersion{Group: aggv1.GroupName, Version: runtime.APIVersionInternal},
+		&aggv1.CoderWorkspace{}, &aggv1.CoderWorkspaceList{}, &aggv1.CoderTemplate{}, &aggv1.CoderTemplateList{})
 	// The meta types every API server serves (Status, discovery documents,
 	// list and watch options) regardless of its own groups.
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
 	scheme.AddUnversionedTypes(schema.GroupVersion{Version: "v1"},
 		&metav1.Status{}, &metav1.APIVersions{}, &metav1.APIGroupList{},
 		&metav1.APIGroup{}, &metav1.APIResourceList{})
+	log = log.WithName("aggregated-apiserver")
+	so := storage.Options{Backends: o.Backends, PollInterval: cfg.WatchPollInterval.Duration, Log: log}
+	workspaces, err := storage.NewWorkspaces(so)
+	if err != nil {
+		return nil, fmt.Errorf("coderworkspaces storage: %w", err)
+	}
+	templates, err := storage.NewTemplates(so, storage.TemplateOptions{
+		BuildWait: templatesource.WaitConfigFrom(cfg.TemplateBuildWait),
+		Limits:    templatesource.DefaultLimits,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("codertemplates storage: %w", err)
+	}
 	return &Server{
 		cfg:        cfg,
-		kubeconfig: kubeconfig,
-		log:        log.WithName("aggregated-apiserver"),
+		kubeconfig: o.Kubeconfig,
+		backends:   o.Backends,
+		log:        log,
 		scheme:     scheme,
 		codecs:     serializer.NewCodecFactory(scheme),
-	}
+		workspaces: workspaces,
+		templates:  templates,
+	}, nil
 }
+
+// Workspaces is the coderworkspaces storage (for benchmarks and metrics).
+func (s *Server) Workspaces() *storage.WorkspaceStorage { return s.workspaces }
 
 // NeedLeaderElection is false: every replica serves the API.
 func (s *Server) NeedLeaderElection() bool { return false }
@@ -66,6 +115,13 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The shared pollers live as long as the server.
+	var pollers sync.WaitGroup
+	pollCtx, stopPolling := context.WithCancel(ctx)
+	defer func() { stopPolling(); pollers.Wait() }()
+	pollers.Go(func() { s.workspaces.Run(pollCtx) })
+	pollers.Go(func() { s.templates.Run(pollCtx) })
+
 	s.log.Info("serving", "address", net.JoinHostPort(s.cfg.BindAddress, fmt.Sprint(s.cfg.SecurePort)))
 	if err := gs.PrepareRun().RunWithContext(ctx); err != nil {
 		return fmt.Errorf("aggregated API server: %w", err)
@@ -100,6 +156,15 @@ func (s *Server) build() (*genericapiserver.GenericAPIServer, error) {
 
 	rc := genericapiserver.NewRecommendedConfig(s.codecs)
 	rc.EffectiveVersion = compatibility.NewEffectiveVersionFromString("1.36", "", "")
+	// OpenAPI v2 and v3 documents: kubectl explain reads them and
+	// server-side apply builds its type converter from v3.
+	namer := openapinamer.NewDefinitionNamer(s.scheme)
+	rc.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(aggv1.GetOpenAPIDefinitions, namer)
+	rc.OpenAPIConfig.Info.Title = "coder-k8s aggregation.coder.com"
+	rc.OpenAPIConfig.Info.Version = version.Get().Version
+	rc.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(aggv1.GetOpenAPIDefinitions, namer)
+	rc.OpenAPIV3Config.Info.Title = rc.OpenAPIConfig.Info.Title
+	rc.OpenAPIV3Config.Info.Version = rc.OpenAPIConfig.Info.Version
 	rc.RequestTimeout = s.cfg.RequestTimeout.Duration
 	// Watches may stay open up to the request timeout too.
 	rc.MinRequestTimeout = int(s.cfg.RequestTimeout.Duration / time.Second)
@@ -119,10 +184,22 @@ func (s *Server) build() (*genericapiserver.GenericAPIServer, error) {
 	// proxied request would be refused; do not report ready before then.
 	rc.AddReadyzChecks(healthz.NamedCheck("delegated-authentication", func(*http.Request) error {
 		return authenticationLoaded(&rc.Config)
+	}), healthz.NamedCheck("control-plane-discovery", func(*http.Request) error {
+		// Kubernetes-side state only: coderd being down must not make
+		// the APIService unavailable.
+		return s.backends.Ready()
 	}))
 	gs, err := rc.Complete().New("coder-k8s-aggregated-apiserver", genericapiserver.NewEmptyDelegate())
 	if err != nil {
 		return nil, fmt.Errorf("create aggregated API server: %w", err)
+	}
+	group := genericapiserver.NewDefaultAPIGroupInfo(aggv1.GroupName, s.scheme, metav1.ParameterCodec, s.codecs)
+	group.VersionedResourcesStorageMap[aggv1.SchemeGroupVersion.Version] = map[string]rest.Storage{
+		"coderworkspaces": s.workspaces,
+		"codertemplates":  s.templates,
+	}
+	if err := gs.InstallAPIGroup(&group); err != nil {
+		return nil, fmt.Errorf("install %s: %w", aggv1.GroupName, err)
 	}
 	return gs, nil
 }

@@ -1,0 +1,99 @@
+// Package backend tells the aggregated API server which coderd serves a
+// Kubernetes namespace, with a codersdk client ready to call it: the
+// CoderControlPlanes of the namespace that hold operator access (all mode,
+// ControlPlaneProvider), or the one coderd given in the configuration file
+// (aggregated-apiserver mode, StaticProvider).
+//
+// Both providers answer from memory (informer caches and clients built
+// ahead), since they sit on every request's path.
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+
+	"github.com/coder/coder/v2/codersdk"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Backend is one coderd as seen from one Kubernetes namespace.
+type Backend struct {
+	// Namespace is the Kubernetes namespace its objects appear in.
+	Namespace string
+	// ControlPlane is the CoderControlPlane's name; "" for the static
+	// backend.
+	ControlPlane string
+	// URL is where coderd is reached; shared, never mutate it.
+	URL *url.URL
+	// Client calls coderd as the operator. It is shared by every request
+	// until its token or URL changes; never mutate it.
+	Client *codersdk.Client
+}
+
+// Key identifies the backend: "<namespace>/<controlPlane>", and
+// "<namespace>/" for the static backend.
+func (b Backend) Key() string { return b.Namespace + "/" + b.ControlPlane }
+
+// Provider finds the coderds that serve Kubernetes namespaces.
+type Provider interface {
+	// Backends returns the eligible backends for namespace, or for every
+	// namespace when namespace == "", sorted by namespace then control
+	// plane name. A namespace that does not exist or is being deleted
+	// (phase Terminating or deletionTimestamp set) has no backends: that
+	// is how a namespace deletion never reaches Coder, since the namespace
+	// controller then sees an empty namespace.
+	Backends(ctx context.Context, namespace string) ([]Backend, error)
+	// Ready returns nil once the provider can answer (its informers have
+	// synced), or an error saying what it waits for.
+	Ready() error
+}
+
+// ErrNoBackend is for callers to wrap when a namespace has no backend
+// (for example to answer NotFound for an object in it).
+var ErrNoBackend = errors.New("no coderd serves this namespace")
+
+// ErrNotReady is wrapped by Backends' error while the provider's informers
+// have not synced.
+var ErrNotReady = errors.New("backend provider is not ready")
+
+// namespaceUsable reports whether objects may appear in ns: it exists and
+// is not being deleted.
+func namespaceUsable(ns *corev1.Namespace) bool {
+	return ns != nil && ns.DeletionTimestamp == nil && ns.Status.Phase != corev1.NamespaceTerminating
+}
+
+// parseCoderURL accepts an absolute http(s) URL with a host.
+func parseCoderURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("parse coderd URL %q: %w", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("coderd URL %q: scheme must be http or https", raw)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("coderd URL %q has no host", raw)
+	}
+	return u, nil
+}
+
+func sortBackends(bs []Backend) {
+	sort.Slice(bs, func(i, j int) bool {
+		if bs[i].Namespace != bs[j].Namespace {
+			return bs[i].Namespace < bs[j].Namespace
+		}
+		return bs[i].ControlPlane < bs[j].ControlPlane
+	})
+}
+
+// closeIdle drops a replaced client's idle keep-alive connections, which
+// would otherwise stay open until the transport's idle timeout; requests
+// still using the client finish normally.
+func closeIdle(c *codersdk.Client) {
+	if c != nil && c.HTTPClient != nil {
+		c.HTTPClient.CloseIdleConnections()
+	}
+}

@@ -1,0 +1,372 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+)
+
+// What the ControlPlaneProvider reads. Secrets are only those the operator
+// labels, through a cache of their own.
+//
+// +kubebuilder:rbac:groups=coder.com,resources=codercontrolplanes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+
+// The labels the operator puts on the Secrets it writes (see
+// operatoraccess), which select the token Secrets this package caches.
+const (
+	labelManagedBy    = "app.kubernetes.io/managed-by"
+	managedBy         = "coder-k8s"
+	labelControlPlane = "coder.com/control-plane"
+)
+
+// ControlPlaneProvider serves, for each namespace, the CoderControlPlanes
+// in it whose operator access is ready (all mode). It reads control planes
+// and namespaces from the manager's shared cache and the operator token
+// Secrets from a cache of its own that holds only Secrets labeled
+// app.kubernetes.io/managed-by=coder-k8s, so that no replica caches every
+// Secret of the cluster.
+type ControlPlaneProvider struct {
+	shared  client.Reader
+	secrets client.Reader
+	synced  []namedInformer
+	timeout time.Duration
+	log     logr.Logger
+
+	mu      sync.Mutex
+	clients map[types.NamespacedName]*cachedClient
+}
+
+var _ Provider = (*ControlPlaneProvider)(nil)
+
+type namedInformer struct {
+	what     string
+	informer cache.Informer
+}
+
+// cachedClient is the client of one control plane and what it was built
+// from; it is rebuilt only when one of those changes.
+type cachedClient struct {
+	url           string
+	secretUID     types.UID
+	secretVersion string
+	client        *codersdk.Client
+}
+
+// NewControlPlaneProvider registers the informers it needs with mgr's
+// cache and adds its Secret cache to mgr, so both start and stop with mgr
+// on every replica (caches are not subject to leader election). Call it
+// before mgr.Start. coderTimeout bounds each call the clients make.
+func NewControlPlaneProvider(mgr manager.Manager, coderTimeout time.Duration, log logr.Logger) (*ControlPlaneProvider, error) {
+	// The informers are registered now so that they start with the cache
+	// and Ready can report on them; before the cache starts this does not
+	// block.
+	ctx := context.Background()
+	noWait := cache.BlockUntilSynced(false)
+	shared := mgr.GetCache()
+	ccpInformer, err := shared.GetInformer(ctx, &coderv1alpha1.CoderControlPlane{}, noWait)
+	if err != nil {
+		return nil, fmt.Errorf("informer for CoderControlPlanes: %w", err)
+	}
+	nsInformer, err := shared.GetInformer(ctx, &corev1.Namespace{}, noWait)
+	if err != nil {
+		return nil, fmt.Errorf("informer for Namespaces: %w", err)
+	}
+
+	selector, err := tokenSecretSelector()
+	if err != nil {
+		return nil, err
+	}
+	secrets, err := cache.New(mgr.GetConfig(), cache.Options{
+		HTTPClient: mgr.GetHTTPClient(),
+		Scheme:     mgr.GetScheme(),
+		Mapper:     mgr.GetRESTMapper(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}: {Label: selector},
+		},
+		DefaultTransform: transformSecret,
+		// This cache is for token Secrets only; reading anything else
+		// through it is a bug, not a reason to start a new informer.
+		ReaderFailOnMissingInformer: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("operator token Secret cache: %w", err)
+	}
+	secretInformer, err := secrets.GetInformer(ctx, &corev1.Secret{}, noWait)
+	if err != nil {
+		return nil, fmt.Errorf("operator token Secret informer: %w", err)
+	}
+	// A cache added to the manager joins its caches, which start before
+	// and independently of leader election: every replica serves.
+	if err := mgr.Add(secrets); err != nil {
+		return nil, fmt.Errorf("add operator token Secret cache to the manager: %w", err)
+	}
+
+	return &ControlPlaneProvider{
+		shared:  shared,
+		secrets: secrets,
+		synced: []namedInformer{
+			{"CoderControlPlane", ccpInformer},
+			{"Namespace", nsInformer},
+			{"operator token Secret", secretInformer},
+		},
+		timeout: coderTimeout,
+		log:     log.WithName("backends"),
+		clients: map[types.NamespacedName]*cachedClient{},
+	}, nil
+}
+
+// tokenSecretSelector selects the Secrets operatoraccess writes for a
+// control plane.
+func tokenSecretSelector() (labels.Selector, error) {
+	managed, err := labels.NewRequirement(labelManagedBy, selection.Equals, []string{managedBy})
+	if err != nil {
+		return nil, fmt.Errorf("token Secret selector: %w", err)
+	}
+	owned, err := labels.NewRequirement(labelControlPlane, selection.Exists, nil)
+	if err != nil {
+		return nil, fmt.Errorf("token Secret selector: %w", err)
+	}
+	return labels.NewSelector().Add(*managed, *owned), nil
+}
+
+// transformSecret strips managedFields and, from every labeled Secret
+// that is not a control plane's operator token Secret (the first user's
+// credentials carry the same labels), its data: this process never needs
+// it, and a password should not sit in every replica's memory.
+func transformSecret(in any) (any, error) {
+	obj, ok := in.(metav1.Object)
+	if !ok {
+		return in, nil
+	}
+	obj.SetManagedFields(nil)
+	if s, ok := in.(*corev1.Secret); ok {
+		owner := s.Labels[labelControlPlane]
+		tokenSecret := operatoraccess.TokenSecretName(&coderv1alpha1.CoderControlPlane{ObjectMeta: metav1.ObjectMeta{Name: owner}})
+		if owner == "" || s.Name != tokenSecret {
+			s.Data, s.StringData = nil, nil
+		}
+	}
+	return in, nil
+}
+
+// Ready reports whether the control plane, namespace and token Secret
+// informers have synced.
+func (p *ControlPlaneProvider) Ready() error {
+	var waiting []string
+	for _, i := range p.synced {
+		if !i.informer.HasSynced() {
+			waiting = append(waiting, i.what)
+		}
+	}
+	if len(waiting) > 0 {
+		return fmt.Errorf("%w: waiting for the %s informers to sync", ErrNotReady, strings.Join(waiting, ", "))
+	}
+	return nil
+}
+
+// Backends returns the control planes of namespace (every namespace when
+// "") whose operator access is usable, with their clients. It reads only
+// caches; in the steady state it builds no client and calls no API.
+func (p *ControlPlaneProvider) Backends(ctx context.Context, namespace string) ([]Backend, error) {
+	usable := map[string]bool{}
+	if namespace != "" {
+		// Checked first: a namespace being deleted needs no more work.
+		ok, err := p.namespaceUsable(ctx, namespace)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			p.forgetExcept(namespace, nil)
+			return nil, nil
+		}
+		usable[namespace] = true
+	}
+	list, err := p.listControlPlanes(ctx, namespace)
+	if err != nil {
+		return nil, err
+	}
+
+	live := map[types.NamespacedName]bool{}
+	var out []Backend
+	for i := range list {
+		ccp := &list[i]
+		key := types.NamespacedName{Namespace: ccp.Namespace, Name: ccp.Name}
+		ok, seen := usable[ccp.Namespace]
+		if !seen {
+			if ok, err = p.namespaceUsable(ctx, ccp.Namespace); err != nil {
+				return nil, err
+			}
+			usable[ccp.Namespace] = ok
+		}
+		if !ok {
+			continue
+		}
+		u, ref, why := eligible(ccp)
+		if why != "" {
+			p.log.V(1).Info("control plane not served", "controlPlane", key, "reason", why)
+			continue
+		}
+		var secret corev1.Secret
+		err := p.secrets.Get(ctx, types.NamespacedName{Namespace: ccp.Namespace, Name: ref.Name}, &secret, client.UnsafeDisableDeepCopy)
+		if apierrors.IsNotFound(err) {
+			p.log.V(1).Info("control plane not served: operator token Secret not found (or not labeled "+labelManagedBy+"="+managedBy+")",
+				"controlPlane", key, "secret", ref.Name)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("control plane %s: read operator token Secret %s: %w", key, ref.Name, notReady(err))
+		}
+		token := string(secret.Data[ref.Key])
+		if token == "" {
+			p.log.V(1).Info("control plane not served: operator token Secret has no token", "controlPlane", key, "secret", ref.Name, "key", ref.Key)
+			continue
+		}
+		live[key] = true
+		out = append(out, Backend{
+			Namespace:    ccp.Namespace,
+			ControlPlane: ccp.Name,
+			URL:          u,
+			Client:       p.client(key, u, &secret, token),
+		})
+	}
+	p.forgetExcept(namespace, live)
+	sortBackends(out)
+	return out, nil
+}
+
+// listControlPlanes lists the control planes of namespace ("" for all)
+// from the shared cache, without copying them (they are only read).
+func (p *ControlPlaneProvider) listControlPlanes(ctx context.Context, namespace string) ([]coderv1alpha1.CoderControlPlane, error) {
+	var list coderv1alpha1.CoderControlPlaneList
+	opts := []client.ListOption{client.UnsafeDisableDeepCopy}
+	if namespace != "" {
+		opts = append(opts, client.InNamespace(namespace))
+	}
+	err := p.shared.List(ctx, &list, opts...)
+	if err == nil {
+		return list.Items, nil
+	}
+	if namespace == "" {
+		return nil, fmt.Errorf("list CoderControlPlanes: %w", notReady(err))
+	}
+	// A manager cache restricted to some namespaces refuses to list any
+	// other (with an untyped error): list what it holds and filter, which
+	// finds none there.
+	if allErr := p.shared.List(ctx, &list, client.UnsafeDisableDeepCopy); allErr != nil {
+		return nil, fmt.Errorf("list CoderControlPlanes in namespace %s: %w", namespace, notReady(err))
+	}
+	var out []coderv1alpha1.CoderControlPlane
+	for _, ccp := range list.Items {
+		if ccp.Namespace == namespace {
+			out = append(out, ccp)
+		}
+	}
+	return out, nil
+}
+
+// eligible returns the coderd URL and token reference of a control plane
+// the operator has working access to, or why it has none.
+func eligible(ccp *coderv1alpha1.CoderControlPlane) (*url.URL, *coderv1alpha1.SecretKeyReference, string) {
+	switch {
+	case ccp.DeletionTimestamp != nil:
+		return nil, nil, "being deleted"
+	case ccp.Spec.OperatorAccess.Disabled:
+		return nil, nil, "operator access is disabled"
+	case !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady):
+		return nil, nil, "condition " + coderv1alpha1.ConditionOperatorAccessReady + " is not True"
+	case ccp.Status.URL == "":
+		return nil, nil, "status.url is not set"
+	case ccp.Status.OperatorTokenSecretRef == nil || ccp.Status.OperatorTokenSecretRef.Name == "":
+		return nil, nil, "status.operatorTokenSecretRef is not set"
+	}
+	u, err := parseCoderURL(ccp.Status.URL)
+	if err != nil {
+		return nil, nil, "status.url: " + err.Error()
+	}
+	ref := *ccp.Status.OperatorTokenSecretRef
+	if ref.Key == "" {
+		ref.Key = operatoraccess.TokenKey
+	}
+	return u, &ref, ""
+}
+
+func (p *ControlPlaneProvider) namespaceUsable(ctx context.Context, name string) (bool, error) {
+	var ns corev1.Namespace
+	err := p.shared.Get(ctx, types.NamespacedName{Name: name}, &ns, client.UnsafeDisableDeepCopy)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read namespace %s: %w", name, notReady(err))
+	}
+	return namespaceUsable(&ns), nil
+}
+
+// client returns the cached client of a control plane, rebuilt when the
+// token Secret (by UID and resourceVersion) or the URL changed.
+func (p *ControlPlaneProvider) client(key types.NamespacedName, u *url.URL, secret *corev1.Secret, token string) *codersdk.Client {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c, ok := p.clients[key]
+	if ok && c.url == u.String() && c.secretUID == secret.UID && c.secretVersion == secret.ResourceVersion {
+		return c.client
+	}
+	if ok {
+		closeIdle(c.client)
+		p.log.V(1).Info("operator token or coderd URL changed: new client", "controlPlane", key, "url", u.String())
+	}
+	c = &cachedClient{
+		url:           u.String(),
+		secretUID:     secret.UID,
+		secretVersion: secret.ResourceVersion,
+		client:        coderapi.NewClient(u, token, p.timeout),
+	}
+	p.clients[key] = c
+	return c.client
+}
+
+// forgetExcept drops the clients of control planes in namespace (all
+// when "") that are no longer served.
+func (p *ControlPlaneProvider) forgetExcept(namespace string, live map[types.NamespacedName]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for key, c := range p.clients {
+		if (namespace == "" || key.Namespace == namespace) && !live[key] {
+			closeIdle(c.client)
+			delete(p.clients, key)
+		}
+	}
+}
+
+// notReady marks the errors of a cache that has not started, so that
+// callers can answer "try again" rather than "internal error".
+func notReady(err error) error {
+	var notStarted *cache.ErrCacheNotStarted
+	if errors.As(err, &notStarted) {
+		return fmt.Errorf("%w: %w", ErrNotReady, err)
+	}
+	return err
+}

@@ -1,0 +1,88 @@
+package storage
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
+)
+
+// listTargets returns the objects of every target. A list at
+// resourceVersion "0" may be served from the watch cache when every target
+// is synced there; any other list reads coderd (and refreshes the cache
+// with what it read, so watchers see the change too).
+func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Duration, ts []target, opts *metainternalversion.ListOptions,
+	list func(context.Context, target) ([]watchcache.Object, error)) ([]watchcache.Object, error) {
+	if opts != nil && opts.ResourceVersion == "0" && cachedFresh(cache, ts, maxAge) {
+		keys := make(map[string]bool, len(ts))
+		for _, t := range ts {
+			keys[t.Key()] = true
+		}
+		objs, _ := cache.Snapshot(func(k string) bool { return keys[k] })
+		return objs, nil
+	}
+	results := make([][]watchcache.Object, len(ts))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	var mu sync.Mutex
+	for i, t := range ts {
+		g.Go(func() error {
+			objs, err := list(gctx, t)
+			if err != nil {
+				return err
+			}
+			stamped := cache.Replace(t.Key(), objs)
+			mu.Lock()
+			results[i] = stamped
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	var out []watchcache.Object
+	for _, r := range results {
+		out = append(out, r...)
+	}
+	return out, nil
+}
+
+// cachedFresh reports whether the cache holds every target's state as read
+// within maxAge (the poller, while someone watches, keeps it so).
+func cachedFresh(cache *watchcache.Cache, ts []target, maxAge time.Duration) bool {
+	for _, t := range ts {
+		if !cache.Synced(t.Key()) || time.Since(cache.LastReplaced(t.Key())) > maxAge {
+			return false
+		}
+	}
+	return true
+}
+
+// watchFrom opens a watch on the cache for namespace ("" = all). A watch
+// that starts from "now" with the current state first reads coderd, so its
+// initial events are as fresh as a list; when coderd cannot be reached the
+// client retries.
+func watchFrom(ctx context.Context, cache *watchcache.Cache, namespace string, opts *metainternalversion.ListOptions, match func(watchcache.Object) bool) (watch.Interface, error) {
+	wo := watchcache.WatchOptions{Backend: inNamespace(namespace), Match: match}
+	if opts != nil {
+		wo.ResourceVersion = opts.ResourceVersion
+		wo.SendInitialEvents = opts.SendInitialEvents
+		wo.AllowBookmarks = opts.AllowWatchBookmarks
+	}
+	consistent := wo.ResourceVersion == "" || (wo.SendInitialEvents != nil && *wo.SendInitialEvents &&
+		(opts.ResourceVersionMatch == "" || opts.ResourceVersionMatch == metav1.ResourceVersionMatchNotOlderThan) && wo.ResourceVersion != "0")
+	if consistent {
+		if err := cache.Refresh(ctx); err != nil {
+			return nil, apierrors.NewServiceUnavailable("read the current state from coderd: " + err.Error())
+		}
+	}
+	return cache.Watch(ctx, wo)
+}

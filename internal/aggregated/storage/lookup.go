@@ -1,0 +1,128 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+)
+
+// orgIDs remembers organization IDs by backend and name: they never
+// change, and templates are looked up by organization ID.
+type orgIDs struct {
+	mu  sync.Mutex
+	ids map[string]uuid.UUID
+}
+
+func (o *orgIDs) get(ctx context.Context, t target, org string) (uuid.UUID, error) {
+	key := t.Key() + "/" + org
+	o.mu.Lock()
+	id, ok := o.ids[key]
+	o.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	got, err := t.Client.OrganizationByName(ctx, org)
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("organization %q: %w", org, err)
+	}
+	o.mu.Lock()
+	if o.ids == nil {
+		o.ids = map[string]uuid.UUID{}
+	}
+	o.ids[key] = got.ID
+	o.mu.Unlock()
+	return got.ID, nil
+}
+
+// buildParams remembers each build's parameter values. A build's
+// parameters never change, so a steady-state poll asks coderd only about
+// builds it has not seen.
+type buildParams struct {
+	mu    sync.Mutex
+	byID  map[uuid.UUID][]aggv1.WorkspaceParameter
+	order []uuid.UUID
+	max   int
+}
+
+func newBuildParams(max int) *buildParams {
+	return &buildParams{byID: map[uuid.UUID][]aggv1.WorkspaceParameter{}, max: max}
+}
+
+func (p *buildParams) lookup(id uuid.UUID) ([]aggv1.WorkspaceParameter, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v, ok := p.byID[id]
+	return v, ok
+}
+
+func (p *buildParams) store(id uuid.UUID, v []aggv1.WorkspaceParameter) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.byID[id]; ok {
+		return
+	}
+	p.byID[id] = v
+	p.order = append(p.order, id)
+	for len(p.order) > p.max {
+		delete(p.byID, p.order[0])
+		p.order = p.order[1:]
+	}
+}
+
+// fill returns the parameters of every build in ids, asking coderd (at
+// most 8 at a time) for those not remembered.
+func (p *buildParams) fill(ctx context.Context, client *codersdk.Client, ids []uuid.UUID) (map[uuid.UUID][]aggv1.WorkspaceParameter, error) {
+	out := make(map[uuid.UUID][]aggv1.WorkspaceParameter, len(ids))
+	var missing []uuid.UUID
+	for _, id := range ids {
+		if id == uuid.Nil {
+			continue
+		}
+		if v, ok := p.lookup(id); ok {
+			out[id] = v
+		} else {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for _, id := range missing {
+		g.Go(func() error {
+			got, err := client.WorkspaceBuildParameters(gctx, id)
+			if err != nil {
+				return fmt.Errorf("parameters of build %s: %w", id, err)
+			}
+			v := toParameters(got)
+			p.store(id, v)
+			mu.Lock()
+			out[id] = v
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func toParameters(in []codersdk.WorkspaceBuildParameter) []aggv1.WorkspaceParameter {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]aggv1.WorkspaceParameter, len(in))
+	for i, p := range in {
+		out[i] = aggv1.WorkspaceParameter{Name: p.Name, Value: p.Value}
+	}
+	return out
+}

@@ -1,0 +1,122 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/duration"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+)
+
+// Columns for kubectl get; priority 1 shows only with -o wide.
+var (
+	workspaceColumns = []metav1.TableColumnDefinition{
+		{Name: "Name", Type: "string", Format: "name", Description: "<organization>.<owner>.<workspace>"},
+		{Name: "Owner", Type: "string", Description: "Coder username of the owner"},
+		{Name: "Template", Type: "string", Description: "Template the workspace is built from"},
+		{Name: "Status", Type: "string", Description: "Coder's workspace status"},
+		{Name: "Running", Type: "boolean", Description: "Desired run state (spec.running)"},
+		{Name: "Last Built", Type: "string", Description: "Time since the latest build was queued"},
+		{Name: "Age", Type: "string", Description: "Time since the workspace was created"},
+		{Name: "Organization", Type: "string", Priority: 1, Description: "Coder organization"},
+		{Name: "Version", Type: "string", Priority: 1, Description: "Template version of the latest build"},
+		{Name: "Outdated", Type: "boolean", Priority: 1, Description: "The template has a newer active version"},
+		{Name: "Healthy", Type: "boolean", Priority: 1, Description: "Every agent is healthy"},
+		{Name: "Shutdown", Type: "string", Priority: 1, Description: "Time until the automatic stop"},
+	}
+	templateColumns = []metav1.TableColumnDefinition{
+		{Name: "Name", Type: "string", Format: "name", Description: "<organization>.<template>"},
+		{Name: "Organization", Type: "string", Description: "Coder organization"},
+		{Name: "Active Version", Type: "string", Description: "Name of the active template version"},
+		{Name: "Build Status", Type: "string", Description: "Status of the active version's build"},
+		{Name: "Age", Type: "string", Description: "Time since the template was created"},
+		{Name: "Display Name", Type: "string", Priority: 1, Description: "Name shown in the Coder dashboard"},
+		{Name: "Deprecated", Type: "boolean", Priority: 1, Description: "The template is deprecated"},
+		{Name: "Users", Type: "integer", Priority: 1, Description: "Active users"},
+		{Name: "Files", Type: "integer", Priority: 1, Description: "Files in the template source"},
+	}
+)
+
+// ConvertToTable renders workspaces for kubectl get.
+func (s *WorkspaceStorage) ConvertToTable(_ context.Context, obj runtime.Object, opts runtime.Object) (*metav1.Table, error) {
+	return toTable(obj, opts, workspaceColumns, func(o runtime.Object) ([]any, error) {
+		w, ok := o.(*aggv1.CoderWorkspace)
+		if !ok {
+			return nil, fmt.Errorf("expected a CoderWorkspace, got %T", o)
+		}
+		lastBuilt, version := "<none>", "<none>"
+		if b := w.Status.LatestBuild; b != nil {
+			lastBuilt = age(b.CreatedAt)
+			version = b.TemplateVersionName
+		}
+		shutdown := "<none>"
+		if d := w.Status.AutoShutdownDeadline; d != nil {
+			shutdown = duration.HumanDuration(time.Until(d.Time))
+		}
+		return []any{w.Name, w.Status.Owner, w.Spec.TemplateName, w.Status.Phase, w.Spec.Running, lastBuilt,
+			age(w.CreationTimestamp), w.Spec.Organization, version, w.Status.Outdated, w.Status.Healthy, shutdown}, nil
+	})
+}
+
+// ConvertToTable renders templates for kubectl get.
+func (s *TemplateStorage) ConvertToTable(_ context.Context, obj runtime.Object, opts runtime.Object) (*metav1.Table, error) {
+	return toTable(obj, opts, templateColumns, func(o runtime.Object) ([]any, error) {
+		t, ok := o.(*aggv1.CoderTemplate)
+		if !ok {
+			return nil, fmt.Errorf("expected a CoderTemplate, got %T", o)
+		}
+		return []any{t.Name, t.Spec.Organization, orNone(t.Status.ActiveVersionName), orNone(t.Status.BuildStatus),
+			age(t.CreationTimestamp), t.Spec.DisplayName, t.Status.Deprecated, int64(t.Status.ActiveUserCount), int64(len(t.Spec.Files))}, nil
+	})
+}
+
+func toTable(obj runtime.Object, opts runtime.Object, columns []metav1.TableColumnDefinition, cells func(runtime.Object) ([]any, error)) (*metav1.Table, error) {
+	table := &metav1.Table{}
+	if o, ok := opts.(*metav1.TableOptions); !ok || !o.NoHeaders {
+		table.ColumnDefinitions = columns
+	}
+	add := func(o runtime.Object) error {
+		c, err := cells(o)
+		if err != nil {
+			return err
+		}
+		table.Rows = append(table.Rows, metav1.TableRow{Cells: c, Object: runtime.RawExtension{Object: o}})
+		return nil
+	}
+	if meta.IsListType(obj) {
+		if err := meta.EachListItem(obj, add); err != nil {
+			return nil, err
+		}
+		if l, err := meta.ListAccessor(obj); err == nil {
+			table.ResourceVersion = l.GetResourceVersion()
+			table.Continue = l.GetContinue()
+		}
+		return table, nil
+	}
+	if err := add(obj); err != nil {
+		return nil, err
+	}
+	if m, err := meta.Accessor(obj); err == nil {
+		table.ResourceVersion = m.GetResourceVersion()
+	}
+	return table, nil
+}
+
+func age(t metav1.Time) string {
+	if t.IsZero() {
+		return "<unknown>"
+	}
+	return duration.HumanDuration(time.Since(t.Time))
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "<none>"
+	}
+	return s
+}

@@ -1,0 +1,501 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"sync"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/registry/rest"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
+	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
+	"github.com/coder/coder-k8s/internal/coderapi"
+)
+
+// TemplateOptions adds what only templates need.
+type TemplateOptions struct {
+	// BuildWait tunes how creates and file updates wait for the new
+	// version's build.
+	BuildWait templatesource.WaitConfig
+	// Limits bound spec.files.
+	Limits templatesource.Limits
+	// SourceCacheBytes bounds the memory held by downloaded template
+	// sources.
+	SourceCacheBytes int64
+}
+
+// TemplateStorage serves codertemplates.
+type TemplateStorage struct {
+	resource
+	opts     TemplateOptions
+	sources  *templatesource.SourceCache
+	versions versionCache
+	orgs     orgIDs
+}
+
+var (
+	_ rest.Storage              = (*TemplateStorage)(nil)
+	_ rest.Scoper               = (*TemplateStorage)(nil)
+	_ rest.KindProvider         = (*TemplateStorage)(nil)
+	_ rest.SingularNameProvider = (*TemplateStorage)(nil)
+	_ rest.ShortNamesProvider   = (*TemplateStorage)(nil)
+	_ rest.CategoriesProvider   = (*TemplateStorage)(nil)
+	_ rest.Getter               = (*TemplateStorage)(nil)
+	_ rest.Lister               = (*TemplateStorage)(nil)
+	_ rest.Watcher              = (*TemplateStorage)(nil)
+	_ rest.Creater              = (*TemplateStorage)(nil)
+	_ rest.Updater              = (*TemplateStorage)(nil)
+	_ rest.GracefulDeleter      = (*TemplateStorage)(nil)
+	_ rest.TableConvertor       = (*TemplateStorage)(nil)
+)
+
+// NewTemplates returns the codertemplates storage. Run must run for
+// watches to see changes.
+func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
+	if to.SourceCacheBytes <= 0 {
+		to.SourceCacheBytes = 64 << 20
+	}
+	s := &TemplateStorage{
+		resource: resource{
+			gr:       aggv1.Resource("codertemplates"),
+			kind:     "CoderTemplate",
+			backends: o.Backends,
+			log:      o.Log.WithName("codertemplates"),
+			fields: map[string]string{
+				"name":                "metadata.name",
+				"display_name":        "spec.displayName",
+				"description":         "spec.description",
+				"icon":                "spec.icon",
+				"template_version_id": "spec.versionID",
+				"id":                  "spec.versionID",
+				"file_id":             "spec.files",
+			},
+		},
+		opts:    to,
+		sources: templatesource.NewSourceCache(to.SourceCacheBytes),
+	}
+	s.listBackend = s.listTemplates
+	s.selectable = func(o watchcache.Object) (map[string]string, fields.Set) {
+		t := o.(*aggv1.CoderTemplate)
+		return t.Labels, aggv1.TemplateFields(t)
+	}
+	if err := s.startCache(o, func() watchcache.Object { return &aggv1.CoderTemplate{} }); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *TemplateStorage) New() runtime.Object     { return &aggv1.CoderTemplate{} }
+func (s *TemplateStorage) NewList() runtime.Object { return &aggv1.CoderTemplateList{} }
+func (s *TemplateStorage) GetSingularName() string { return "codertemplate" }
+func (s *TemplateStorage) ShortNames() []string    { return []string{"ctpl"} }
+
+// listTemplates reads every template of one coderd with its active version
+// and source. Versions whose build has ended and sources (content
+// addressed) are remembered, so a steady-state poll is one request.
+func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchcache.Object, error) {
+	tpls, err := t.Client.Templates(ctx, codersdk.TemplateFilter{})
+	if err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	out := make([]watchcache.Object, len(tpls))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i := range tpls {
+		g.Go(func() error {
+			obj, err := s.convert(gctx, t, &tpls[i])
+			out[i] = obj
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// convert reads what a template's view needs besides the template.
+func (s *TemplateStorage) convert(ctx context.Context, t target, tpl *codersdk.Template) (*aggv1.CoderTemplate, error) {
+	v, err := s.versions.get(ctx, t, tpl.ActiveVersionID)
+	if err != nil {
+		return nil, fmt.Errorf("active version of template %s: %w", tpl.Name, err)
+	}
+	files, err := s.sources.Files(ctx, t.Client, v.Job.FileID, s.opts.Limits)
+	if err != nil {
+		var fe *templatesource.FileError
+		if !errors.As(err, &fe) {
+			return nil, fmt.Errorf("source of template %s: %w", tpl.Name, err)
+		}
+		// A source made outside Kubernetes may exceed spec.files' limits;
+		// the template is still listed, without files.
+		s.log.V(1).Info("template source not shown in spec.files", "template", tpl.Name, "reason", err.Error())
+		files = nil
+	}
+	return toTemplate(t, tpl, &v, files), nil
+}
+
+func (s *TemplateStorage) lookup(ctx context.Context, name string) (target, templateObjectName, error) {
+	n, err := parseTemplateName(name)
+	if err != nil {
+		return target{}, n, s.badName(name, err)
+	}
+	t, err := s.resolve(ctx, namespaceOf(ctx), n.ControlPlane, name)
+	return t, n, err
+}
+
+// fetch reads the Coder template an object name refers to.
+func (s *TemplateStorage) fetch(ctx context.Context, t target, n templateObjectName, name string) (codersdk.Template, error) {
+	orgID, err := s.orgs.get(ctx, t, n.Org)
+	if err != nil {
+		return codersdk.Template{}, s.coderErr(t, err, name)
+	}
+	tpl, err := t.Client.TemplateByName(ctx, orgID, n.Name)
+	if err != nil {
+		if coderapi.IsNotFound(err) {
+			s.cache.Delete(t.Key(), name)
+		}
+		return tpl, s.coderErr(t, err, name)
+	}
+	return tpl, nil
+}
+
+func (s *TemplateStorage) read(ctx context.Context, t target, n templateObjectName, name string) (*aggv1.CoderTemplate, error) {
+	tpl, err := s.fetch(ctx, t, n, name)
+	if err != nil {
+		return nil, err
+	}
+	obj, err := s.convert(ctx, t, &tpl)
+	if err != nil {
+		return nil, s.coderErr(t, err, name)
+	}
+	return s.cache.Upsert(t.Key(), obj)[0].(*aggv1.CoderTemplate), nil
+}
+
+// Get reads the template from coderd.
+func (s *TemplateStorage) Get(ctx context.Context, name string, _ *metav1.GetOptions) (runtime.Object, error) {
+	t, n, err := s.lookup(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return s.read(ctx, t, n, name)
+}
+
+// List reads the templates of the namespace (or every namespace).
+func (s *TemplateStorage) List(ctx context.Context, opts *metainternalversion.ListOptions) (runtime.Object, error) {
+	objs, rv, err := s.list(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	list := &aggv1.CoderTemplateList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: make([]aggv1.CoderTemplate, len(objs))}
+	for i, o := range objs {
+		list.Items[i] = *o.(*aggv1.CoderTemplate)
+	}
+	return list, nil
+}
+
+// Create uploads the files, waits for the version to build and creates
+// the template with it; or creates it from an existing version.
+func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error) {
+	tpl, ok := obj.(*aggv1.CoderTemplate)
+	if !ok {
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("expected a CoderTemplate, got %T", obj))
+	}
+	n, errs := s.validateCreate(tpl)
+	if len(errs) > 0 {
+		return nil, s.invalid(tpl.Name, errs)
+	}
+	if createValidation != nil {
+		if err := createValidation(ctx, tpl); err != nil {
+			return nil, err
+		}
+	}
+	t, err := s.resolve(ctx, namespaceOf(ctx), n.ControlPlane, tpl.Name)
+	if err != nil {
+		return nil, err
+	}
+	if opts != nil && isDryRun(opts.DryRun) {
+		out := tpl.DeepCopy()
+		out.Namespace = t.Namespace
+		out.Spec.Organization = n.Org
+		out.Labels = objectLabels(t, n.Org, map[string]string{aggv1.LabelTemplate: n.Name})
+		out.CreationTimestamp = metav1.Now()
+		out.Status = aggv1.CoderTemplateStatus{Organization: n.Org}
+		return out, nil
+	}
+	orgID, err := s.orgs.get(ctx, t, n.Org)
+	if err != nil {
+		return nil, s.coderErr(t, err, tpl.Name)
+	}
+	var versionID uuid.UUID
+	if len(tpl.Spec.Files) > 0 {
+		v, err := s.buildVersion(ctx, t, orgID, uuid.Nil, tpl.Spec.Files, tpl.Name)
+		if err != nil {
+			return nil, err
+		}
+		versionID = v.ID
+	} else {
+		versionID = uuid.MustParse(tpl.Spec.VersionID) // validated
+	}
+	_, err = t.Client.CreateTemplate(ctx, orgID, codersdk.CreateTemplateRequest{
+		Name:        n.Name,
+		DisplayName: tpl.Spec.DisplayName,
+		Description: tpl.Spec.Description,
+		Icon:        tpl.Spec.Icon,
+		VersionID:   versionID,
+	})
+	if err != nil {
+		return nil, s.createErr(t, err, tpl.Name)
+	}
+	return s.read(ctx, t, n, tpl.Name)
+}
+
+// buildVersion uploads files as a new version (of templateID, or of no
+// template yet), waits for its build and returns it.
+func (s *TemplateStorage) buildVersion(ctx context.Context, t target, orgID, templateID uuid.UUID, files map[string]string, name string) (codersdk.TemplateVersion, error) {
+	fileID, err := templatesource.Upload(ctx, t.Client, files, s.opts.Limits)
+	if err != nil {
+		var fe *templatesource.FileError
+		if errors.As(err, &fe) {
+			return codersdk.TemplateVersion{}, s.invalid(name, field.ErrorList{field.Invalid(specPath.Child("files").Key(fe.Path), "", fe.Reason)})
+		}
+		return codersdk.TemplateVersion{}, s.coderErr(t, err, name)
+	}
+	v, err := t.Client.CreateTemplateVersion(ctx, orgID, codersdk.CreateTemplateVersionRequest{
+		TemplateID:    templateID,
+		StorageMethod: codersdk.ProvisionerStorageMethodFile,
+		FileID:        fileID,
+		Provisioner:   codersdk.ProvisionerTypeTerraform,
+	})
+	if err != nil {
+		return v, s.coderErr(t, err, name)
+	}
+	built, err := templatesource.WaitForBuild(ctx, t.Client, v.ID, s.opts.BuildWait)
+	if err != nil {
+		var failed *templatesource.BuildFailedError
+		var timeout *templatesource.BuildTimeoutError
+		switch {
+		case errors.As(err, &failed):
+			return built, s.invalid(name, field.ErrorList{field.Invalid(specPath.Child("files"), "", "the template version did not build: "+failed.Error())})
+		case errors.As(err, &timeout):
+			return built, apierrors.NewTimeoutError(timeout.Error(), 0)
+		}
+		return built, s.coderErr(t, err, name)
+	}
+	return built, nil
+}
+
+func (s *TemplateStorage) invalid(name string, errs field.ErrorList) error {
+	return apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), name, errs)
+}
+
+func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObjectName, field.ErrorList) {
+	if tpl.Name == "" && tpl.GenerateName != "" {
+		return templateObjectName{}, field.ErrorList{field.Forbidden(field.NewPath("metadata", "generateName"), "names map to Coder objects; give metadata.name")}
+	}
+	n, err := parseTemplateName(tpl.Name)
+	if err != nil {
+		return n, field.ErrorList{field.Invalid(namePath, tpl.Name, err.Error())}
+	}
+	var errs field.ErrorList
+	if tpl.Spec.Organization != "" && tpl.Spec.Organization != n.Org {
+		errs = append(errs, field.Invalid(specPath.Child("organization"), tpl.Spec.Organization, "must match the organization in the name ("+n.Org+")"))
+	}
+	switch {
+	case len(tpl.Spec.Files) > 0 && tpl.Spec.VersionID != "":
+		errs = append(errs, field.Forbidden(specPath.Child("versionID"), "give either spec.files (a new version) or spec.versionID (an existing one)"))
+	case len(tpl.Spec.Files) > 0:
+		errs = append(errs, templatesource.Validate(tpl.Spec.Files, s.opts.Limits, specPath.Child("files"))...)
+	case tpl.Spec.VersionID != "":
+		if _, err := uuid.Parse(tpl.Spec.VersionID); err != nil {
+			errs = append(errs, field.Invalid(specPath.Child("versionID"), tpl.Spec.VersionID, "must be a template version ID (a UUID)"))
+		}
+	default:
+		errs = append(errs, field.Required(specPath.Child("files"), "a new template needs its source files (or spec.versionID of an existing version)"))
+	}
+	return n, errs
+}
+
+// Update changes the template's metadata, uploads and promotes a new
+// version when spec.files changed, or promotes spec.versionID. With
+// forceAllowCreate (server-side apply) a missing template is created.
+func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, opts *metav1.UpdateOptions) (runtime.Object, bool, error) {
+	t, n, err := s.lookup(ctx, name)
+	var cur *aggv1.CoderTemplate
+	if err == nil {
+		cur, err = s.read(ctx, t, n, name)
+	}
+	if err != nil {
+		if !forceAllowCreate || !apierrors.IsNotFound(err) {
+			return nil, false, err
+		}
+		newObj, err := objInfo.UpdatedObject(ctx, s.New())
+		if err != nil {
+			return nil, false, err
+		}
+		created, err := s.Create(ctx, newObj, createValidation, createOptions(opts))
+		return created, err == nil, err
+	}
+	newObj, err := objInfo.UpdatedObject(ctx, cur.DeepCopy())
+	if err != nil {
+		return nil, false, err
+	}
+	next, ok := newObj.(*aggv1.CoderTemplate)
+	if !ok {
+		return nil, false, apierrors.NewBadRequest(fmt.Sprintf("expected a CoderTemplate, got %T", newObj))
+	}
+	if err := s.checkResourceVersion(name, next.ResourceVersion, cur.ResourceVersion); err != nil {
+		return nil, false, err
+	}
+	errs := validateTemplateUpdate(next, cur, name)
+	filesChanged := next.Spec.Files != nil && !maps.Equal(next.Spec.Files, cur.Spec.Files)
+	if filesChanged {
+		errs = append(errs, templatesource.Validate(next.Spec.Files, s.opts.Limits, specPath.Child("files"))...)
+	}
+	if len(errs) > 0 {
+		return nil, false, s.invalid(name, errs)
+	}
+	if updateValidation != nil {
+		if err := updateValidation(ctx, next, cur); err != nil {
+			return nil, false, err
+		}
+	}
+	metaChanged := next.Spec.DisplayName != cur.Spec.DisplayName || next.Spec.Description != cur.Spec.Description || next.Spec.Icon != cur.Spec.Icon
+	promote := !filesChanged && next.Spec.VersionID != "" && next.Spec.VersionID != cur.Spec.VersionID
+	if !metaChanged && !filesChanged && !promote {
+		return cur, false, nil
+	}
+	if opts != nil && isDryRun(opts.DryRun) {
+		out := cur.DeepCopy()
+		out.Spec = next.Spec
+		return out, false, nil
+	}
+	tpl, err := s.fetch(ctx, t, n, name)
+	if err != nil {
+		return nil, false, err
+	}
+	if metaChanged {
+		req := metaUpdate(&tpl)
+		req.DisplayName, req.Description, req.Icon = &next.Spec.DisplayName, &next.Spec.Description, &next.Spec.Icon
+		if _, err := t.Client.UpdateTemplateMeta(ctx, tpl.ID, req); err != nil && coderapi.StatusCode(err) != http.StatusNotModified {
+			return nil, false, s.coderErr(t, err, name)
+		}
+	}
+	var activate uuid.UUID
+	switch {
+	case filesChanged:
+		v, err := s.buildVersion(ctx, t, tpl.OrganizationID, tpl.ID, next.Spec.Files, name)
+		if err != nil {
+			return nil, false, err
+		}
+		activate = v.ID
+	case promote:
+		activate = uuid.MustParse(next.Spec.VersionID) // validated
+	}
+	if activate != uuid.Nil {
+		if err := t.Client.UpdateActiveTemplateVersion(ctx, tpl.ID, codersdk.UpdateActiveTemplateVersion{ID: activate}); err != nil {
+			return nil, false, s.coderErr(t, err, name)
+		}
+	}
+	out, err := s.read(ctx, t, n, name)
+	return out, false, err
+}
+
+// metaUpdate starts a metadata update from the template's current
+// settings: coderd's PATCH replaces settings left at their zero value.
+func metaUpdate(t *codersdk.Template) codersdk.UpdateTemplateMeta {
+	return codersdk.UpdateTemplateMeta{
+		Name:                           t.Name,
+		DisplayName:                    &t.DisplayName,
+		Description:                    &t.Description,
+		Icon:                           &t.Icon,
+		DefaultTTLMillis:               t.DefaultTTLMillis,
+		ActivityBumpMillis:             t.ActivityBumpMillis,
+		AutostopRequirement:            &t.AutostopRequirement,
+		AutostartRequirement:           &t.AutostartRequirement,
+		AllowUserAutostart:             t.AllowUserAutostart,
+		AllowUserAutostop:              t.AllowUserAutostop,
+		AllowUserCancelWorkspaceJobs:   t.AllowUserCancelWorkspaceJobs,
+		FailureTTLMillis:               t.FailureTTLMillis,
+		TimeTilDormantMillis:           t.TimeTilDormantMillis,
+		TimeTilDormantAutoDeleteMillis: t.TimeTilDormantAutoDeleteMillis,
+		RequireActiveVersion:           t.RequireActiveVersion,
+		DeprecationMessage:             &t.DeprecationMessage,
+		MaxPortShareLevel:              &t.MaxPortShareLevel,
+		CORSBehavior:                   &t.CORSBehavior,
+		UseClassicParameterFlow:        &t.UseClassicParameterFlow,
+	}
+}
+
+// Delete deletes the template in coderd; coderd refuses while workspaces
+// use it.
+func (s *TemplateStorage) Delete(ctx context.Context, name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (runtime.Object, bool, error) {
+	t, n, err := s.lookup(ctx, name)
+	if err != nil {
+		return nil, false, err
+	}
+	cur, err := s.read(ctx, t, n, name)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := s.checkDeletePreconditions(name, cur, opts); err != nil {
+		return nil, false, err
+	}
+	if deleteValidation != nil {
+		if err := deleteValidation(ctx, cur); err != nil {
+			return nil, false, err
+		}
+	}
+	if opts != nil && isDryRun(opts.DryRun) {
+		return cur, true, nil
+	}
+	if err := t.Client.DeleteTemplate(ctx, uuid.MustParse(cur.Status.ID)); err != nil {
+		return nil, false, s.coderErr(t, err, name)
+	}
+	s.cache.Delete(t.Key(), name)
+	return cur, true, nil
+}
+
+// versionCache remembers template versions whose build has ended: they
+// no longer change.
+type versionCache struct {
+	mu   sync.Mutex
+	byID map[uuid.UUID]codersdk.TemplateVersion
+}
+
+func (c *versionCache) get(ctx context.Context, t target, id uuid.UUID) (codersdk.TemplateVersion, error) {
+	c.mu.Lock()
+	v, ok := c.byID[id]
+	c.mu.Unlock()
+	if ok {
+		return v, nil
+	}
+	v, err := t.Client.TemplateVersion(ctx, id)
+	if err != nil {
+		return v, err
+	}
+	if !buildInProgress(v.Job.Status) {
+		c.mu.Lock()
+		if c.byID == nil {
+			c.byID = map[uuid.UUID]codersdk.TemplateVersion{}
+		}
+		if len(c.byID) > 10000 {
+			clear(c.byID)
+		}
+		c.byID[id] = v
+		c.mu.Unlock()
+	}
+	return v, nil
+}

@@ -1,0 +1,94 @@
+package storage
+
+import (
+	"github.com/google/uuid"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+)
+
+var (
+	specPath = field.NewPath("spec")
+	namePath = field.NewPath("metadata", "name")
+)
+
+// validateWorkspaceCreate checks a new workspace and returns its parsed
+// name.
+func validateWorkspaceCreate(ws *aggv1.CoderWorkspace) (workspaceName, field.ErrorList) {
+	var errs field.ErrorList
+	if ws.Name == "" && ws.GenerateName != "" {
+		return workspaceName{}, field.ErrorList{field.Forbidden(field.NewPath("metadata", "generateName"), "names map to Coder objects; give metadata.name")}
+	}
+	n, err := parseWorkspaceName(ws.Name)
+	if err != nil {
+		return n, field.ErrorList{field.Invalid(namePath, ws.Name, err.Error())}
+	}
+	if ws.Spec.Organization != "" && ws.Spec.Organization != n.Org {
+		errs = append(errs, field.Invalid(specPath.Child("organization"), ws.Spec.Organization, "must match the organization in the name ("+n.Org+")"))
+	}
+	if ws.Spec.TemplateName == "" {
+		errs = append(errs, field.Required(specPath.Child("templateName"), "the template to build the workspace from"))
+	}
+	errs = append(errs, validateWorkspaceSpec(&ws.Spec)...)
+	return n, errs
+}
+
+// validateWorkspaceUpdate checks an update against the current object.
+func validateWorkspaceUpdate(next, cur *aggv1.CoderWorkspace, name string) field.ErrorList {
+	var errs field.ErrorList
+	if next.Name != name {
+		errs = append(errs, field.Invalid(namePath, next.Name, "must match the name in the URL ("+name+")"))
+	}
+	if next.Spec.Organization != "" && next.Spec.Organization != cur.Spec.Organization {
+		errs = append(errs, field.Forbidden(specPath.Child("organization"), "a workspace cannot move to another organization"))
+	}
+	if next.Spec.TemplateName != cur.Spec.TemplateName {
+		errs = append(errs, field.Forbidden(specPath.Child("templateName"), "a workspace cannot move to another template; pick a version of "+cur.Spec.TemplateName+" with spec.templateVersionID"))
+	}
+	errs = append(errs, validateWorkspaceSpec(&next.Spec)...)
+	return errs
+}
+
+func validateWorkspaceSpec(s *aggv1.CoderWorkspaceSpec) field.ErrorList {
+	var errs field.ErrorList
+	if s.TemplateVersionID != "" {
+		if _, err := uuid.Parse(s.TemplateVersionID); err != nil {
+			errs = append(errs, field.Invalid(specPath.Child("templateVersionID"), s.TemplateVersionID, "must be a template version ID (a UUID)"))
+		}
+	}
+	if s.TTLMillis != nil && *s.TTLMillis < 0 {
+		errs = append(errs, field.Invalid(specPath.Child("ttlMillis"), *s.TTLMillis, "must not be negative"))
+	}
+	seen := map[string]bool{}
+	for i, p := range s.Parameters {
+		fp := specPath.Child("parameters").Index(i)
+		if p.Name == "" {
+			errs = append(errs, field.Required(fp.Child("name"), ""))
+		} else if seen[p.Name] {
+			errs = append(errs, field.Duplicate(fp.Child("name"), p.Name))
+		}
+		seen[p.Name] = true
+	}
+	return errs
+}
+
+// validateTemplateUpdate checks an update against the current object.
+func validateTemplateUpdate(next, cur *aggv1.CoderTemplate, name string) field.ErrorList {
+	var errs field.ErrorList
+	if next.Name != name {
+		errs = append(errs, field.Invalid(namePath, next.Name, "must match the name in the URL ("+name+")"))
+	}
+	if next.Spec.Organization != "" && next.Spec.Organization != cur.Spec.Organization {
+		errs = append(errs, field.Forbidden(specPath.Child("organization"), "a template cannot move to another organization"))
+	}
+	if next.Spec.VersionID != "" {
+		if _, err := uuid.Parse(next.Spec.VersionID); err != nil {
+			errs = append(errs, field.Invalid(specPath.Child("versionID"), next.Spec.VersionID, "must be a template version ID (a UUID)"))
+		}
+	}
+	if next.Spec.VersionID != cur.Spec.VersionID && next.Spec.VersionID != "" && !apiequality.Semantic.DeepEqual(next.Spec.Files, cur.Spec.Files) && next.Spec.Files != nil {
+		errs = append(errs, field.Forbidden(specPath.Child("versionID"), "change either spec.files (which uploads a new version) or spec.versionID (which promotes an existing one), not both"))
+	}
+	return errs
+}

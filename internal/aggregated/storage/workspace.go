@@ -1,0 +1,471 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/registry/rest"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
+	"github.com/coder/coder-k8s/internal/coderapi"
+)
+
+// WorkspaceStorage serves coderworkspaces.
+type WorkspaceStorage struct {
+	resource
+	params *buildParams
+	orgs   orgIDs
+}
+
+var (
+	_ rest.Storage              = (*WorkspaceStorage)(nil)
+	_ rest.Scoper               = (*WorkspaceStorage)(nil)
+	_ rest.KindProvider         = (*WorkspaceStorage)(nil)
+	_ rest.SingularNameProvider = (*WorkspaceStorage)(nil)
+	_ rest.ShortNamesProvider   = (*WorkspaceStorage)(nil)
+	_ rest.CategoriesProvider   = (*WorkspaceStorage)(nil)
+	_ rest.Getter               = (*WorkspaceStorage)(nil)
+	_ rest.Lister               = (*WorkspaceStorage)(nil)
+	_ rest.Watcher              = (*WorkspaceStorage)(nil)
+	_ rest.Creater              = (*WorkspaceStorage)(nil)
+	_ rest.Updater              = (*WorkspaceStorage)(nil)
+	_ rest.GracefulDeleter      = (*WorkspaceStorage)(nil)
+	_ rest.TableConvertor       = (*WorkspaceStorage)(nil)
+)
+
+// NewWorkspaces returns the coderworkspaces storage. Run must run for
+// watches to see changes.
+func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
+	s := &WorkspaceStorage{
+		resource: resource{
+			gr:       aggv1.Resource("coderworkspaces"),
+			kind:     "CoderWorkspace",
+			backends: o.Backends,
+			log:      o.Log.WithName("coderworkspaces"),
+			fields: map[string]string{
+				"name":                  "metadata.name",
+				"template_id":           "spec.templateName",
+				"template_version_id":   "spec.templateVersionID",
+				"ttl_ms":                "spec.ttlMillis",
+				"autostart_schedule":    "spec.autostartSchedule",
+				"schedule":              "spec.autostartSchedule",
+				"rich_parameter_values": "spec.parameters",
+			},
+		},
+		params: newBuildParams(20000),
+	}
+	s.listBackend = s.listWorkspaces
+	s.selectable = func(o watchcache.Object) (map[string]string, fields.Set) {
+		w := o.(*aggv1.CoderWorkspace)
+		return w.Labels, aggv1.WorkspaceFields(w)
+	}
+	if err := s.startCache(o, func() watchcache.Object { return &aggv1.CoderWorkspace{} }); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *WorkspaceStorage) New() runtime.Object     { return &aggv1.CoderWorkspace{} }
+func (s *WorkspaceStorage) NewList() runtime.Object { return &aggv1.CoderWorkspaceList{} }
+func (s *WorkspaceStorage) GetSingularName() string { return "coderworkspace" }
+func (s *WorkspaceStorage) ShortNames() []string    { return []string{"cws"} }
+
+// listWorkspaces reads every workspace of one coderd.
+func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watchcache.Object, error) {
+	resp, err := t.Client.Workspaces(ctx, codersdk.WorkspaceFilter{})
+	if err != nil {
+		return nil, fmt.Errorf("list workspaces: %w", err)
+	}
+	res := resp.Workspaces
+	ids := make([]uuid.UUID, len(res))
+	for i := range res {
+		ids[i] = res[i].LatestBuild.ID
+	}
+	params, err := s.params.fill(ctx, t.Client, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]watchcache.Object, len(res))
+	for i := range res {
+		out[i] = toWorkspace(t, &res[i], params[res[i].LatestBuild.ID])
+	}
+	return out, nil
+}
+
+// read fetches one workspace from coderd and records it in the cache.
+func (s *WorkspaceStorage) read(ctx context.Context, t target, n workspaceName, name string) (*aggv1.CoderWorkspace, error) {
+	w, err := t.Client.WorkspaceByOwnerAndName(ctx, n.Owner, n.Name, codersdk.WorkspaceOptions{})
+	if err != nil {
+		if code := coderapi.StatusCode(err); code == http.StatusNotFound || code == http.StatusGone {
+			s.cache.Delete(t.Key(), name)
+		}
+		return nil, s.coderErr(t, err, name)
+	}
+	if w.OrganizationName != n.Org {
+		return nil, s.notFound(name, fmt.Sprintf("workspace %s/%s belongs to organization %q", n.Owner, n.Name, w.OrganizationName))
+	}
+	params, err := s.params.fill(ctx, t.Client, []uuid.UUID{w.LatestBuild.ID})
+	if err != nil {
+		return nil, s.coderErr(t, err, name)
+	}
+	obj := toWorkspace(t, &w, params[w.LatestBuild.ID])
+	return s.cache.Upsert(t.Key(), obj)[0].(*aggv1.CoderWorkspace), nil
+}
+
+// lookup parses name and finds its backend.
+func (s *WorkspaceStorage) lookup(ctx context.Context, name string) (target, workspaceName, error) {
+	n, err := parseWorkspaceName(name)
+	if err != nil {
+		return target{}, n, s.badName(name, err)
+	}
+	t, err := s.resolve(ctx, namespaceOf(ctx), n.ControlPlane, name)
+	return t, n, err
+}
+
+// Get reads the workspace from coderd.
+func (s *WorkspaceStorage) Get(ctx context.Context, name string, _ *metav1.GetOptions) (runtime.Object, error) {
+	t, n, err := s.lookup(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return s.read(ctx, t, n, name)
+}
+
+// List reads the workspaces of the namespace (or of every namespace) from
+// coderd. A list at resourceVersion 0 — what informers send — is served
+// from the watch cache while the poller keeps it fresh.
+func (s *WorkspaceStorage) List(ctx context.Context, opts *metainternalversion.ListOptions) (runtime.Object, error) {
+	objs, rv, err := s.list(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	list := &aggv1.CoderWorkspaceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: make([]aggv1.CoderWorkspace, len(objs))}
+	for i, o := range objs {
+		list.Items[i] = *o.(*aggv1.CoderWorkspace)
+	}
+	return list, nil
+}
+
+// Create creates the workspace in coderd.
+func (s *WorkspaceStorage) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error) {
+	ws, ok := obj.(*aggv1.CoderWorkspace)
+	if !ok {
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("expected a CoderWorkspace, got %T", obj))
+	}
+	n, errs := validateWorkspaceCreate(ws)
+	if len(errs) > 0 {
+		return nil, apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), ws.Name, errs)
+	}
+	if createValidation != nil {
+		if err := createValidation(ctx, ws); err != nil {
+			return nil, err
+		}
+	}
+	t, err := s.resolve(ctx, namespaceOf(ctx), n.ControlPlane, ws.Name)
+	if err != nil {
+		return nil, err
+	}
+	if opts != nil && isDryRun(opts.DryRun) {
+		return dryRunWorkspace(ws, t, n), nil
+	}
+	orgID, err := s.orgs.get(ctx, t, n.Org)
+	if err != nil {
+		return nil, s.coderErr(t, err, ws.Name)
+	}
+	tpl, err := t.Client.TemplateByName(ctx, orgID, ws.Spec.TemplateName)
+	if err != nil {
+		if coderapi.IsNotFound(err) {
+			return nil, apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), ws.Name, field.ErrorList{
+				field.NotFound(field.NewPath("spec", "templateName"), ws.Spec.TemplateName)})
+		}
+		return nil, s.coderErr(t, err, ws.Name)
+	}
+	req := codersdk.CreateWorkspaceRequest{
+		Name:                n.Name,
+		TTLMillis:           ws.Spec.TTLMillis,
+		AutostartSchedule:   ws.Spec.AutostartSchedule,
+		RichParameterValues: fromParameters(ws.Spec.Parameters),
+	}
+	if ws.Spec.TemplateVersionID != "" {
+		id := uuid.MustParse(ws.Spec.TemplateVersionID) // validated above
+		if err := s.checkVersionOf(ctx, t, tpl, id, ws.Name); err != nil {
+			return nil, err
+		}
+		req.TemplateVersionID = id
+	} else {
+		req.TemplateID = tpl.ID
+	}
+	w, err := t.Client.CreateUserWorkspace(ctx, n.Owner, req)
+	if err != nil {
+		return nil, s.createErr(t, err, ws.Name)
+	}
+	if !ws.Spec.Running {
+		if err := s.stopNew(ctx, t, &w); err != nil {
+			return nil, s.coderErr(t, fmt.Errorf("workspace %s was created, but stopping it failed: %w", ws.Name, err), ws.Name)
+		}
+	}
+	return s.read(ctx, t, n, ws.Name)
+}
+
+func (s *WorkspaceStorage) checkVersionOf(ctx context.Context, t target, tpl codersdk.Template, id uuid.UUID, name string) error {
+	v, err := t.Client.TemplateVersion(ctx, id)
+	if err != nil {
+		if coderapi.IsNotFound(err) {
+			return apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), name, field.ErrorList{
+				field.NotFound(field.NewPath("spec", "templateVersionID"), id.String())})
+		}
+		return s.coderErr(t, err, name)
+	}
+	if v.TemplateID == nil || *v.TemplateID != tpl.ID {
+		return apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), name, field.ErrorList{
+			field.Invalid(field.NewPath("spec", "templateVersionID"), id.String(), fmt.Sprintf("not a version of template %q", tpl.Name))})
+	}
+	return nil
+}
+
+// stopNew leaves a just-created workspace stopped. coderd always queues a
+// start build with a new workspace; it is canceled at once (before a
+// provisioner picks it up, unless one already has) and a stop build
+// follows, so the workspace does not stay running.
+func (s *WorkspaceStorage) stopNew(ctx context.Context, t target, w *codersdk.Workspace) error {
+	id := w.LatestBuild.ID
+	if err := t.Client.CancelWorkspaceBuild(ctx, id, codersdk.CancelWorkspaceBuildParams{}); err != nil &&
+		coderapi.StatusCode(err) != http.StatusBadRequest { // 400: the job already finished
+		return fmt.Errorf("cancel the initial start build: %w", err)
+	}
+	if _, err := waitBuildDone(ctx, t.Client, id); err != nil {
+		return err
+	}
+	if _, err := t.Client.CreateWorkspaceBuild(ctx, w.ID, codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionStop}); err != nil {
+		return fmt.Errorf("queue the stop build: %w", err)
+	}
+	return nil
+}
+
+// waitBuildDone polls a build until its job has ended.
+func waitBuildDone(ctx context.Context, client *codersdk.Client, id uuid.UUID) (codersdk.WorkspaceBuild, error) {
+	tick := 200 * time.Millisecond
+	for {
+		b, err := client.WorkspaceBuild(ctx, id)
+		if err != nil {
+			return b, fmt.Errorf("read build %s: %w", id, err)
+		}
+		if !buildInProgress(b.Job.Status) {
+			return b, nil
+		}
+		select {
+		case <-ctx.Done():
+			return b, fmt.Errorf("wait for build %s: %w", id, ctx.Err())
+		case <-time.After(tick):
+		}
+		if tick < 2*time.Second {
+			tick *= 2
+		}
+	}
+}
+
+// Update changes the workspace: schedule fields through their endpoints,
+// run state, version and parameters through a build. With
+// forceAllowCreate (server-side apply) a missing workspace is created.
+func (s *WorkspaceStorage) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, opts *metav1.UpdateOptions) (runtime.Object, bool, error) {
+	t, n, err := s.lookup(ctx, name)
+	if err != nil && !(forceAllowCreate && apierrors.IsNotFound(err)) {
+		return nil, false, err
+	}
+	var cur *aggv1.CoderWorkspace
+	if err == nil {
+		cur, err = s.read(ctx, t, n, name)
+	}
+	if err != nil {
+		if !forceAllowCreate || !apierrors.IsNotFound(err) {
+			return nil, false, err
+		}
+		newObj, err := objInfo.UpdatedObject(ctx, s.New())
+		if err != nil {
+			return nil, false, err
+		}
+		created, err := s.Create(ctx, newObj, createValidation, createOptions(opts))
+		return created, err == nil, err
+	}
+	newObj, err := objInfo.UpdatedObject(ctx, cur.DeepCopy())
+	if err != nil {
+		return nil, false, err
+	}
+	ws, ok := newObj.(*aggv1.CoderWorkspace)
+	if !ok {
+		return nil, false, apierrors.NewBadRequest(fmt.Sprintf("expected a CoderWorkspace, got %T", newObj))
+	}
+	if err := s.checkResourceVersion(name, ws.ResourceVersion, cur.ResourceVersion); err != nil {
+		return nil, false, err
+	}
+	if errs := validateWorkspaceUpdate(ws, cur, name); len(errs) > 0 {
+		return nil, false, apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), name, errs)
+	}
+	if updateValidation != nil {
+		if err := updateValidation(ctx, ws, cur); err != nil {
+			return nil, false, err
+		}
+	}
+	ch := workspaceChanges(&cur.Spec, &ws.Spec)
+	if ch.none() {
+		return cur, false, nil
+	}
+	if cur.DeletionTimestamp != nil {
+		return nil, false, apierrors.NewConflict(s.gr, name, errors.New("the workspace is being deleted"))
+	}
+	if opts != nil && isDryRun(opts.DryRun) {
+		out := cur.DeepCopy()
+		out.Spec = ws.Spec
+		return out, false, nil
+	}
+	id := uuid.MustParse(cur.Status.ID)
+	if ch.ttl {
+		if err := t.Client.UpdateWorkspaceTTL(ctx, id, codersdk.UpdateWorkspaceTTLRequest{TTLMillis: ws.Spec.TTLMillis}); err != nil {
+			return nil, false, s.coderErr(t, err, name)
+		}
+	}
+	if ch.autostart {
+		if err := t.Client.UpdateWorkspaceAutostart(ctx, id, codersdk.UpdateWorkspaceAutostartRequest{Schedule: ws.Spec.AutostartSchedule}); err != nil {
+			return nil, false, s.coderErr(t, err, name)
+		}
+	}
+	if ch.build() {
+		req := codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionStop}
+		if ws.Spec.Running {
+			req.Transition = codersdk.WorkspaceTransitionStart
+		}
+		if ch.version {
+			req.TemplateVersionID = uuid.MustParse(ws.Spec.TemplateVersionID) // validated
+		}
+		if ch.parameters {
+			req.RichParameterValues = fromParameters(ws.Spec.Parameters)
+		}
+		if _, err := t.Client.CreateWorkspaceBuild(ctx, id, req); err != nil {
+			return nil, false, s.coderErr(t, err, name)
+		}
+	}
+	out, err := s.read(ctx, t, n, name)
+	return out, false, err
+}
+
+// Delete starts a delete build. The workspace stays visible, with a
+// deletionTimestamp, until coderd has finished it.
+func (s *WorkspaceStorage) Delete(ctx context.Context, name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (runtime.Object, bool, error) {
+	t, n, err := s.lookup(ctx, name)
+	if err != nil {
+		return nil, false, err
+	}
+	cur, err := s.read(ctx, t, n, name)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := s.checkDeletePreconditions(name, cur, opts); err != nil {
+		return nil, false, err
+	}
+	if deleteValidation != nil {
+		if err := deleteValidation(ctx, cur); err != nil {
+			return nil, false, err
+		}
+	}
+	if cur.DeletionTimestamp != nil {
+		return cur, false, nil
+	}
+	if opts != nil && isDryRun(opts.DryRun) {
+		out := cur.DeepCopy()
+		now := metav1.Now()
+		out.DeletionTimestamp = &now
+		out.Finalizers = []string{FinalizerDeleteBuild}
+		return out, false, nil
+	}
+	if _, err := t.Client.CreateWorkspaceBuild(ctx, uuid.MustParse(cur.Status.ID), codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionDelete}); err != nil {
+		return nil, false, s.coderErr(t, err, name)
+	}
+	out, err := s.read(ctx, t, n, name)
+	if apierrors.IsNotFound(err) {
+		// The delete build has already finished.
+		return cur, true, nil
+	}
+	return out, false, err
+}
+
+// workspaceChange says which parts of the spec an update changes.
+type workspaceChange struct {
+	ttl, autostart, running, version, parameters bool
+}
+
+func (c workspaceChange) none() bool {
+	return !c.ttl && !c.autostart && !c.build()
+}
+
+func (c workspaceChange) build() bool { return c.running || c.version || c.parameters }
+
+func workspaceChanges(cur, next *aggv1.CoderWorkspaceSpec) workspaceChange {
+	return workspaceChange{
+		ttl:        !equalPtr(cur.TTLMillis, next.TTLMillis),
+		autostart:  !equalPtr(cur.AutostartSchedule, next.AutostartSchedule),
+		running:    cur.Running != next.Running,
+		version:    next.TemplateVersionID != "" && next.TemplateVersionID != cur.TemplateVersionID,
+		parameters: parametersChanged(cur.Parameters, next.Parameters),
+	}
+}
+
+// parametersChanged reports whether next sets a value that differs from
+// cur; parameters left out keep their value, as in Coder.
+func parametersChanged(cur, next []aggv1.WorkspaceParameter) bool {
+	for _, p := range next {
+		i := slices.IndexFunc(cur, func(c aggv1.WorkspaceParameter) bool { return c.Name == p.Name })
+		if i < 0 || cur[i].Value != p.Value {
+			return true
+		}
+	}
+	return false
+}
+
+func equalPtr[T comparable](a, b *T) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return *a == *b
+}
+
+func fromParameters(in []aggv1.WorkspaceParameter) []codersdk.WorkspaceBuildParameter {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]codersdk.WorkspaceBuildParameter, len(in))
+	for i, p := range in {
+		out[i] = codersdk.WorkspaceBuildParameter{Name: p.Name, Value: p.Value}
+	}
+	return out
+}
+
+func createOptions(o *metav1.UpdateOptions) *metav1.CreateOptions {
+	if o == nil {
+		return &metav1.CreateOptions{}
+	}
+	return &metav1.CreateOptions{DryRun: o.DryRun, FieldManager: o.FieldManager, FieldValidation: o.FieldValidation}
+}
+
+// dryRunWorkspace is what a create would return, without asking coderd.
+func dryRunWorkspace(ws *aggv1.CoderWorkspace, t target, n workspaceName) *aggv1.CoderWorkspace {
+	out := ws.DeepCopy()
+	out.Namespace = t.Namespace
+	out.Spec.Organization = n.Org
+	out.Labels = objectLabels(t, n.Org, map[string]string{aggv1.LabelOwner: n.Owner, aggv1.LabelTemplate: ws.Spec.TemplateName})
+	out.CreationTimestamp = metav1.Now()
+	out.Status = aggv1.CoderWorkspaceStatus{Owner: n.Owner, Organization: n.Org, Template: ws.Spec.TemplateName}
+	return out
+}

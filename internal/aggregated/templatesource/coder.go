@@ -1,0 +1,182 @@
+package templatesource
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+)
+
+// Upload archives files (see Archive) and uploads them to coderd,
+// returning the file ID to build a template version from. coderd
+// deduplicates by content, so uploading the same files again returns the
+// same ID.
+func Upload(ctx context.Context, client *codersdk.Client, files map[string]string, limits Limits) (uuid.UUID, error) {
+	data, err := Archive(files, limits)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	res, err := client.Upload(ctx, codersdk.ContentTypeTar, bytes.NewReader(data))
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("upload template source (%d bytes): %w", len(data), err)
+	}
+	return res.ID, nil
+}
+
+// entryOverhead approximates the memory of a cached map entry beyond its
+// strings, so that many tiny files still count.
+const entryOverhead = 64
+
+// SourceCache holds extracted template sources by coderd file ID. File
+// IDs name immutable, content-addressed uploads, so entries never go
+// stale; the least recently used are evicted to stay within a byte
+// budget. Concurrent misses for one file share a single download. It is
+// safe for concurrent use.
+//
+// The cache does not repeat coderd's authorization: a hit returns the
+// files to any caller. Share one cache only among callers that act with
+// the same coderd identity (for the aggregated API server: the operator's
+// token of the control plane).
+type SourceCache struct {
+	maxBytes int64
+
+	mu       sync.Mutex
+	used     int64
+	lru      *list.List // of *cacheEntry; front is most recently used
+	entries  map[cacheKey]*list.Element
+	inflight map[cacheKey]*download
+}
+
+// cacheKey includes the server, so that one cache can serve several
+// coderd deployments.
+type cacheKey struct {
+	server string
+	id     uuid.UUID
+}
+
+type cacheEntry struct {
+	key   cacheKey
+	files map[string]string
+	size  int64
+}
+
+// download is one in-flight fetch that concurrent callers wait for.
+type download struct {
+	done  chan struct{}
+	files map[string]string
+	err   error
+	// abandoned means the fetching caller's context ended: the others
+	// should fetch again instead of failing with that caller's error.
+	abandoned bool
+}
+
+// NewSourceCache returns a cache holding at most about maxBytes of file
+// paths and contents. A source larger than that is returned but not kept.
+func NewSourceCache(maxBytes int64) *SourceCache {
+	return &SourceCache{
+		maxBytes: maxBytes,
+		lru:      list.New(),
+		entries:  map[cacheKey]*list.Element{},
+		inflight: map[cacheKey]*download{},
+	}
+}
+
+// Files returns the files of coderd upload fileID, downloading and
+// extracting it (see Extract; limits apply) only when it is not cached.
+// The map is the caller's own copy. Cached sources were checked against
+// the limits of the call that downloaded them, so use the same limits for
+// every call on one cache.
+func (c *SourceCache) Files(ctx context.Context, client *codersdk.Client, fileID uuid.UUID, limits Limits) (map[string]string, error) {
+	if client == nil || client.URL == nil {
+		return nil, errors.New("get template source: no coderd client")
+	}
+	key := cacheKey{server: client.URL.String(), id: fileID}
+	for {
+		c.mu.Lock()
+		if el, ok := c.entries[key]; ok {
+			c.lru.MoveToFront(el)
+			files := maps.Clone(el.Value.(*cacheEntry).files)
+			c.mu.Unlock()
+			return files, nil
+		}
+		if d, ok := c.inflight[key]; ok {
+			c.mu.Unlock()
+			select {
+			case <-d.done:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("get template source %s: %w", fileID, ctx.Err())
+			}
+			if d.abandoned {
+				continue
+			}
+			if d.err != nil {
+				return nil, d.err
+			}
+			return maps.Clone(d.files), nil
+		}
+		d := &download{done: make(chan struct{})}
+		c.inflight[key] = d
+		c.mu.Unlock()
+
+		files, err := fetchSource(ctx, client, fileID, limits)
+
+		c.mu.Lock()
+		delete(c.inflight, key)
+		d.files, d.err = files, err
+		d.abandoned = err != nil && ctx.Err() != nil
+		if err == nil {
+			c.add(key, files)
+		}
+		c.mu.Unlock()
+		close(d.done)
+		if err != nil {
+			return nil, err
+		}
+		return maps.Clone(files), nil
+	}
+}
+
+func fetchSource(ctx context.Context, client *codersdk.Client, fileID uuid.UUID, limits Limits) (map[string]string, error) {
+	data, _, err := client.Download(ctx, fileID)
+	if err != nil {
+		return nil, fmt.Errorf("download template source %s: %w", fileID, err)
+	}
+	files, err := Extract(data, limits)
+	if err != nil {
+		return nil, fmt.Errorf("extract template source %s: %w", fileID, err)
+	}
+	return files, nil
+}
+
+// add caches files under key, evicting the least recently used entries to
+// make room. c.mu must be held.
+func (c *SourceCache) add(key cacheKey, files map[string]string) {
+	size := sourceSize(files)
+	if _, ok := c.entries[key]; ok || size > c.maxBytes {
+		return
+	}
+	for c.used+size > c.maxBytes {
+		oldest := c.lru.Back()
+		e := oldest.Value.(*cacheEntry)
+		c.lru.Remove(oldest)
+		delete(c.entries, e.key)
+		c.used -= e.size
+	}
+	c.entries[key] = c.lru.PushFront(&cacheEntry{key: key, files: files, size: size})
+	c.used += size
+}
+
+// sourceSize is what files count against a SourceCache's budget.
+func sourceSize(files map[string]string) int64 {
+	size := int64(entryOverhead)
+	for p, content := range files {
+		size += int64(len(p)+len(content)) + entryOverhead
+	}
+	return size
+}

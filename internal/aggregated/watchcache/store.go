@@ -1,0 +1,408 @@
+package watchcache
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"reflect"
+	"sort"
+	"time"
+
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// event is one recorded change. Its objects are immutable.
+type event struct {
+	typ watch.EventType // Added, Modified or Deleted
+	key string
+	seq uint64
+	// obj is the new state (Added/Modified) or the last known state stamped
+	// with the deletion's version (Deleted).
+	obj Object
+	// prev is the state before a Modified event; watchers need it to turn
+	// selector transitions into Added/Deleted.
+	prev   Object
+	prevFP uint64
+}
+
+// ring is a fixed-capacity FIFO of events.
+type ring struct {
+	buf   []*event
+	start int
+	n     int
+}
+
+func newRing(capacity int) ring {
+	return ring{buf: make([]*event, capacity)}
+}
+
+// push appends ev and returns the evicted event, if any.
+func (r *ring) push(ev *event) *event {
+	if r.n < len(r.buf) {
+		r.buf[(r.start+r.n)%len(r.buf)] = ev
+		r.n++
+		return nil
+	}
+	old := r.buf[r.start]
+	r.buf[r.start] = ev
+	r.start = (r.start + 1) % len(r.buf)
+	return old
+}
+
+// since returns the retained events with seq > after, oldest first.
+func (r *ring) since(after uint64) []*event {
+	// Binary search: seqs increase along the ring.
+	i := sort.Search(r.n, func(i int) bool {
+		return r.buf[(r.start+i)%len(r.buf)].seq > after
+	})
+	out := make([]*event, 0, r.n-i)
+	for ; i < r.n; i++ {
+		out = append(out, r.buf[(r.start+i)%len(r.buf)])
+	}
+	return out
+}
+
+// fingerprint hashes o's content without its resourceVersion and
+// managedFields. It restores both fields instead of copying the object;
+// callers only pass objects nobody else reads yet.
+func fingerprint(o Object) (uint64, error) {
+	rv, mf := o.GetResourceVersion(), o.GetManagedFields()
+	o.SetResourceVersion("")
+	o.SetManagedFields(nil)
+	data, err := json.Marshal(o)
+	o.SetResourceVersion(rv)
+	o.SetManagedFields(mf)
+	if err != nil {
+		return 0, fmt.Errorf("encoding %q for its fingerprint: %w", o.GetName(), err)
+	}
+	h := fnv.New64a()
+	_, _ = h.Write(data) // hash.Hash writes never fail
+	return h.Sum64() % rvFactor, nil
+}
+
+// isNil also catches typed nil pointers, whose methods would panic.
+func isNil(o Object) bool {
+	if o == nil {
+		return true
+	}
+	v := reflect.ValueOf(o)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// deepCopy copies a stored object. Stored objects were checked on the way in
+// (see recordLocked), so the assertion holds for them.
+func deepCopy(o Object) Object {
+	cp, _ := o.DeepCopyObject().(Object)
+	return cp
+}
+
+func (c *Cache) backendLocked(key string) *backend {
+	b := c.backends[key]
+	if b == nil {
+		b = &backend{objs: map[string]*entry{}}
+		c.backends[key] = b
+	}
+	return b
+}
+
+// prepared is an incoming object with its fingerprint, computed outside the
+// lock because JSON encoding dominates the cost of a poll.
+type prepared struct {
+	obj Object
+	fp  uint64
+}
+
+// prepare fingerprints objs, logging and leaving out unusable ones (nil, no
+// name, not JSON-encodable).
+func (c *Cache) prepare(key string, objs []Object) []prepared {
+	out := make([]prepared, 0, len(objs))
+	for _, o := range objs {
+		if isNil(o) {
+			c.log.Error(nil, "ignoring nil object", "backend", key)
+			continue
+		}
+		if o.GetName() == "" {
+			c.log.Error(nil, "ignoring object without a name", "backend", key)
+			continue
+		}
+		fp, err := fingerprint(o)
+		if err != nil {
+			c.log.Error(err, "ignoring object", "backend", key)
+			continue
+		}
+		out = append(out, prepared{obj: o, fp: fp})
+	}
+	return out
+}
+
+// recordLocked stores p if its content differs from the stored object of
+// the same name, appending the change to batch. With wantCopy it returns a
+// stamped copy for the caller. It returns ok=false when the object's type
+// does not deep-copy to an Object (logged).
+func (c *Cache) recordLocked(key string, b *backend, p prepared, wantCopy bool, batch []*event) (Object, bool, []*event) {
+	name := p.obj.GetName()
+	old := b.objs[name]
+	if old != nil && old.fp == p.fp {
+		if wantCopy {
+			return deepCopy(old.obj), true, batch
+		}
+		return nil, true, batch
+	}
+	// The copy doubles as the check that the type deep-copies to an Object,
+	// which deepCopy relies on later.
+	cp, ok := p.obj.DeepCopyObject().(Object)
+	if !ok {
+		c.log.Error(nil, "ignoring object whose DeepCopyObject does not return an Object", "backend", key, "name", name, "type", fmt.Sprintf("%T", p.obj))
+		return nil, false, batch
+	}
+	seq := c.nextSeqLocked()
+	rv := formatRV(seq, p.fp)
+	p.obj.SetResourceVersion(rv)
+	cp.SetResourceVersion(rv)
+	b.objs[name] = &entry{obj: p.obj, fp: p.fp, seq: seq}
+	delete(b.deleted, name)
+	ev := &event{typ: watch.Added, key: key, seq: seq, obj: p.obj}
+	if old != nil {
+		ev.typ = watch.Modified
+		ev.prev = old.obj
+		ev.prevFP = old.fp
+	}
+	return cp, true, append(batch, ev)
+}
+
+// removeLocked forgets name, appending a Deleted event carrying the last
+// known object with a new version.
+func (c *Cache) removeLocked(key string, b *backend, name string, batch []*event) []*event {
+	old := b.objs[name]
+	if old == nil {
+		return batch
+	}
+	delete(b.objs, name)
+	seq := c.nextSeqLocked()
+	gone := deepCopy(old.obj)
+	gone.SetResourceVersion(formatRV(seq, old.fp))
+	return append(batch, &event{typ: watch.Deleted, key: key, seq: seq, obj: gone})
+}
+
+// commitLocked appends batch to the history and hands it to the watchers.
+func (c *Cache) commitLocked(batch []*event) {
+	if len(batch) == 0 {
+		return
+	}
+	for _, ev := range batch {
+		if old := c.history.push(ev); old != nil {
+			c.droppedSeq = old.seq
+		}
+	}
+	c.events += uint64(len(batch))
+	for w := range c.watchers {
+		c.dispatchLocked(w, batch)
+	}
+}
+
+// Replace sets the complete current object set of a backend (a full list):
+// new names become ADDED, changed content MODIFIED, missing names DELETED.
+// It marks the backend synced. The cache owns objs afterwards. It returns
+// stamped deep copies in the order given; unusable objects (nil, no name,
+// not JSON-encodable) are logged and left out, and of duplicate names the
+// first wins.
+func (c *Cache) Replace(key string, objs []Object) []Object {
+	ps := c.prepare(key, objs)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// Everything stored is at most lastSeq, so nothing is protected.
+	return c.replaceLocked(key, ps, c.lastSeq, c.clock.Now(), true)
+}
+
+// replaceLocked implements Replace. Objects written or deleted after
+// listedAfter (a seq taken before the List started) are newer than the list
+// and keep their state; the next poll reconciles them.
+func (c *Cache) replaceLocked(key string, ps []prepared, listedAfter uint64, at time.Time, wantCopy bool) []Object {
+	b := c.backendLocked(key)
+	var batch []*event
+	var out []Object
+	if wantCopy {
+		out = make([]Object, 0, len(ps))
+	}
+	present := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		name := p.obj.GetName()
+		if e := b.objs[name]; e != nil && e.seq > listedAfter {
+			// Written after the list started, or a duplicate name in
+			// this list: the stored object wins.
+			present[name] = true
+			if wantCopy {
+				out = append(out, deepCopy(e.obj))
+			}
+			continue
+		}
+		if s, ok := b.deleted[name]; ok && s > listedAfter {
+			continue
+		}
+		cp, ok, next := c.recordLocked(key, b, p, wantCopy, batch)
+		batch = next
+		if !ok {
+			continue
+		}
+		present[name] = true
+		if wantCopy {
+			out = append(out, cp)
+		}
+	}
+	for _, name := range sortedNames(b) {
+		if !present[name] && b.objs[name].seq <= listedAfter {
+			batch = c.removeLocked(key, b, name, batch)
+		}
+	}
+	for name, s := range b.deleted {
+		if s <= listedAfter {
+			delete(b.deleted, name)
+		}
+	}
+	b.synced = true
+	b.lastReplaced = at
+	c.commitLocked(batch)
+	return out
+}
+
+func sortedNames(b *backend) []string {
+	names := make([]string, 0, len(b.objs))
+	for n := range b.objs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Upsert records objects seen by a single read or written through this
+// server; nothing is inferred about other objects. The cache owns objs
+// afterwards. It returns stamped deep copies in the order given, leaving out
+// unusable objects (logged). It does not mark the backend synced.
+func (c *Cache) Upsert(key string, objs ...Object) []Object {
+	ps := c.prepare(key, objs)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.backendLocked(key)
+	var batch []*event
+	out := make([]Object, 0, len(ps))
+	for _, p := range ps {
+		cp, ok, next := c.recordLocked(key, b, p, true, batch)
+		batch = next
+		if ok {
+			out = append(out, cp)
+		}
+	}
+	c.commitLocked(batch)
+	return out
+}
+
+// Delete records that the named objects of a backend are gone.
+func (c *Cache) Delete(key string, names ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.backends[key]
+	if b == nil {
+		return
+	}
+	var batch []*event
+	for _, name := range names {
+		batch = c.removeLocked(key, b, name, batch)
+		if b.deleted == nil {
+			b.deleted = map[string]uint64{}
+		}
+		b.deleted[name] = c.lastSeq
+	}
+	c.commitLocked(batch)
+}
+
+// Drop forgets a backend that no longer exists, emitting DELETED for each of
+// its objects.
+func (c *Cache) Drop(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dropLocked(key)
+}
+
+func (c *Cache) dropLocked(key string) {
+	b := c.backends[key]
+	if b == nil {
+		return
+	}
+	var batch []*event
+	for _, name := range sortedNames(b) {
+		batch = c.removeLocked(key, b, name, batch)
+	}
+	delete(c.backends, key)
+	c.commitLocked(batch)
+}
+
+// Get returns a deep copy of one object.
+func (c *Cache) Get(key, name string) (Object, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.backends[key]
+	if b == nil {
+		return nil, false
+	}
+	e := b.objs[name]
+	if e == nil {
+		return nil, false
+	}
+	return deepCopy(e.obj), true
+}
+
+// Snapshot returns deep copies of every object of the backends match accepts
+// (nil accepts all), sorted by namespace then name, and the list
+// resourceVersion they are consistent with.
+func (c *Cache) Snapshot(match func(key string) bool) ([]Object, string) {
+	c.mu.Lock()
+	stored := c.objectsLocked(match)
+	rv := listRV(c.lastSeq)
+	c.mu.Unlock()
+	out := make([]Object, len(stored))
+	for i, o := range stored {
+		out[i] = deepCopy(o)
+	}
+	return out, rv
+}
+
+// objectsLocked returns the stored (immutable) objects of matching backends,
+// sorted by namespace then name.
+func (c *Cache) objectsLocked(match func(key string) bool) []Object {
+	var objs []Object
+	for key, b := range c.backends {
+		if match != nil && !match(key) {
+			continue
+		}
+		for _, e := range b.objs {
+			objs = append(objs, e.obj)
+		}
+	}
+	sort.Slice(objs, func(i, j int) bool {
+		if ni, nj := objs[i].GetNamespace(), objs[j].GetNamespace(); ni != nj {
+			return ni < nj
+		}
+		return objs[i].GetName() < objs[j].GetName()
+	})
+	return objs
+}
+
+// Synced reports whether the backend has had a full Replace.
+func (c *Cache) Synced(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.backends[key]
+	return b != nil && b.synced
+}
+
+// LastReplaced returns when the backend's state was last known complete: the
+// time of the last Replace call, or for polls the time its List started.
+// Zero if never.
+func (c *Cache) LastReplaced(key string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b := c.backends[key]; b != nil {
+		return b.lastReplaced
+	}
+	return time.Time{}
+}

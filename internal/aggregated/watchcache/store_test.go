@@ -1,0 +1,302 @@
+package watchcache
+
+import (
+	"encoding/json"
+	"hash/fnv"
+	"strconv"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestNewRequiresNewObject(t *testing.T) {
+	if _, err := New(Options{}); err == nil {
+		t.Fatal("New without NewObject succeeded")
+	}
+	if _, err := New(Options{NewObject: newObject, Interval: -1}); err == nil {
+		t.Fatal("New with a negative interval succeeded")
+	}
+}
+
+func TestParseResourceVersion(t *testing.T) {
+	for rv, want := range map[string]uint64{
+		"0":                       0,
+		"999999":                  0,
+		"1000000":                 1,
+		"1700000000001123456":     1700000000001,
+		"18446744073709551615":    18446744073709,
+		"1700000000001999999":     1700000000001,
+		"00000000000000001000000": 1,
+	} {
+		got, err := ParseResourceVersion(rv)
+		if err != nil || got != want {
+			t.Errorf("ParseResourceVersion(%q) = %d, %v; want %d", rv, got, err, want)
+		}
+	}
+	for _, rv := range []string{"", "abc", "-1", "1.5", "18446744073709551616", " 1"} {
+		if _, err := ParseResourceVersion(rv); err == nil {
+			t.Errorf("ParseResourceVersion(%q) succeeded", rv)
+		}
+	}
+}
+
+func TestSameContent(t *testing.T) {
+	cases := []struct {
+		a, b string
+		want bool
+	}{
+		{"5000123", "9000123", true},
+		{"5000123", "5000124", false},
+		{"123", "7000123", true},
+		{"", "", false},
+		{"x", "x", false},
+		{"5000123", "", false},
+	}
+	for _, tc := range cases {
+		if got := SameContent(tc.a, tc.b); got != tc.want {
+			t.Errorf("SameContent(%q, %q) = %v; want %v", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
+
+// expectedFP recomputes the documented fingerprint independently.
+func expectedFP(t *testing.T, o Object) uint64 {
+	t.Helper()
+	cp := deepCopy(o)
+	cp.SetResourceVersion("")
+	cp.SetManagedFields(nil)
+	data, err := json.Marshal(cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := fnv.New64a()
+	_, _ = h.Write(data)
+	return h.Sum64() % 1_000_000
+}
+
+func TestResourceVersionFormat(t *testing.T) {
+	c, fc := newTestCache(t, Options{})
+	created := uint64(start.UnixMilli())
+	if got, want := c.ResourceVersion(), strconv.FormatUint(created*1_000_000+999_999, 10); got != want {
+		t.Fatalf("initial list RV = %s; want %s", got, want)
+	}
+
+	in := obj("ns1", "a", lbl("k", "v"))
+	in.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "m"}})
+	in.SetResourceVersion("42")
+	fp := expectedFP(t, in)
+	out := c.Upsert("ns1/cp1", in)
+	if len(out) != 1 {
+		t.Fatalf("Upsert returned %d objects", len(out))
+	}
+	// The clock has not moved, so the first event is created+1.
+	want := strconv.FormatUint((created+1)*1_000_000+fp, 10)
+	if got := out[0].GetResourceVersion(); got != want {
+		t.Fatalf("object RV = %s; want %s", got, want)
+	}
+	if got, want := c.ResourceVersion(), strconv.FormatUint((created+1)*1_000_000+999_999, 10); got != want {
+		t.Fatalf("list RV = %s; want %s", got, want)
+	}
+
+	// A clock jump moves seq to the clock.
+	fc.Step(time.Hour)
+	out = c.Upsert("ns1/cp1", obj("ns1", "a", lbl("k", "v2")))
+	if got, want := seqOf(t, out[0].GetResourceVersion()), uint64(start.Add(time.Hour).UnixMilli()); got != want {
+		t.Fatalf("seq after clock jump = %d; want %d", got, want)
+	}
+
+	// A clock going backwards (restart on a skewed node) keeps seq monotonic.
+	fc.SetTime(start.Add(-time.Hour))
+	prev := seqOf(t, out[0].GetResourceVersion())
+	for i := range 5 {
+		out = c.Upsert("ns1/cp1", obj("ns1", "a", lbl("k", strconv.Itoa(i))))
+		s := seqOf(t, out[0].GetResourceVersion())
+		if s != prev+1 {
+			t.Fatalf("seq = %d after %d; want %d", s, prev, prev+1)
+		}
+		prev = s
+	}
+	listRV, _ := strconv.ParseUint(c.ResourceVersion(), 10, 64)
+	objRV, _ := strconv.ParseUint(out[0].GetResourceVersion(), 10, 64)
+	if listRV < objRV {
+		t.Fatalf("list RV %d < object RV %d", listRV, objRV)
+	}
+}
+
+func TestIdenticalContentIsNoChange(t *testing.T) {
+	c, fc := newTestCache(t, Options{})
+	first := c.Replace("k", []Object{obj("ns", "a", lbl("x", "1")), obj("ns", "b", nil)})
+	events := c.Stats().Events
+	listRV := c.ResourceVersion()
+	fc.Step(time.Minute)
+
+	// Different incoming resourceVersion and managedFields do not count as content.
+	again := obj("ns", "a", lbl("x", "1"))
+	again.SetResourceVersion("1")
+	again.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "other"}})
+	second := c.Replace("k", []Object{again, obj("ns", "b", nil)})
+	third := c.Upsert("k", obj("ns", "a", lbl("x", "1")))
+
+	if got := c.Stats().Events; got != events {
+		t.Fatalf("events = %d after identical content; want %d", got, events)
+	}
+	if c.ResourceVersion() != listRV {
+		t.Fatal("list RV moved without a change")
+	}
+	for i := range first {
+		if first[i].GetResourceVersion() != second[i].GetResourceVersion() {
+			t.Fatalf("object %d RV changed: %s -> %s", i, first[i].GetResourceVersion(), second[i].GetResourceVersion())
+		}
+	}
+	if third[0].GetResourceVersion() != first[0].GetResourceVersion() {
+		t.Fatal("Upsert of identical content changed the RV")
+	}
+	// The stored object keeps its original (empty) managedFields.
+	got, _ := c.Get("k", "a")
+	if len(got.GetManagedFields()) != 0 {
+		t.Fatal("identical content replaced the stored object")
+	}
+}
+
+func TestReplaceEvents(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	c.Replace("k", []Object{obj("ns", "a", nil), obj("ns", "b", nil)})
+	bBefore, _ := c.Get("k", "b")
+	w := startWatch(t, c, WatchOptions{ResourceVersion: c.ResourceVersion()})
+
+	out := c.Replace("k", []Object{obj("ns", "c", nil), obj("ns", "a", lbl("changed", "yes"))})
+	if len(out) != 2 || out[0].GetName() != "c" || out[1].GetName() != "a" {
+		t.Fatalf("Replace returned %v; want c, a in order", out)
+	}
+	for _, o := range out {
+		if o.GetResourceVersion() == "" {
+			t.Fatal("returned object has no RV")
+		}
+	}
+	evs := []string{}
+	var deleted Object
+	for range 3 {
+		ev := nextEvent(t, w)
+		evs = append(evs, describe(ev))
+		if ev.Type == "DELETED" {
+			deleted = ev.Object.(Object)
+		}
+	}
+	equalStrings(t, evs, []string{"ADDED ns/c", "MODIFIED ns/a", "DELETED ns/b"})
+	if deleted.GetResourceVersion() == bBefore.GetResourceVersion() {
+		t.Fatal("DELETED event reuses the old RV")
+	}
+	if seqOf(t, deleted.GetResourceVersion()) <= seqOf(t, out[1].GetResourceVersion()) {
+		t.Fatal("DELETED RV is not newer than the preceding events")
+	}
+	if !SameContent(deleted.GetResourceVersion(), bBefore.GetResourceVersion()) {
+		t.Fatal("DELETED event does not carry the last known content")
+	}
+	if _, ok := c.Get("k", "b"); ok {
+		t.Fatal("b still stored")
+	}
+	expectNoEvent(t, w)
+}
+
+func TestReplaceSkipsUnusableObjects(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	var typedNil *metav1.PartialObjectMetadata
+	out := c.Replace("k", []Object{nil, typedNil, obj("ns", "", nil), obj("ns", "a", nil)})
+	if len(out) != 1 || out[0].GetName() != "a" {
+		t.Fatalf("Replace returned %v; want only a", out)
+	}
+	if n := c.Stats().Objects; n != 1 {
+		t.Fatalf("objects = %d; want 1", n)
+	}
+}
+
+func TestUpsertDeleteDrop(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	w := startWatch(t, c, WatchOptions{ResourceVersion: c.ResourceVersion()})
+
+	c.Upsert("k1", obj("ns1", "a", nil), obj("ns1", "b", nil))
+	c.Upsert("k1", obj("ns1", "a", lbl("v", "2")))
+	c.Upsert("k2", obj("ns2", "z", nil))
+	if c.Synced("k1") {
+		t.Fatal("Upsert marked the backend synced")
+	}
+	c.Delete("k1", "b", "missing")
+	c.Delete("unknown", "a")
+	c.Drop("k2")
+	c.Drop("unknown")
+
+	equalStrings(t, nextEvents(t, w, 6), []string{
+		"ADDED ns1/a", "ADDED ns1/b", "MODIFIED ns1/a", "ADDED ns2/z", "DELETED ns1/b", "DELETED ns2/z",
+	})
+	expectNoEvent(t, w)
+	if _, ok := c.Get("k2", "z"); ok {
+		t.Fatal("dropped object still stored")
+	}
+	if got := c.Stats(); got.Objects != 1 || got.Events != 6 || got.Watchers != 1 {
+		t.Fatalf("stats = %+v", got)
+	}
+}
+
+func TestCopiesAreIndependent(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	in := obj("ns", "a", lbl("x", "1"))
+	out := c.Upsert("k", in)
+	out[0].SetLabels(lbl("x", "mutated"))
+	got, ok := c.Get("k", "a")
+	if !ok {
+		t.Fatal("a not found")
+	}
+	got.SetLabels(lbl("x", "mutated too"))
+	objs, _ := c.Snapshot(nil)
+	objs[0].SetLabels(lbl("x", "and again"))
+	again, _ := c.Get("k", "a")
+	if again.GetLabels()["x"] != "1" {
+		t.Fatalf("stored object was mutated through a copy: %v", again.GetLabels())
+	}
+}
+
+func TestSnapshot(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	c.Replace("b", []Object{obj("ns-b", "y", nil), obj("ns-b", "x", nil)})
+	c.Replace("a", []Object{obj("ns-a", "z", nil)})
+	c.Replace("c", []Object{obj("ns-c", "w", nil)})
+
+	objs, rv := c.Snapshot(nil)
+	if rv != c.ResourceVersion() {
+		t.Fatalf("snapshot RV %s != %s", rv, c.ResourceVersion())
+	}
+	var names []string
+	for _, o := range objs {
+		names = append(names, o.GetNamespace()+"/"+o.GetName())
+	}
+	equalStrings(t, names, []string{"ns-a/z", "ns-b/x", "ns-b/y", "ns-c/w"})
+
+	objs, _ = c.Snapshot(func(key string) bool { return key == "b" })
+	if len(objs) != 2 || objs[0].GetName() != "x" {
+		t.Fatalf("filtered snapshot = %v", objs)
+	}
+}
+
+func TestSyncedAndLastReplaced(t *testing.T) {
+	c, fc := newTestCache(t, Options{})
+	if c.Synced("k") || !c.LastReplaced("k").IsZero() {
+		t.Fatal("unknown backend reported synced")
+	}
+	c.Upsert("k", obj("ns", "a", nil))
+	if c.Synced("k") || !c.LastReplaced("k").IsZero() {
+		t.Fatal("Upsert marked synced")
+	}
+	fc.Step(time.Second)
+	c.Replace("k", nil)
+	if !c.Synced("k") || !c.LastReplaced("k").Equal(start.Add(time.Second)) {
+		t.Fatalf("after Replace: synced=%v last=%v", c.Synced("k"), c.LastReplaced("k"))
+	}
+	if _, ok := c.Get("k", "a"); ok {
+		t.Fatal("empty Replace kept a")
+	}
+	c.Drop("k")
+	if c.Synced("k") || !c.LastReplaced("k").IsZero() {
+		t.Fatal("dropped backend still synced")
+	}
+}
