@@ -55,6 +55,10 @@ test-unit: ## Run only the tests that need no external binary.
 bench-controller: tools ## 100 CoderControlPlanes: time to converge vs writing the objects directly; steady-state writes.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkController$$' -benchtime 1x -timeout 20m
 
+.PHONY: bench-aggregated
+bench-aggregated: tools build ## 300 real workspaces: aggregated LIST vs coderd, kubectl vs coder CLI, watch latency and coderd load, RSS.
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkAggregated$$' -benchtime 1x -timeout 40m
+
 .PHONY: lint
 lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); \
@@ -103,7 +107,7 @@ KUBE_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
                  -X k8s.io/client-go/pkg/version.gitMajor=1 \
                  -X k8s.io/client-go/pkg/version.gitMinor=$(KUBE_MINOR)
 
-TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
+TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/kubectl-1.32 $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
          $(BIN)/helm $(BIN)/ct $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen
 
 .PHONY: tools
@@ -121,6 +125,12 @@ $(BIN)/kube-controller-manager: hack/tools/kube/go.mod hack/tools/kube/go.sum
 
 $(BIN)/kubectl: hack/tools/kube/go.mod hack/tools/kube/go.sum
 	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kubectl
+
+# The oldest kubectl the aggregated API supports, built from k8s.io/kubectl
+# alone (no monorepo), for the compatibility tests.
+KUBECTL_OLD_VERSION := $(call modversion,kubectl-old,k8s.io/kubectl)
+$(BIN)/kubectl-1.32: hack/tools/kubectl-old/go.mod hack/tools/kubectl-old/go.sum hack/tools/kubectl-old/main.go
+	cd hack/tools/kubectl-old && $(GO) build -trimpath -ldflags "-X k8s.io/component-base/version.gitVersion=$(KUBECTL_OLD_VERSION:v0.%=v1.%) -X k8s.io/client-go/pkg/version.gitVersion=$(KUBECTL_OLD_VERSION:v0.%=v1.%)" -o $@ .
 
 $(BIN)/etcd: hack/tools/etcd/go.mod hack/tools/etcd/go.sum hack/tools/etcd/main.go
 	cd hack/tools/etcd && $(GO) build -trimpath -o $@ .

@@ -114,6 +114,11 @@ coder-k8s dev stack is up. In another shell:
   kubectl get ns
   kubectl get lease -n %s                   # the controller's leader lease
   kubectl get coder -A                          # CoderControlPlane %s adopting the dev coderd
+  kubectl get cws -A -o wide                    # Coder workspaces through the aggregated API
+  kubectl explain codertemplate.spec.files
+  kubectl patch cws coder.%s.%s -n %s --type merge -p '{"spec":{"running":false}}'
+  kubectl get cws -n %s -w                      # then, in a third shell, start it with the coder CLI:
+  CODER_URL=%s CODER_SESSION_TOKEN=$(cat %s) bin/coder start %s/%s
 
 Coder:        %s
   user:       %s / %s
@@ -127,7 +132,9 @@ coder-k8s:
   log:        %s
 
 Ctrl-C stops everything.
-`, kubeconfig, serviceNamespace, controlPlaneName, coder.URL, coder.Email, coder.Password, tokenFile,
+`, kubeconfig, serviceNamespace, controlPlaneName,
+		coder.Username, demoWorkspace, serviceNamespace, serviceNamespace, coder.URL, tokenFile, coder.Username, demoWorkspace,
+		coder.URL, coder.Email, coder.Password, tokenFile,
 		demoWorkspace, demoTemplate, op.health, op.metrics, op.mcp, op.aggregated, op.apiService, op.proc.LogPath)
 
 	select {
@@ -230,20 +237,17 @@ mcp:
 		return nil, err
 	}
 
-	// Route aggregation.coder.com through kube-apiserver once this build
-	// serves it; an APIService for a group the server lacks would only make
-	// every kubectl call print discovery errors.
+	// Route aggregation.coder.com through kube-apiserver, with the CA
+	// bundle as in a cluster.
 	err = kube.RegisterAPIService(ctx, testenv.APIService{
 		Group: aggregatedGroup, Version: aggregatedVer, Port: ports["aggregated"], CABundle: ca.CertPEM,
-		ServiceName: serviceName, ServiceNamespace: serviceNamespace, Timeout: 15 * time.Second,
+		ServiceName: serviceName, ServiceNamespace: serviceNamespace, Timeout: 30 * time.Second,
 	})
-	switch {
-	case err == nil:
-		op.apiService = "APIService v1alpha1.aggregation.coder.com registered"
-	default:
-		_ = kube.UnregisterAPIService(ctx, aggregatedGroup, aggregatedVer)
-		op.apiService = "APIService not registered: this build does not serve " + aggregatedGroup + " yet"
+	if err != nil {
+		proc.Stop(10 * time.Second)
+		return nil, fmt.Errorf("register the aggregated API: %w (log: %s)", err, proc.LogPath)
 	}
+	op.apiService = "APIService v1alpha1.aggregation.coder.com"
 	return op, nil
 }
 

@@ -176,6 +176,17 @@ spec:
 			t.Errorf("latest build of a workspace created with running: false is %s", w.LatestBuild.Transition)
 		}
 		s.must(t, "wait", "--for=jsonpath={.status.phase}=stopped", "cws/"+wsA, "-n", s.ns, "--timeout=90s")
+		// coderd queues a start build with every new workspace; it must
+		// never have succeeded.
+		builds, err := s.coder.Client.WorkspaceBuilds(ctx, codersdk.WorkspaceBuildsRequest{WorkspaceID: w.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range builds {
+			if b.Transition == codersdk.WorkspaceTransitionStart && b.Job.Status == codersdk.ProvisionerJobSucceeded {
+				t.Errorf("build %d started the workspace created with running: false", b.BuildNumber)
+			}
+		}
 
 		s.must(t, "patch", "cws", wsA, "-n", s.ns, "--type", "merge", "-p", `{"spec":{"running":true}}`)
 		s.must(t, "wait", "--for=condition=Ready", "cws/"+wsA, "-n", s.ns, "--timeout=90s")

@@ -80,6 +80,8 @@ type resource struct {
 	selectable func(watchcache.Object) (map[string]string, fields.Set)
 }
 
+const historySize = 2000
+
 // startCache creates the resource's watch cache.
 func (r *resource) startCache(o Options, newObject func() watchcache.Object) error {
 	r.interval = o.PollInterval
@@ -88,7 +90,11 @@ func (r *resource) startCache(o Options, newObject func() watchcache.Object) err
 		NewObject: newObject,
 		Sources:   r.sources,
 		Interval:  o.PollInterval,
-		Logger:    r.log,
+		// Enough to resume a watch across a few polls that changed every
+		// object of a large deployment; older resumes get 410 and relist.
+		// Each retained event keeps an object alive.
+		HistorySize: historySize,
+		Logger:      r.log,
 	})
 	return err
 }

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -34,11 +35,12 @@ func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Durat
 	var mu sync.Mutex
 	for i, t := range ts {
 		g.Go(func() error {
+			start := cache.StartList()
 			objs, err := list(gctx, t)
 			if err != nil {
 				return err
 			}
-			stamped := cache.Replace(t.Key(), objs)
+			stamped := cache.ReplaceListed(t.Key(), start, objs)
 			mu.Lock()
 			results[i] = stamped
 			mu.Unlock()
@@ -80,9 +82,26 @@ func watchFrom(ctx context.Context, cache *watchcache.Cache, namespace string, o
 	consistent := wo.ResourceVersion == "" || (wo.SendInitialEvents != nil && *wo.SendInitialEvents &&
 		(opts.ResourceVersionMatch == "" || opts.ResourceVersionMatch == metav1.ResourceVersionMatchNotOlderThan) && wo.ResourceVersion != "0")
 	if consistent {
-		if err := cache.Refresh(ctx); err != nil {
+		if err := refreshFor(ctx, cache, wo.Backend); err != nil {
 			return nil, apierrors.NewServiceUnavailable("read the current state from coderd: " + err.Error())
 		}
 	}
 	return cache.Watch(ctx, wo)
+}
+
+// refreshFor polls coderd now; only failures of the backends the watch
+// covers count, so one unreachable coderd does not refuse watches of
+// other namespaces.
+func refreshFor(ctx context.Context, cache *watchcache.Cache, covers func(key string) bool) error {
+	err := cache.Refresh(ctx)
+	var be *watchcache.BackendErrors
+	if err == nil || covers == nil || !errors.As(err, &be) {
+		return err
+	}
+	for key, e := range be.Errs {
+		if covers(key) {
+			return e
+		}
+	}
+	return nil
 }

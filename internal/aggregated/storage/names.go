@@ -50,7 +50,7 @@ func parseWorkspaceName(s string) (workspaceName, error) {
 	default:
 		return n, fmt.Errorf("a workspace name is <organization>.<owner>.<workspace>, or <control plane>.<organization>.<owner>.<workspace> when the namespace has several control planes; %q has %d parts", s, len(parts))
 	}
-	if n.ControlPlane != "" {
+	if len(parts) == 4 {
 		if err := checkControlPlane(n.ControlPlane); err != nil {
 			return n, err
 		}
@@ -89,7 +89,7 @@ func parseTemplateName(s string) (templateObjectName, error) {
 	default:
 		return n, fmt.Errorf("a template name is <organization>.<template>, or <control plane>.<organization>.<template> when the namespace has several control planes; %q has %d parts", s, len(parts))
 	}
-	if n.ControlPlane != "" {
+	if len(parts) == 3 {
 		if err := checkControlPlane(n.ControlPlane); err != nil {
 			return n, err
 		}

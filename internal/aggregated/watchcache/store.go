@@ -214,6 +214,30 @@ func (c *Cache) Replace(key string, objs []Object) []Object {
 	return c.replaceLocked(key, ps, c.lastSeq, c.clock.Now(), true)
 }
 
+// ListStart marks when a list made outside the poller began.
+type ListStart struct {
+	seq uint64
+	at  time.Time
+}
+
+// StartList is called before listing a backend outside the poller; the
+// result goes to ReplaceListed.
+func (c *Cache) StartList() ListStart {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return ListStart{seq: c.lastSeq, at: c.clock.Now()}
+}
+
+// ReplaceListed is Replace for a list that began at start: objects written
+// or deleted while it ran (by a poll or a request) keep their newer state,
+// so concurrent lists never move an object back in time.
+func (c *Cache) ReplaceListed(key string, start ListStart, objs []Object) []Object {
+	ps := c.prepare(key, objs)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.replaceLocked(key, ps, start.seq, start.at, true)
+}
+
 // replaceLocked implements Replace. Objects written or deleted after
 // listedAfter (a seq taken before the List started) are newer than the list
 // and keep their state; the next poll reconciles them.

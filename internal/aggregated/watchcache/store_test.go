@@ -300,3 +300,18 @@ func TestSyncedAndLastReplaced(t *testing.T) {
 		t.Fatal("dropped backend still synced")
 	}
 }
+
+// A list that began before a newer write must not move the object back.
+func TestReplaceListedKeepsNewerWrites(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	c.Replace("k", []Object{obj("ns", "a", lbl("v", "1"))})
+	start := c.StartList()
+	c.Upsert("k", obj("ns", "a", lbl("v", "2")))
+	got := c.ReplaceListed("k", start, []Object{obj("ns", "a", lbl("v", "1"))})
+	if v := got[0].GetLabels()["v"]; v != "2" {
+		t.Fatalf("a list older than the last write replaced it: v=%s", v)
+	}
+	if o, _ := c.Get("k", "a"); o.GetLabels()["v"] != "2" {
+		t.Fatalf("stored v=%s", o.GetLabels()["v"])
+	}
+}
