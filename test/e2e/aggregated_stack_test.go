@@ -266,7 +266,6 @@ func (w *lineWatcher) waitLine(t *testing.T, timeout time.Duration, parts ...str
 	return ""
 }
 
-
 // writeManifest writes a manifest to a temporary file for kubectl -f.
 func writeManifest(t *testing.T, manifest string) string {
 	t.Helper()
@@ -293,4 +292,3 @@ func indent(s string, n int) string {
 	}
 	return b.String()
 }
-
