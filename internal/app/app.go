@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -62,7 +63,21 @@ var modes = map[config.AppMode]runFunc{
 	},
 	config.AppAggregatedAPIServer: runAggregatedAPIServer,
 	config.AppMCPHTTP: func(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger) error {
-		return mcpserver.New(cfg.MCP, apiReachable(kube.rest), log).Start(ctx)
+		direct, cs, err := kube.clients()
+		if err != nil {
+			return err
+		}
+		srv, err := mcpserver.New(mcpserver.Options{
+			Config: cfg.MCP,
+			// No cache in this mode: every read asks kube-apiserver.
+			Kube:  mcpserver.Kube{Cached: direct, Direct: direct, Clientset: cs},
+			Ready: apiReachable(kube.rest),
+			Log:   log,
+		})
+		if err != nil {
+			return err
+		}
+		return srv.Start(ctx)
 	},
 }
 
@@ -122,7 +137,20 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 		if err := mgr.Add(srv); err != nil {
 			return fmt.Errorf("add aggregated API server: %w", err)
 		}
-		if err := mgr.Add(mcpserver.New(cfg.MCP, cacheSynced, log)); err != nil {
+		direct, cs, err := kube.clients()
+		if err != nil {
+			return err
+		}
+		mcpSrv, err := mcpserver.New(mcpserver.Options{
+			Config: cfg.MCP,
+			Kube:   mcpserver.Kube{Cached: mgr.GetClient(), Direct: direct, Clientset: cs},
+			Ready:  cacheSynced,
+			Log:    log,
+		})
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(mcpSrv); err != nil {
 			return fmt.Errorf("add MCP server: %w", err)
 		}
 	}
@@ -194,6 +222,20 @@ func apiReachable(cfg *rest.Config) healthz.Checker {
 type kubeConn struct {
 	rest *rest.Config
 	file string
+}
+
+// clients returns an uncached client (its scheme knows the aggregated
+// types) and a clientset.
+func (k *kubeConn) clients() (client.Client, kubernetes.Interface, error) {
+	direct, err := client.New(k.rest, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(k.rest)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return direct, cs, nil
 }
 
 func kubeConnection(k config.Kubernetes) (*kubeConn, error) {

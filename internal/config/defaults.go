@@ -46,7 +46,11 @@ func Default() Configuration {
 			},
 		},
 		MCP: MCP{
-			BindAddress: ":8090",
+			BindAddress:       ":8090",
+			Auth:              MCPAuthKubernetes,
+			MaxRequestBytes:   1 << 20,
+			ReadHeaderTimeout: D(10 * time.Second),
+			ToolTimeout:       D(2 * time.Minute),
 		},
 	}
 }

@@ -178,7 +178,38 @@ func (s StaticBackend) Enabled() bool { return s.URL != "" }
 type MCP struct {
 	// BindAddress serves /mcp, /healthz and /readyz.
 	BindAddress string `json:"bindAddress"`
+	// Auth is how agents authenticate: "kubernetes" (a bearer token checked
+	// with a TokenReview; every tool call is authorized with a
+	// SubjectAccessReview for the equivalent Kubernetes request) or "none"
+	// (no authentication, tools act with the operator's own rights: local
+	// development only, logged as a warning).
+	Auth MCPAuth `json:"auth"`
+	// ReadOnly registers no tool that changes anything.
+	ReadOnly bool `json:"readOnly"`
+	// AllowDestructiveTools registers tools that delete (delete_workspace).
+	AllowDestructiveTools bool `json:"allowDestructiveTools"`
+	// AllowTools, when not empty, registers only the tools named here.
+	AllowTools []string `json:"allowTools"`
+	// DenyTools never registers the tools named here.
+	DenyTools []string `json:"denyTools"`
+	// MaxRequestBytes bounds the body of a request to /mcp.
+	MaxRequestBytes int64 `json:"maxRequestBytes"`
+	// ReadHeaderTimeout bounds how long a client may take to send request
+	// headers.
+	ReadHeaderTimeout Duration `json:"readHeaderTimeout"`
+	// ToolTimeout bounds one tool call, including a bounded wait for a
+	// workspace build.
+	ToolTimeout Duration `json:"toolTimeout"`
 }
+
+// MCPAuth selects how MCP callers authenticate.
+type MCPAuth string
+
+// MCP authentication modes.
+const (
+	MCPAuthKubernetes MCPAuth = "kubernetes"
+	MCPAuthNone       MCPAuth = "none"
+)
 
 // Duration is a time.Duration written as a Go duration string ("30s",
 // "25m") in the configuration file.

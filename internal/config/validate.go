@@ -23,7 +23,7 @@ func Validate(cfg *Configuration) field.ErrorList {
 	errs = append(errs, validateKubernetes(&cfg.Kubernetes, field.NewPath("kubernetes"))...)
 	errs = append(errs, validateController(&cfg.Controller, field.NewPath("controller"))...)
 	errs = append(errs, validateAggregated(cfg, field.NewPath("aggregatedAPIServer"))...)
-	errs = append(errs, validateAddress(cfg.MCP.BindAddress, field.NewPath("mcp", "bindAddress"), false)...)
+	errs = append(errs, validateMCP(&cfg.MCP, field.NewPath("mcp"))...)
 	return errs
 }
 
@@ -141,6 +141,26 @@ func validateAggregated(cfg *Configuration, p *field.Path) field.ErrorList {
 			"aggregated-apiserver mode has no CoderControlPlane discovery and needs a static backend (or the --coder-url flag)"))
 	case s.Namespace != "" || s.SessionTokenFile != "" || s.SessionToken != "":
 		errs = append(errs, field.Required(sp.Child("url"), "namespace and session token are set but the URL is not"))
+	}
+	return errs
+}
+
+func validateMCP(m *MCP, p *field.Path) field.ErrorList {
+	errs := validateAddress(m.BindAddress, p.Child("bindAddress"), false)
+	switch m.Auth {
+	case MCPAuthKubernetes, MCPAuthNone:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("auth"), m.Auth, []MCPAuth{MCPAuthKubernetes, MCPAuthNone}))
+	}
+	if m.MaxRequestBytes < 1024 {
+		errs = append(errs, field.Invalid(p.Child("maxRequestBytes"), m.MaxRequestBytes, "must be at least 1024"))
+	}
+	errs = append(errs, positive(m.ReadHeaderTimeout, p.Child("readHeaderTimeout"))...)
+	errs = append(errs, positive(m.ToolTimeout, p.Child("toolTimeout"))...)
+	for i, name := range m.AllowTools {
+		if slices.Contains(m.DenyTools, name) {
+			errs = append(errs, field.Invalid(p.Child("allowTools").Index(i), name, "is also in denyTools"))
+		}
 	}
 	return errs
 }

@@ -11,9 +11,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/version"
 )
 
 // shutdownTimeout bounds how long in-flight requests may take to finish
@@ -25,13 +28,57 @@ type Server struct {
 	cfg   config.MCP
 	log   logr.Logger
 	ready healthz.Checker
+	kube  Kube
+	authz *authorizer
+	mcp   http.Handler
+	tools map[string]*mcp.Tool
 }
 
-// New returns a server for cfg. ready reports whether the server's
-// dependencies (Kubernetes client, caches) are usable; /readyz serves it.
-func New(cfg config.MCP, ready healthz.Checker, log logr.Logger) *Server {
-	return &Server{cfg: cfg, ready: ready, log: log.WithName("mcp")}
+// Options are what the server is built from.
+type Options struct {
+	Config config.MCP
+	Kube   Kube
+	// Ready reports whether the server's dependencies (Kubernetes client,
+	// caches) are usable; /readyz serves it.
+	Ready healthz.Checker
+	Log   logr.Logger
 }
+
+// New returns a server for o with the tools its configuration allows.
+func New(o Options) (*Server, error) {
+	s := &Server{cfg: o.Config, ready: o.Ready, kube: o.Kube, log: o.Log.WithName("mcp"),
+		authz: &authorizer{kube: o.Kube.Clientset, none: o.Config.Auth == config.MCPAuthNone}}
+	ms := mcp.NewServer(&mcp.Implementation{Name: "coder-k8s", Title: "Coder on Kubernetes", Version: version.Get().Version}, &mcp.ServerOptions{
+		Instructions: instructions,
+	})
+	tools, err := s.registerTools(ms, s.allTools())
+	if err != nil {
+		return nil, err
+	}
+	s.tools = tools
+	ms.AddReceivingMiddleware(argumentHelp(tools))
+	// Stateless: every request stands alone, so any replica serves any
+	// request and nothing is lost when a pod goes away. The cost: no
+	// server-to-client requests and no resumable streams, which these
+	// tools do not use.
+	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return ms },
+		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+	if s.cfg.Auth == config.MCPAuthNone {
+		s.log.Info("WARNING: MCP authentication is off (mcp.auth: none): every caller acts with coder-k8s's own permissions; use it only for local development")
+	} else {
+		h = auth.RequireBearerToken(newTokenReviewer(o.Kube.Clientset).verify, &auth.RequireBearerTokenOptions{})(h)
+	}
+	s.mcp = http.MaxBytesHandler(h, s.cfg.MaxRequestBytes)
+	return s, nil
+}
+
+// Tools returns the names of the registered tools.
+func (s *Server) Tools() []string { return sortedToolNames(s.tools) }
+
+// instructions tell an agent what the server is for.
+const instructions = `Operate Coder (cloud development environments) on Kubernetes.
+Control planes are CoderControlPlane objects (coderd deployments); templates and workspaces are Coder objects seen as Kubernetes objects (kind CoderTemplate, CoderWorkspace; names <org>.<template> and <org>.<owner>.<workspace>) in the namespace of their control plane.
+Lists return a few compact rows and a continue token; pass it back for more. Every call runs with your Kubernetes RBAC.`
 
 // NeedLeaderElection is false: every replica serves agents.
 func (s *Server) NeedLeaderElection() bool { return false }
@@ -50,7 +97,7 @@ func (s *Server) Start(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           s.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout.Duration,
 		IdleTimeout:       2 * time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
@@ -74,9 +121,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Handler routes the health endpoints.
+// Handler routes /mcp and the health endpoints.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("/mcp", s.mcp)
 	// healthz.Handler serves its checks below the prefix it is mounted at
 	// (/readyz, /readyz/dependencies), like controller-runtime's probes.
 	for prefix, checks := range map[string]map[string]healthz.Checker{

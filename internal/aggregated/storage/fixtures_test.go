@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"fmt"
 	"net/url"
 	"sort"
 	"strings"
@@ -162,7 +161,7 @@ func (p fxProvider) Ready() error { return nil }
 func fxErrs(errs field.ErrorList) []string {
 	out := make([]string, 0, len(errs))
 	for _, e := range errs {
-		out = append(out, fmt.Sprintf("%s %s", e.Type, e.Field))
+		out = append(out, string(e.Type)+" "+e.Field)
 	}
 	sort.Strings(out)
 	return out
@@ -177,4 +176,19 @@ func fxSameStrings(a, b []string) bool {
 	sort.Strings(sa)
 	sort.Strings(sb)
 	return strings.Join(sa, "\n") == strings.Join(sb, "\n")
+}
+
+// fxStorages constructs both storages without backends: fine for code
+// that never asks for one (table conversion, selectors, validation).
+func fxStorages(t testing.TB) (*WorkspaceStorage, *TemplateStorage) {
+	t.Helper()
+	ws, err := NewWorkspaces(Options{PollInterval: time.Second})
+	if err != nil {
+		t.Fatalf("NewWorkspaces: %v", err)
+	}
+	ts, err := NewTemplates(Options{PollInterval: time.Second}, TemplateOptions{})
+	if err != nil {
+		t.Fatalf("NewTemplates: %v", err)
+	}
+	return ws, ts
 }

@@ -56,7 +56,7 @@ func parseWorkspaceName(s string) (workspaceName, error) {
 		}
 	}
 	for _, p := range []struct{ what, v string }{{"organization", n.Org}, {"owner", n.Owner}, {"workspace", n.Name}} {
-		if err := checkCoderName(p.what, p.v, coderName, maxCoderName); err != nil {
+		if err := checkCoderName(p.what, p.v, coderName, maxCoderName, "letters, digits and single hyphens"); err != nil {
 			return n, err
 		}
 	}
@@ -94,21 +94,21 @@ func parseTemplateName(s string) (templateObjectName, error) {
 			return n, err
 		}
 	}
-	if err := checkCoderName("organization", n.Org, coderName, maxCoderName); err != nil {
+	if err := checkCoderName("organization", n.Org, coderName, maxCoderName, "letters, digits and single hyphens"); err != nil {
 		return n, err
 	}
-	if err := checkCoderName("template", n.Name, templateName, maxTplName); err != nil {
+	if err := checkCoderName("template", n.Name, templateName, maxTplName, "letters, digits and single hyphens or underscores"); err != nil {
 		return n, err
 	}
 	return n, nil
 }
 
-func checkCoderName(what, v string, re *regexp.Regexp, max int) error {
+func checkCoderName(what, v string, re *regexp.Regexp, max int, rule string) error {
 	if v == "" {
 		return fmt.Errorf("the %s part of the name is empty", what)
 	}
 	if len(v) > max || !re.MatchString(v) {
-		return fmt.Errorf("%s name %q is not a valid Coder name (letters, digits and single hyphens, at most %d characters)", what, v, max)
+		return fmt.Errorf("%s name %q is not a valid Coder name (%s, at most %d characters)", what, v, rule, max)
 	}
 	return nil
 }

@@ -56,7 +56,8 @@ func (s *WorkspaceStorage) ConvertToTable(_ context.Context, obj runtime.Object,
 		}
 		shutdown := "<none>"
 		if d := w.Status.AutoShutdownDeadline; d != nil {
-			shutdown = duration.HumanDuration(time.Until(d.Time))
+			// Past the deadline until coderd's stop build runs.
+			shutdown = duration.HumanDuration(max(time.Until(d.Time), 0))
 		}
 		return []any{w.Name, w.Status.Owner, w.Spec.TemplateName, w.Status.Phase, w.Spec.Running, lastBuilt,
 			age(w.CreationTimestamp), w.Spec.Organization, version, w.Status.Outdated, w.Status.Healthy, shutdown}, nil

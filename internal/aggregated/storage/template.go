@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -310,6 +311,11 @@ func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObje
 		return n, field.ErrorList{field.Invalid(namePath, tpl.Name, err.Error())}
 	}
 	var errs field.ErrorList
+	if strings.Contains(n.Name, "_") {
+		// Older coderd versions allowed underscores, so such templates
+		// can be read; coderd refuses them for new templates.
+		errs = append(errs, field.Invalid(namePath, tpl.Name, "new Coder template names use letters, digits and single hyphens"))
+	}
 	if tpl.Spec.Organization != "" && tpl.Spec.Organization != n.Org {
 		errs = append(errs, field.Invalid(specPath.Child("organization"), tpl.Spec.Organization, "must match the organization in the name ("+n.Org+")"))
 	}

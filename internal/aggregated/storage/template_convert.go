@@ -39,8 +39,9 @@ func toTemplate(t target, tpl *codersdk.Template, active *codersdk.TemplateVersi
 			ActiveVersionID:    uuidString(tpl.ActiveVersionID),
 			Deprecated:         tpl.Deprecated,
 			DeprecationMessage: tpl.DeprecationMessage,
-			ActiveUserCount:    int32(tpl.ActiveUserCount),
-			UpdatedAt:          timePtr(&tpl.UpdatedAt),
+			// coderd reports -1 while it has not counted yet.
+			ActiveUserCount: int32(max(tpl.ActiveUserCount, 0)),
+			UpdatedAt:       timePtr(&tpl.UpdatedAt),
 		},
 	}
 	ready := metav1.Condition{Type: aggv1.ConditionReady, Status: metav1.ConditionUnknown, Reason: "VersionUnknown",

@@ -82,7 +82,8 @@ func toWorkspace(t target, w *codersdk.Workspace, params []aggv1.WorkspaceParame
 }
 
 // deleting reports a delete build that is queued, running or done: the
-// workspace is going away. A failed or canceled delete leaves it in place.
+// workspace is going away. A failed or canceled delete leaves it in place,
+// and its deletionTimestamp goes away again: Coder lets a delete be undone.
 func deleting(b *codersdk.WorkspaceBuild) bool {
 	if b.Transition != codersdk.WorkspaceTransitionDelete {
 		return false

@@ -502,7 +502,7 @@ func TestCoderdOwnsStatus(t *testing.T) {
 	t.Run("not shared", func(t *testing.T) {
 		a := coderdOwnsStatus()
 		a[0].Manager = "someone-else"
-		a[0].FieldsV1.Raw[0] = 'X'
+		a[0].FieldsV1.SetRawString(`{"f:spec":{}}`)
 		check(t, coderdOwnsStatus())
 	})
 }

@@ -1,0 +1,470 @@
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+)
+
+// Source files shown by get_template are capped per file and in total.
+const (
+	defaultFileBytes = 4 << 10
+	maxFileBytes     = 64 << 10
+	maxSourceBytes   = 128 << 10
+	maxWaitSeconds   = 120
+)
+
+// ListInput pages through a list.
+type ListInput struct {
+	Namespace string `json:"namespace,omitempty" jsonschema:"Kubernetes namespace; empty means every namespace"`
+	Limit     int    `json:"limit,omitempty" jsonschema:"rows to return (default 20, at most 100)"`
+	Continue  string `json:"continue,omitempty" jsonschema:"the continue token of the previous call, for the next rows"`
+}
+
+// ObjectInput names one namespaced object.
+type ObjectInput struct {
+	Namespace string `json:"namespace" jsonschema:"Kubernetes namespace of the object"`
+	Name      string `json:"name" jsonschema:"object name"`
+}
+
+// TemplateRow is one template in a list.
+type TemplateRow struct {
+	Namespace     string `json:"namespace"`
+	Name          string `json:"name" jsonschema:"<organization>.<template>"`
+	DisplayName   string `json:"displayName,omitempty"`
+	ActiveVersion string `json:"activeVersion,omitempty"`
+	BuildStatus   string `json:"buildStatus,omitempty"`
+	Deprecated    bool   `json:"deprecated,omitempty"`
+}
+
+// TemplateList is a page of templates.
+type TemplateList struct {
+	Items    []TemplateRow `json:"items"`
+	Continue string        `json:"continue,omitempty" jsonschema:"pass to the next call for more rows; empty at the end"`
+}
+
+// GetTemplateInput names a template and what to show of its source.
+type GetTemplateInput struct {
+	Namespace    string `json:"namespace" jsonschema:"Kubernetes namespace of the template"`
+	Name         string `json:"name" jsonschema:"<organization>.<template>"`
+	IncludeFiles bool   `json:"includeFiles,omitempty" jsonschema:"also return the source files of the active version"`
+	MaxFileBytes int    `json:"maxFileBytes,omitempty" jsonschema:"bytes shown per file (default 4096, at most 65536); longer files are cut"`
+}
+
+// TemplateDetail is one template.
+type TemplateDetail struct {
+	Namespace         string            `json:"namespace"`
+	Name              string            `json:"name"`
+	Organization      string            `json:"organization"`
+	DisplayName       string            `json:"displayName,omitempty"`
+	Description       string            `json:"description,omitempty"`
+	ActiveVersionID   string            `json:"activeVersionID,omitempty"`
+	ActiveVersionName string            `json:"activeVersionName,omitempty"`
+	BuildStatus       string            `json:"buildStatus,omitempty"`
+	BuildError        string            `json:"buildError,omitempty"`
+	Deprecated        bool              `json:"deprecated,omitempty"`
+	ActiveUsers       int32             `json:"activeUsers"`
+	UpdatedAt         string            `json:"updatedAt,omitempty"`
+	FileNames         []string          `json:"fileNames,omitempty" jsonschema:"paths of the source files"`
+	Files             map[string]string `json:"files,omitempty" jsonschema:"source files (with includeFiles), cut to maxFileBytes"`
+	TruncatedFiles    []string          `json:"truncatedFiles,omitempty" jsonschema:"files that were cut or left out to stay within the size caps"`
+}
+
+// WorkspaceListInput filters workspaces.
+type WorkspaceListInput struct {
+	Namespace string `json:"namespace,omitempty" jsonschema:"Kubernetes namespace; empty means every namespace"`
+	Owner     string `json:"owner,omitempty" jsonschema:"only workspaces of this Coder username"`
+	Template  string `json:"template,omitempty" jsonschema:"only workspaces built from this template name"`
+	Running   *bool  `json:"running,omitempty" jsonschema:"only workspaces whose desired state is running (true) or stopped (false)"`
+	Limit     int    `json:"limit,omitempty" jsonschema:"rows to return (default 20, at most 100)"`
+	Continue  string `json:"continue,omitempty" jsonschema:"the continue token of the previous call, for the next rows"`
+}
+
+// WorkspaceRow is one workspace in a list.
+type WorkspaceRow struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name" jsonschema:"<organization>.<owner>.<workspace>"`
+	Owner     string `json:"owner"`
+	Template  string `json:"template"`
+	Status    string `json:"status" jsonschema:"Coder's workspace status: running, stopped, starting, failed, ..."`
+	Running   bool   `json:"running" jsonschema:"desired run state"`
+	LastBuilt string `json:"lastBuilt,omitempty"`
+}
+
+// WorkspaceList is a page of workspaces.
+type WorkspaceList struct {
+	Items    []WorkspaceRow `json:"items"`
+	Continue string         `json:"continue,omitempty" jsonschema:"pass to the next call for more rows; empty at the end"`
+}
+
+// WorkspaceDetail is one workspace.
+type WorkspaceDetail struct {
+	Namespace         string   `json:"namespace"`
+	Name              string   `json:"name"`
+	ID                string   `json:"id"`
+	Owner             string   `json:"owner"`
+	Organization      string   `json:"organization"`
+	Template          string   `json:"template"`
+	TemplateVersionID string   `json:"templateVersionID,omitempty"`
+	Status            string   `json:"status"`
+	Running           bool     `json:"running"`
+	Healthy           bool     `json:"healthy"`
+	Outdated          bool     `json:"outdated"`
+	TTLMillis         *int64   `json:"ttlMillis,omitempty"`
+	AutostartSchedule string   `json:"autostartSchedule,omitempty"`
+	AutoShutdownAt    string   `json:"autoShutdownAt,omitempty"`
+	LastUsedAt        string   `json:"lastUsedAt,omitempty"`
+	URL               string   `json:"url,omitempty"`
+	LatestBuild       *Build   `json:"latestBuild,omitempty"`
+	Conditions        []string `json:"conditions,omitempty" jsonschema:"each as: Type=Status (Reason): message"`
+	Deleting          bool     `json:"deleting,omitempty" jsonschema:"a delete build is under way"`
+}
+
+// Build summarises a workspace build.
+type Build struct {
+	ID         string `json:"id"`
+	Number     int32  `json:"number"`
+	Transition string `json:"transition" jsonschema:"start, stop or delete"`
+	JobStatus  string `json:"jobStatus" jsonschema:"pending, running, succeeded, canceling, canceled or failed"`
+	Error      string `json:"error,omitempty"`
+	CreatedAt  string `json:"createdAt"`
+}
+
+// SetRunningInput starts or stops a workspace.
+type SetRunningInput struct {
+	Namespace   string `json:"namespace" jsonschema:"Kubernetes namespace of the workspace"`
+	Name        string `json:"name" jsonschema:"<organization>.<owner>.<workspace>"`
+	Running     bool   `json:"running" jsonschema:"true starts the workspace, false stops it"`
+	WaitSeconds int    `json:"waitSeconds,omitempty" jsonschema:"wait up to this many seconds (at most 120) for the build to finish; 0 returns at once"`
+}
+
+// SetRunningResult says which build was started and how far it got.
+type SetRunningResult struct {
+	Workspace  WorkspaceDetail `json:"workspace"`
+	Changed    bool            `json:"changed" jsonschema:"false when the workspace already had this desired state"`
+	BuildDone  bool            `json:"buildDone" jsonschema:"the latest build has finished"`
+	WaitedSecs float64         `json:"waitedSeconds"`
+}
+
+var (
+	workspacesResource = access{Group: aggv1.GroupName, Resource: "coderworkspaces"}
+	templatesResource  = access{Group: aggv1.GroupName, Resource: "codertemplates"}
+)
+
+func (a access) with(verb, namespace, name string) access {
+	a.Verb, a.Namespace, a.Name = verb, namespace, name
+	return a
+}
+
+func (s *Server) templateTools() []tool {
+	return []tool{
+		define(s, "list_templates", toolMeta{
+			Title:       "List Coder templates",
+			Description: "Lists Coder templates (CoderTemplate objects) with their active version and build status, a page at a time. Use get_template for one template's details or source files.",
+			ReadOnly:    true, Idempotent: true, OpenWorld: true,
+		}, listTemplates),
+		define(s, "get_template", toolMeta{
+			Title:       "Get a Coder template",
+			Description: "Shows one Coder template: active version, its build status and error, deprecation, and optionally its source files (capped in size).",
+			ReadOnly:    true, Idempotent: true, OpenWorld: true,
+		}, getTemplate),
+	}
+}
+
+func listTemplates(ctx context.Context, c *call, in ListInput) (TemplateList, error) {
+	if err := c.authorize(ctx, templatesResource.with("list", in.Namespace, "")); err != nil {
+		return TemplateList{}, err
+	}
+	var list aggv1.CoderTemplateList
+	if err := c.kube.Direct.List(ctx, &list, client.InNamespace(in.Namespace)); err != nil {
+		return TemplateList{}, fmt.Errorf("list codertemplates: %w", err)
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return key(&list.Items[i]) < key(&list.Items[j]) })
+	items, next, err := page(list.Items, in.Limit, in.Continue)
+	if err != nil {
+		return TemplateList{}, err
+	}
+	out := TemplateList{Items: make([]TemplateRow, len(items)), Continue: next}
+	for i, t := range items {
+		out.Items[i] = TemplateRow{Namespace: t.Namespace, Name: t.Name, DisplayName: t.Spec.DisplayName,
+			ActiveVersion: t.Status.ActiveVersionName, BuildStatus: t.Status.BuildStatus, Deprecated: t.Status.Deprecated}
+	}
+	return out, nil
+}
+
+func getTemplate(ctx context.Context, c *call, in GetTemplateInput) (TemplateDetail, error) {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
+		return TemplateDetail{}, err
+	}
+	if err := c.authorize(ctx, templatesResource.with("get", in.Namespace, in.Name)); err != nil {
+		return TemplateDetail{}, err
+	}
+	var t aggv1.CoderTemplate
+	if err := c.kube.Direct.Get(ctx, types.NamespacedName{Namespace: in.Namespace, Name: in.Name}, &t); err != nil {
+		return TemplateDetail{}, fmt.Errorf("get codertemplate %s/%s: %w", in.Namespace, in.Name, err)
+	}
+	d := TemplateDetail{
+		Namespace: t.Namespace, Name: t.Name, Organization: t.Spec.Organization, DisplayName: t.Spec.DisplayName,
+		Description: t.Spec.Description, ActiveVersionID: t.Status.ActiveVersionID, ActiveVersionName: t.Status.ActiveVersionName,
+		BuildStatus: t.Status.BuildStatus, BuildError: t.Status.BuildError, Deprecated: t.Status.Deprecated,
+		ActiveUsers: t.Status.ActiveUserCount,
+	}
+	if t.Status.UpdatedAt != nil {
+		d.UpdatedAt = t.Status.UpdatedAt.UTC().Format(time.RFC3339)
+	}
+	for p := range t.Spec.Files {
+		d.FileNames = append(d.FileNames, p)
+	}
+	sort.Strings(d.FileNames)
+	if in.IncludeFiles {
+		d.Files, d.TruncatedFiles = capFiles(t.Spec.Files, d.FileNames, in.MaxFileBytes)
+	}
+	return d, nil
+}
+
+// capFiles returns files cut to perFile bytes each and maxSourceBytes in
+// all, and the names of the files cut or left out.
+func capFiles(files map[string]string, names []string, perFile int) (map[string]string, []string) {
+	if perFile <= 0 {
+		perFile = defaultFileBytes
+	}
+	perFile = min(perFile, maxFileBytes)
+	out := map[string]string{}
+	var cut []string
+	total := 0
+	for _, n := range names {
+		content := files[n]
+		if len(content) > perFile {
+			content = content[:perFile]
+			cut = append(cut, n)
+		}
+		if total+len(content) > maxSourceBytes {
+			if !contains(cut, n) {
+				cut = append(cut, n)
+			}
+			continue
+		}
+		total += len(content)
+		out[n] = content
+	}
+	return out, cut
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) workspaceTools() []tool {
+	return []tool{
+		define(s, "list_workspaces", toolMeta{
+			Title:       "List Coder workspaces",
+			Description: "Lists Coder workspaces (CoderWorkspace objects), optionally only one owner's, one template's, or running/stopped ones, a page at a time, with status and desired run state.",
+			ReadOnly:    true, Idempotent: true, OpenWorld: true,
+		}, listWorkspaces),
+		define(s, "get_workspace", toolMeta{
+			Title:       "Get a Coder workspace",
+			Description: "Shows one Coder workspace: status, desired run state, latest build (transition, job status, error), schedule, health and URL.",
+			ReadOnly:    true, Idempotent: true, OpenWorld: true,
+		}, getWorkspace),
+		define(s, "set_workspace_running", toolMeta{
+			Title:       "Start or stop a Coder workspace",
+			Description: "Starts (running: true) or stops (running: false) a Coder workspace with a build. Returns at once with the build ID and status; set waitSeconds to wait (at most 120 s) for the build to finish. Calling it again with the same state changes nothing.",
+			Idempotent:  true, OpenWorld: true,
+		}, setWorkspaceRunning),
+		define(s, "delete_workspace", toolMeta{
+			Title:       "Delete a Coder workspace",
+			Description: "Deletes a Coder workspace and its resources with a delete build. Irreversible. The workspace stays visible (deleting: true) until the build finishes.",
+			Destructive: true, Idempotent: true, OpenWorld: true,
+		}, deleteWorkspace),
+	}
+}
+
+func listWorkspaces(ctx context.Context, c *call, in WorkspaceListInput) (WorkspaceList, error) {
+	if err := c.authorize(ctx, workspacesResource.with("list", in.Namespace, "")); err != nil {
+		return WorkspaceList{}, err
+	}
+	opts := []client.ListOption{client.InNamespace(in.Namespace)}
+	labels := client.MatchingLabels{}
+	if in.Owner != "" {
+		labels[aggv1.LabelOwner] = in.Owner
+	}
+	if in.Template != "" {
+		labels[aggv1.LabelTemplate] = in.Template
+	}
+	if len(labels) > 0 {
+		opts = append(opts, labels)
+	}
+	if in.Running != nil {
+		opts = append(opts, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.running", strconv.FormatBool(*in.Running))})
+	}
+	var list aggv1.CoderWorkspaceList
+	if err := c.kube.Direct.List(ctx, &list, opts...); err != nil {
+		return WorkspaceList{}, fmt.Errorf("list coderworkspaces: %w", err)
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return key(&list.Items[i]) < key(&list.Items[j]) })
+	items, next, err := page(list.Items, in.Limit, in.Continue)
+	if err != nil {
+		return WorkspaceList{}, err
+	}
+	out := WorkspaceList{Items: make([]WorkspaceRow, len(items)), Continue: next}
+	for i := range items {
+		w := &items[i]
+		row := WorkspaceRow{Namespace: w.Namespace, Name: w.Name, Owner: w.Status.Owner, Template: w.Spec.TemplateName,
+			Status: w.Status.Phase, Running: w.Spec.Running}
+		if b := w.Status.LatestBuild; b != nil {
+			row.LastBuilt = b.CreatedAt.UTC().Format(time.RFC3339)
+		}
+		out.Items[i] = row
+	}
+	return out, nil
+}
+
+func getWorkspace(ctx context.Context, c *call, in ObjectInput) (WorkspaceDetail, error) {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
+		return WorkspaceDetail{}, err
+	}
+	if err := c.authorize(ctx, workspacesResource.with("get", in.Namespace, in.Name)); err != nil {
+		return WorkspaceDetail{}, err
+	}
+	w, err := c.getWorkspace(ctx, in.Namespace, in.Name)
+	if err != nil {
+		return WorkspaceDetail{}, err
+	}
+	return workspaceDetail(w), nil
+}
+
+func (c *call) getWorkspace(ctx context.Context, namespace, name string) (*aggv1.CoderWorkspace, error) {
+	var w aggv1.CoderWorkspace
+	if err := c.kube.Direct.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &w); err != nil {
+		return nil, fmt.Errorf("get coderworkspace %s/%s: %w", namespace, name, err)
+	}
+	return &w, nil
+}
+
+func setWorkspaceRunning(ctx context.Context, c *call, in SetRunningInput) (SetRunningResult, error) {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
+		return SetRunningResult{}, err
+	}
+	if in.WaitSeconds < 0 || in.WaitSeconds > maxWaitSeconds {
+		return SetRunningResult{}, fmt.Errorf("waitSeconds must be between 0 and %d, got %d", maxWaitSeconds, in.WaitSeconds)
+	}
+	if err := c.authorize(ctx, workspacesResource.with("update", in.Namespace, in.Name)); err != nil {
+		return SetRunningResult{}, err
+	}
+	w, err := c.getWorkspace(ctx, in.Namespace, in.Name)
+	if err != nil {
+		return SetRunningResult{}, err
+	}
+	res := SetRunningResult{Changed: w.Spec.Running != in.Running}
+	if res.Changed {
+		patch := fmt.Appendf(nil, `{"spec":{"running":%t}}`, in.Running)
+		if err := c.kube.Direct.Patch(ctx, w, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			return SetRunningResult{}, fmt.Errorf("set spec.running of coderworkspace %s/%s: %w", in.Namespace, in.Name, err)
+		}
+	}
+	start := time.Now()
+	deadline := start.Add(time.Duration(in.WaitSeconds) * time.Second)
+	for !buildDone(w) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return SetRunningResult{}, ctx.Err()
+		case <-time.After(time.Second):
+		}
+		if w, err = c.getWorkspace(ctx, in.Namespace, in.Name); err != nil {
+			return SetRunningResult{}, err
+		}
+	}
+	res.Workspace, res.BuildDone, res.WaitedSecs = workspaceDetail(w), buildDone(w), time.Since(start).Round(time.Millisecond).Seconds()
+	return res, nil
+}
+
+func deleteWorkspace(ctx context.Context, c *call, in ObjectInput) (WorkspaceDetail, error) {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
+		return WorkspaceDetail{}, err
+	}
+	if err := c.authorize(ctx, workspacesResource.with("delete", in.Namespace, in.Name)); err != nil {
+		return WorkspaceDetail{}, err
+	}
+	w, err := c.getWorkspace(ctx, in.Namespace, in.Name)
+	if err != nil {
+		return WorkspaceDetail{}, err
+	}
+	if err := c.kube.Direct.Delete(ctx, w); err != nil {
+		return WorkspaceDetail{}, fmt.Errorf("delete coderworkspace %s/%s: %w", in.Namespace, in.Name, err)
+	}
+	if after, err := c.getWorkspace(ctx, in.Namespace, in.Name); err == nil {
+		w = after
+	} else {
+		w.Status.Phase = "deleted"
+	}
+	d := workspaceDetail(w)
+	d.Deleting = true
+	return d, nil
+}
+
+func buildDone(w *aggv1.CoderWorkspace) bool {
+	b := w.Status.LatestBuild
+	if b == nil {
+		return true
+	}
+	switch b.JobStatus {
+	case "pending", "running", "canceling":
+		return false
+	}
+	return true
+}
+
+func workspaceDetail(w *aggv1.CoderWorkspace) WorkspaceDetail {
+	d := WorkspaceDetail{
+		Namespace: w.Namespace, Name: w.Name, ID: w.Status.ID, Owner: w.Status.Owner, Organization: w.Spec.Organization,
+		Template: w.Spec.TemplateName, TemplateVersionID: w.Spec.TemplateVersionID, Status: w.Status.Phase,
+		Running: w.Spec.Running, Healthy: w.Status.Healthy, Outdated: w.Status.Outdated, TTLMillis: w.Spec.TTLMillis,
+		URL: w.Status.URL, Deleting: w.DeletionTimestamp != nil,
+	}
+	if w.Spec.AutostartSchedule != nil {
+		d.AutostartSchedule = *w.Spec.AutostartSchedule
+	}
+	if t := w.Status.AutoShutdownDeadline; t != nil {
+		d.AutoShutdownAt = t.UTC().Format(time.RFC3339)
+	}
+	if t := w.Status.LastUsedAt; t != nil {
+		d.LastUsedAt = t.UTC().Format(time.RFC3339)
+	}
+	if b := w.Status.LatestBuild; b != nil {
+		d.LatestBuild = &Build{ID: b.ID, Number: b.Number, Transition: b.Transition, JobStatus: b.JobStatus,
+			Error: b.Error, CreatedAt: b.CreatedAt.UTC().Format(time.RFC3339)}
+	}
+	for _, cond := range w.Status.Conditions {
+		d.Conditions = append(d.Conditions, fmt.Sprintf("%s=%s (%s): %s", cond.Type, cond.Status, cond.Reason, cond.Message))
+	}
+	return d
+}
+
+// requireObject says what is missing before any call is made.
+func requireObject(namespace, name string) error {
+	switch {
+	case namespace == "" && name == "":
+		return fmt.Errorf("namespace and name are required")
+	case namespace == "":
+		return fmt.Errorf("namespace is required")
+	case name == "":
+		return fmt.Errorf("name is required")
+	}
+	return nil
+}
+
+// key sorts objects by namespace, then name.
+func key(o client.Object) string { return o.GetNamespace() + "/" + o.GetName() }

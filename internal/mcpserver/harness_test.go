@@ -1,0 +1,184 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/scheme"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+// harness is an MCP server in-process on a real kube-apiserver, served
+// over real HTTP.
+type harness struct {
+	k   *testenv.KubeAPI
+	c   client.Client
+	cs  kubernetes.Interface
+	srv *Server
+	url string
+}
+
+// newHarness starts kube-apiserver and an MCP server configured by cfg
+// (defaults when nil) whose tools read it directly.
+func newHarness(t *testing.T, k *testenv.KubeAPI, mutate func(*config.MCP)) *harness {
+	t.Helper()
+	if k == nil {
+		k = testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
+	}
+	c, err := client.New(k.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default().MCP
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	srv, err := New(Options{
+		Config: cfg,
+		Kube:   Kube{Cached: c, Direct: c, Clientset: k.Clientset},
+		Ready:  func(*http.Request) error { return nil },
+		Log:    testr.New(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return &harness{k: k, c: c, cs: k.Clientset, srv: srv, url: hs.URL + "/mcp"}
+}
+
+// serviceAccountToken creates ServiceAccount name in namespace and returns
+// a token for it from the TokenRequest API, as an agent would get one.
+func (h *harness) serviceAccountToken(t *testing.T, namespace, name string) string {
+	t.Helper()
+	ctx := context.Background()
+	if err := h.k.EnsureNamespace(ctx, namespace); err != nil {
+		t.Fatal(err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
+	if err := h.c.Create(ctx, sa); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	tr, err := h.cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token for %s/%s: %v", namespace, name, err)
+	}
+	return tr.Status.Token
+}
+
+// grant gives ServiceAccount namespace/name the rules in roleNamespace
+// ("" for every namespace, with a ClusterRole).
+func (h *harness) grant(t *testing.T, namespace, name, roleNamespace string, rules ...rbacv1.PolicyRule) {
+	t.Helper()
+	ctx := context.Background()
+	if roleNamespace != "" {
+		if err := h.k.EnsureNamespace(ctx, roleNamespace); err != nil {
+			t.Fatal(err)
+		}
+	}
+	role := name + "-" + strings.ReplaceAll(time.Now().Format("150405.000000"), ".", "")
+	subject := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: namespace}}
+	var objs []client.Object
+	if roleNamespace == "" {
+		objs = []client.Object{
+			&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: role}, Rules: rules},
+			&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role}, Subjects: subject,
+				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role}},
+		}
+	} else {
+		objs = []client.Object{
+			&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: role, Namespace: roleNamespace}, Rules: rules},
+			&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role, Namespace: roleNamespace}, Subjects: subject,
+				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role}},
+		}
+	}
+	for _, o := range objs {
+		if err := h.c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// connect opens an MCP client session over HTTP with token as the bearer
+// token ("" for none).
+func (h *harness) connect(t *testing.T, token string) *mcp.ClientSession {
+	t.Helper()
+	session, err := connectMCP(context.Background(), h.url, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { session.Close() })
+	return session
+}
+
+// connectMCP connects the go-sdk client to url.
+func connectMCP(ctx context.Context, url, token string) (*mcp.ClientSession, error) {
+	httpClient := &http.Client{Timeout: time.Minute, Transport: bearer{token: token, next: http.DefaultTransport}}
+	c := mcp.NewClient(&mcp.Implementation{Name: "coder-k8s-test", Version: "v0"}, nil)
+	return c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: httpClient}, nil)
+}
+
+type bearer struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	if b.token != "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("Authorization", "Bearer "+b.token)
+	}
+	return b.next.RoundTrip(r)
+}
+
+// callTool calls a tool and decodes its structured content into out
+// (when not nil). It fails the test on protocol errors, not on isError
+// results, which it returns.
+func callTool(t *testing.T, s *mcp.ClientSession, name string, args map[string]any, out any) *mcp.CallToolResult {
+	t.Helper()
+	res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("call %s: %v", name, err)
+	}
+	if out != nil && !res.IsError {
+		raw, err := json.Marshal(res.StructuredContent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s: structured content %s: %v", name, raw, err)
+		}
+	}
+	return res
+}
+
+// resultText is the text content of a result.
+func resultText(res *mcp.CallToolResult) string {
+	var s string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			s += tc.Text
+		}
+	}
+	return s
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,286 @@
+package mcpserver
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Kube is how tools reach Kubernetes. Reads and writes of Coder objects go
+// through kube-apiserver's aggregated API, so agents and kubectl see the
+// same data.
+type Kube struct {
+	// Cached serves CoderControlPlanes, Deployments and Services: the
+	// shared manager cache in all mode, where controllers keep them fresh.
+	Cached client.Reader
+	// Direct reads what no controller caches (Pods, Events) and reads and
+	// writes aggregation.coder.com objects; its scheme must know them.
+	Direct client.Client
+	// Clientset reads pod logs and asks TokenReviews and
+	// SubjectAccessReviews.
+	Clientset kubernetes.Interface
+}
+
+// Output caps keep one call from flooding an agent's context.
+const (
+	defaultListLimit = 20
+	maxListLimit     = 100
+)
+
+// toolMeta is what an agent reads about a tool before calling it.
+type toolMeta struct {
+	Title       string
+	Description string
+	// ReadOnly tools change nothing; the others are not registered in
+	// read-only mode.
+	ReadOnly bool
+	// Destructive tools delete; they are registered only when the
+	// configuration allows destructive tools.
+	Destructive bool
+	Idempotent  bool
+	// OpenWorld tools reach beyond Kubernetes (coderd).
+	OpenWorld bool
+}
+
+// tool is a tool definition ready to register.
+type tool struct {
+	name string
+	meta toolMeta
+	add  func(s *mcp.Server, t *mcp.Tool)
+}
+
+// call is one tool invocation: the request and what the handler needs to
+// authorize it and reach Kubernetes.
+type call struct {
+	req  *mcp.CallToolRequest
+	srv  *Server
+	kube Kube
+}
+
+// authorize checks the caller's RBAC for the Kubernetes request the call
+// amounts to.
+func (c *call) authorize(ctx context.Context, a access) error {
+	return c.srv.authz.authorize(ctx, c.req, a)
+}
+
+// handler is a typed tool implementation.
+type handler[In, Out any] func(ctx context.Context, c *call, in In) (Out, error)
+
+// define builds a tool whose input and output JSON schemas come from In and
+// Out, so clients get typed arguments and structured content.
+func define[In, Out any](s *Server, name string, meta toolMeta, h handler[In, Out]) tool {
+	return tool{name: name, meta: meta, add: func(ms *mcp.Server, t *mcp.Tool) {
+		// Derived here, not inside AddTool, so that the server keeps the
+		// schema to show with argument errors.
+		schema, err := jsonschema.For[In](nil)
+		if err != nil {
+			panic(fmt.Sprintf("tool %s: input schema: %v", name, err)) // recovered by registerTools
+		}
+		t.InputSchema = schema
+		mcp.AddTool(ms, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (res *mcp.CallToolResult, out Out, err error) {
+			ctx, cancel := context.WithTimeout(ctx, s.cfg.ToolTimeout.Duration)
+			defer cancel()
+			defer func() {
+				// A bug in one tool must not kill the session.
+				if p := recover(); p != nil {
+					s.log.Error(fmt.Errorf("panic: %v", p), "tool panicked", "tool", name, "stack", string(debug.Stack()))
+					err = fmt.Errorf("internal error in tool %s; the server log has details", name)
+				}
+			}()
+			start := time.Now()
+			out, err = h(ctx, &call{req: req, srv: s, kube: s.kube}, in)
+			s.log.V(1).Info("tool call", "tool", name, "user", callerName(req), "duration", time.Since(start), "error", errString(err))
+			if err != nil {
+				return nil, out, explain(err)
+			}
+			return nil, out, nil
+		})
+	}}
+}
+
+// mcpTool is the protocol description of t.
+func (t tool) mcpTool() *mcp.Tool {
+	destructive, openWorld := t.meta.Destructive, t.meta.OpenWorld
+	return &mcp.Tool{
+		Name:        t.name,
+		Title:       t.meta.Title,
+		Description: t.meta.Description,
+		Annotations: &mcp.ToolAnnotations{
+			Title:           t.meta.Title,
+			ReadOnlyHint:    t.meta.ReadOnly,
+			DestructiveHint: &destructive,
+			IdempotentHint:  t.meta.Idempotent,
+			OpenWorldHint:   &openWorld,
+		},
+	}
+}
+
+// explain turns an error into a message an agent can act on.
+func explain(err error) error {
+	var se apierrors.APIStatus
+	switch {
+	case errors.Is(err, errForbidden):
+		return err
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("the call took longer than the tool timeout: %w", err)
+	case errors.As(err, &se):
+		st := se.Status()
+		switch {
+		case apierrors.IsNotFound(err):
+			return fmt.Errorf("%s (check the namespace and the name; the list tools show what exists)", st.Message)
+		case apierrors.IsForbidden(err):
+			return fmt.Errorf("%s (coder-k8s's own permissions are missing: check its ClusterRole)", st.Message)
+		case apierrors.IsServiceUnavailable(err):
+			return fmt.Errorf("%s (retry later; the tool health reports what is unreachable)", st.Message)
+		}
+		return errors.New(st.Message)
+	}
+	return err
+}
+
+func callerName(req *mcp.CallToolRequest) string {
+	if id := identityOf(req); id != nil {
+		return id.User
+	}
+	return ""
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// registerTools adds the tools the configuration allows to ms and returns
+// them by name.
+func (s *Server) registerTools(ms *mcp.Server, all []tool) (_ map[string]*mcp.Tool, err error) {
+	defer func() {
+		// The SDK panics on a tool it cannot describe: a programming
+		// error, reported at start rather than crashing.
+		if p := recover(); p != nil {
+			err = fmt.Errorf("register MCP tools: %v", p)
+		}
+	}()
+	known := map[string]bool{}
+	for _, t := range all {
+		known[t.name] = true
+	}
+	for _, n := range append(slices.Clone(s.cfg.AllowTools), s.cfg.DenyTools...) {
+		if !known[n] {
+			return nil, fmt.Errorf("mcp.allowTools/denyTools: unknown tool %q (tools: %s)", n, strings.Join(sortedKeys(known), ", "))
+		}
+	}
+	registered := map[string]*mcp.Tool{}
+	for _, t := range all {
+		switch {
+		case s.cfg.ReadOnly && !t.meta.ReadOnly,
+			t.meta.Destructive && !s.cfg.AllowDestructiveTools,
+			len(s.cfg.AllowTools) > 0 && !slices.Contains(s.cfg.AllowTools, t.name),
+			slices.Contains(s.cfg.DenyTools, t.name):
+			continue
+		}
+		mt := t.mcpTool()
+		t.add(ms, mt)
+		registered[t.name] = mt
+	}
+	return registered, nil
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// argumentHelp turns the protocol errors agents hit most into tool errors
+// they can read and act on: an unknown tool names the tools there are, and
+// ill-typed arguments come back with the tool's input schema.
+func argumentHelp(tools map[string]*mcp.Tool) mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			res, err := next(ctx, method, req)
+			if method != "tools/call" {
+				return res, err
+			}
+			call, ok := req.(*mcp.CallToolRequest)
+			if !ok || call.Params == nil {
+				return res, err
+			}
+			if err != nil {
+				if _, exists := tools[call.Params.Name]; !exists {
+					return errorResult(fmt.Sprintf("unknown tool %q; the tools are: %s", call.Params.Name, strings.Join(sortedToolNames(tools), ", "))), nil
+				}
+				return res, err
+			}
+			r, ok := res.(*mcp.CallToolResult)
+			if !ok || !r.IsError || len(r.Content) == 0 {
+				return res, err
+			}
+			if text, ok := r.Content[0].(*mcp.TextContent); ok && strings.HasPrefix(text.Text, `validating "arguments"`) || ok && strings.Contains(text.Text, "cannot unmarshal") {
+				if t := tools[call.Params.Name]; t != nil {
+					schema, _ := json.Marshal(t.InputSchema)
+					text.Text += "\nThe arguments must match this JSON schema: " + string(schema)
+				}
+			}
+			return r, nil
+		}
+	}
+}
+
+func sortedToolNames(m map[string]*mcp.Tool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func errorResult(msg string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}}
+}
+
+// page cuts a sorted list to limit items after the position a continue
+// token names, and returns the token for the rest ("" at the end).
+func page[T any](items []T, limit int, cont string) ([]T, string, error) {
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	limit = min(limit, maxListLimit)
+	offset := 0
+	if cont != "" {
+		raw, err := base64.RawURLEncoding.DecodeString(cont)
+		n, perr := strconv.Atoi(strings.TrimPrefix(string(raw), "offset:"))
+		if err != nil || perr != nil || n < 0 || !strings.HasPrefix(string(raw), "offset:") {
+			return nil, "", fmt.Errorf("continue %q is not a token this tool returned; call it again without continue", cont)
+		}
+		offset = n
+	}
+	if offset >= len(items) {
+		return []T{}, "", nil
+	}
+	end := min(offset+limit, len(items))
+	next := ""
+	if end < len(items) {
+		next = base64.RawURLEncoding.EncodeToString([]byte("offset:" + strconv.Itoa(end)))
+	}
+	return items[offset:end], next, nil
+}
