@@ -486,7 +486,7 @@ func TestCoderdOwnsStatus(t *testing.T) {
 			e.APIVersion != aggv1.SchemeGroupVersion.String() || e.FieldsType != "FieldsV1" || e.Subresource != "" {
 			t.Errorf("managedFields entry = %+v", e)
 		}
-		if e.FieldsV1 == nil || string(e.FieldsV1.Raw) != `{"f:status":{}}` {
+		if e.FieldsV1 == nil || e.FieldsV1.GetRawString() != `{"f:status":{}}` {
 			t.Errorf("fieldsV1 = %v, want {\"f:status\":{}}", e.FieldsV1)
 		}
 		if e.Time != nil {
