@@ -66,7 +66,9 @@ type OperatorOptions struct {
 	// Aggregated adds entries to the aggregatedAPIServer mapping, for
 	// example `certDir: /x, watchPollInterval: 1s`.
 	Aggregated string
-	Args       []string
+	// MCP adds entries to the mcp mapping, for example `readOnly: true`.
+	MCP  string
+	Args []string
 }
 
 // StartOperator writes a configuration file with free ports and runs the
@@ -90,6 +92,10 @@ func StartOperator(t testing.TB, opts OperatorOptions) *Operator {
 	if opts.Aggregated != "" {
 		aggregated = ", " + opts.Aggregated
 	}
+	mcpExtra := ""
+	if opts.MCP != "" {
+		mcpExtra = ", " + opts.MCP
+	}
 	dir := t.TempDir()
 	cfg := fmt.Sprintf(`apiVersion: config.coder.com/v1alpha1
 kind: CoderK8sConfiguration
@@ -101,8 +107,8 @@ controller:
   metricsBindAddress: 127.0.0.1:%d
   leaderElection: {namespace: default, leaseName: %s}
 aggregatedAPIServer: {bindAddress: 127.0.0.1, securePort: %d%s}
-mcp: {bindAddress: "127.0.0.1:%d"}
-%s`, opts.Mode, opts.Kubeconfig, qps, ports[0], ports[1], lease, ports[2], aggregated, ports[3], opts.ExtraConfig)
+mcp: {bindAddress: "127.0.0.1:%d"%s}
+%s`, opts.Mode, opts.Kubeconfig, qps, ports[0], ports[1], lease, ports[2], aggregated, ports[3], mcpExtra, opts.ExtraConfig)
 	file := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
