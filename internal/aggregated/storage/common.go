@@ -140,9 +140,10 @@ func (r *resource) list(ctx context.Context, opts *metainternalversion.ListOptio
 	if err != nil {
 		return nil, "", err
 	}
-	objs, err := listTargets(ctx, r.cache, 2*r.interval, ts, opts, r.listBackend)
+	objs, err := listTargets(ctx, r.cache, 2*r.interval, ts, opts, r.listBackend,
+		func(t target, err error) error { return r.coderErr(t, err, "") })
 	if err != nil {
-		return nil, "", r.coderError(err, "")
+		return nil, "", err
 	}
 	sel := selectorOf(opts)
 	out := objs[:0]
@@ -218,12 +219,6 @@ func (r *resource) notFound(name, why string) error {
 // have that name.
 func (r *resource) badName(name string, err error) error {
 	return r.notFound(name, err.Error())
-}
-
-// coderError turns an error from coderd into a Kubernetes status, for a
-// request that spans backends.
-func (r *resource) coderError(err error, name string) error {
-	return coderstatus.Error(err, coderstatus.Target{Resource: r.gr, Kind: r.kind, Name: name, Fields: r.fields})
 }
 
 // coderErr turns an error from t's coderd into a Kubernetes status that

@@ -19,8 +19,10 @@ import (
 // resourceVersion "0" may be served from the watch cache when every target
 // is synced there; any other list reads coderd (and refreshes the cache
 // with what it read, so watchers see the change too).
+//
+// An error is mapped by mapErr with the target it came from.
 func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Duration, ts []target, opts *metainternalversion.ListOptions,
-	list func(context.Context, target) ([]watchcache.Object, error)) ([]watchcache.Object, error) {
+	list func(context.Context, target) ([]watchcache.Object, error), mapErr func(target, error) error) ([]watchcache.Object, error) {
 	if opts != nil && opts.ResourceVersion == "0" && cachedFresh(cache, ts, maxAge) {
 		keys := make(map[string]bool, len(ts))
 		for _, t := range ts {
@@ -38,7 +40,7 @@ func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Durat
 			start := cache.StartList()
 			objs, err := list(gctx, t)
 			if err != nil {
-				return err
+				return mapErr(t, err)
 			}
 			stamped := cache.ReplaceListed(t.Key(), start, objs)
 			mu.Lock()

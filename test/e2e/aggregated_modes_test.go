@@ -1,0 +1,435 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/scheme"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+// TestAggregatedStandaloneStaticBackend runs the binary in
+// aggregated-apiserver mode, serving one coderd given in the configuration
+// file (no CoderControlPlane anywhere), behind a real kube-apiserver.
+func TestAggregatedStandaloneStaticBackend(t *testing.T) {
+	kubectl, err := testenv.Binary("kubectl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
+	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	ctx := context.Background()
+	if _, err := coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := coder.CreateWorkspace(ctx, "base", "ws-static"); err != nil {
+		t.Fatal(err)
+	}
+	const ns, other = "coder", "other"
+	for _, n := range []string{ns, other} {
+		if err := k.EnsureNamespace(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	modesWriteToken(t, tokenFile, coder.SessionToken)
+	certDir, caPEM := modesServingCert(t)
+	op := StartOperator(t, OperatorOptions{
+		Mode: "aggregated-apiserver", Kubeconfig: k.KubeconfigPath,
+		Aggregated: fmt.Sprintf(`certDir: %q, watchPollInterval: %s, coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s}}`,
+			certDir, pollInterval, coder.URL.String(), tokenFile, ns),
+	})
+	op.WaitOK(t, op.Aggregated+"/readyz")
+	modesRegisterAPIService(t, k, op, caPEM)
+
+	s := &aggStack{k: k, coder: coder, op: op, kubectl: kubectl, org: "coder", ns: ns}
+	if s.dyn, err = dynamic.NewForConfig(k.Config); err != nil {
+		t.Fatal(err)
+	}
+	wsName := s.workspaceName("ws-static")
+	if wsName != "coder.admin.ws-static" {
+		t.Fatalf("workspace name %q, want coder.admin.ws-static", wsName)
+	}
+	workspaces := s.dyn.Resource(workspacesGVR)
+
+	t.Run("secure port /readyz answers anonymous probes", func(t *testing.T) {
+		code, status, err := getWith(insecureClient, op.Aggregated+"/readyz")
+		if err != nil || code != http.StatusOK {
+			t.Fatalf("anonymous GET /readyz on the secure port: %s %v, want 200", status, err)
+		}
+	})
+
+	t.Run("kubectl lists the workspace in the static backend's namespace", func(t *testing.T) {
+		out := s.must(t, "get", "coderworkspaces", "-n", ns)
+		if !strings.Contains(out, wsName) {
+			t.Fatalf("kubectl get coderworkspaces -n %s does not list %s:\n%s", ns, wsName, out)
+		}
+		for _, col := range []string{"NAME", "OWNER", "TEMPLATE"} {
+			if !strings.Contains(out, col) {
+				t.Errorf("kubectl get coderworkspaces lacks column %s:\n%s", col, out)
+			}
+		}
+	})
+
+	t.Run("other namespaces show nothing", func(t *testing.T) {
+		out := s.must(t, "get", "coderworkspaces", "-n", other)
+		if strings.Contains(out, wsName) || !strings.Contains(out, "No resources found") {
+			t.Errorf("kubectl get coderworkspaces -n %s:\n%s", other, out)
+		}
+		_, err := workspaces.Namespace(other).Get(ctx, wsName, metav1.GetOptions{})
+		if !apierrors.IsNotFound(err) {
+			t.Errorf("get %s in namespace %s: %v, want NotFound", wsName, other, err)
+		}
+		all, err := workspaces.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range all.Items {
+			if it.GetNamespace() != ns {
+				t.Errorf("list across namespaces has %s in namespace %s", it.GetName(), it.GetNamespace())
+			}
+		}
+	})
+
+	t.Run("objects carry no control-plane label", func(t *testing.T) {
+		obj, err := workspaces.Namespace(ns).Get(ctx, wsName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		labels := obj.GetLabels()
+		if v, ok := labels[aggv1.LabelControlPlane]; ok {
+			t.Errorf("label %s=%q on a static backend's object", aggv1.LabelControlPlane, v)
+		}
+		if labels[aggv1.LabelOwner] != coder.Username || labels[aggv1.LabelOrganization] != "coder" {
+			t.Errorf("labels %v lack owner %s / organization coder", labels, coder.Username)
+		}
+		out := s.must(t, "get", "cws", "-n", ns, "-o", "name", "-l", "!"+aggv1.LabelControlPlane)
+		if !strings.Contains(out, wsName) {
+			t.Errorf("-l !%s does not select %s:\n%s", aggv1.LabelControlPlane, wsName, out)
+		}
+	})
+
+	t.Run("token file rotation: a new token is used, a refused one gives 403, restoring recovers", func(t *testing.T) {
+		newToken, err := coder.Client.CreateToken(ctx, codersdk.Me, codersdk.CreateTokenRequest{TokenName: "coder-k8s-rotated", Lifetime: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		modesWriteToken(t, tokenFile, newToken.Key)
+		waitFor(t, 15*time.Second, func() error {
+			if log, _ := os.ReadFile(op.LogPath); !strings.Contains(string(log), "session token file changed: using the new token") {
+				return errNotYet("the operator has not logged picking up the new token")
+			}
+			return nil
+		})
+		// Revoke the original session: from now on only the new token
+		// can be the one in use.
+		original := coder.SessionToken
+		if err := coder.Client.Logout(ctx); err != nil {
+			t.Fatalf("log out the original session: %v", err)
+		}
+		revoked := codersdk.New(coder.URL)
+		revoked.SetSessionToken(original)
+		if _, err := revoked.User(ctx, codersdk.Me); err == nil {
+			t.Fatal("the original session token still works after logout")
+		}
+		out := s.must(t, "get", "coderworkspaces", "-n", ns)
+		if !strings.Contains(out, wsName) {
+			t.Fatalf("after rotating to a new token, kubectl get does not list %s:\n%s", wsName, out)
+		}
+
+		// A token coderd refuses (the revoked one).
+		modesWriteToken(t, tokenFile, original)
+		var listErr error
+		waitFor(t, 15*time.Second, func() error {
+			_, listErr = workspaces.Namespace(ns).List(ctx, metav1.ListOptions{})
+			if !apierrors.IsForbidden(listErr) {
+				return errNotYet(fmt.Sprintf("list with a revoked token: %v, want 403 Forbidden", listErr))
+			}
+			return nil
+		})
+		const hint = "aggregatedAPIServer.coder.staticBackend"
+		if !strings.Contains(listErr.Error(), hint) {
+			t.Errorf("LIST with a revoked token: the 403 does not name the static backend (%s): %v", hint, listErr)
+		}
+		_, getErr := workspaces.Namespace(ns).Get(ctx, wsName, metav1.GetOptions{})
+		if !apierrors.IsForbidden(getErr) || !strings.Contains(getErr.Error(), hint) {
+			t.Errorf("GET with a revoked token: %v, want 403 Forbidden naming %s", getErr, hint)
+		}
+		if out, err := s.run("get", "coderworkspaces", "-n", ns); err == nil || !strings.Contains(out, "Forbidden") {
+			t.Errorf("kubectl get with a revoked token: %v\n%s", err, out)
+		}
+
+		// Restoring a valid token recovers without a restart.
+		modesWriteToken(t, tokenFile, newToken.Key)
+		waitFor(t, 15*time.Second, func() error {
+			_, err := workspaces.Namespace(ns).Get(ctx, wsName, metav1.GetOptions{})
+			return err
+		})
+		out = s.must(t, "get", "coderworkspaces", "-n", ns)
+		if !strings.Contains(out, wsName) {
+			t.Errorf("after restoring the token, kubectl get does not list %s:\n%s", wsName, out)
+		}
+	})
+}
+
+// TestAggregatedCoderdDown stops answering from coderd behind an adopted
+// control plane: requests that need coderd fail fast with 503 naming it,
+// while the aggregated API itself stays registered, available and ready.
+func TestAggregatedCoderdDown(t *testing.T) {
+	const coderTimeout = 3 * time.Second
+	// The slack covers kube-apiserver's proxying and the client; a
+	// request held for the default 30s Coder timeout exceeds it.
+	const bound = coderTimeout + 5*time.Second
+	s := modesAggStack(t, fmt.Sprintf("coder: {requestTimeout: %s}", coderTimeout))
+	ctx := context.Background()
+	if _, err := s.coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.coder.CreateWorkspace(ctx, "base", "ws-down"); err != nil {
+		t.Fatal(err)
+	}
+	wsName := s.workspaceName("ws-down")
+	workspaces := s.dyn.Resource(workspacesGVR).Namespace(s.ns)
+	waitFor(t, 30*time.Second, func() error {
+		list, err := workspaces.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		if !modesHasName(list, wsName) {
+			return errNotYet("list lacks " + wsName)
+		}
+		return nil
+	})
+	agg, err := aggregatorclient.NewForConfig(s.k.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := modesAPIServiceAvailable(ctx, t, agg)
+	if before.Status != apiregistrationv1.ConditionTrue {
+		t.Fatalf("APIService not Available before coderd stops: %s %s", before.Reason, before.Message)
+	}
+
+	// expect503 runs a request and asserts a 503 naming the unreachable
+	// coderd, within bound.
+	expect503 := func(t *testing.T, what string, req func() error) {
+		t.Helper()
+		start := time.Now()
+		err := req()
+		took := time.Since(start)
+		t.Logf("%s: %s after %s", what, err, took.Round(time.Millisecond))
+		if !apierrors.IsServiceUnavailable(err) {
+			t.Errorf("%s: %v (status %d), want 503 ServiceUnavailable\noperator log:\n%s", what, err, modesStatusCode(err), s.op.LogTail(20))
+			return
+		}
+		if msg := err.Error(); !strings.Contains(msg, "coderd at "+s.coder.URL.String()) || !strings.Contains(msg, "unreachable") {
+			t.Errorf("%s: the 503 does not say coderd at %s is unreachable: %s", what, s.coder.URL, msg)
+		}
+		if took > bound {
+			t.Errorf("%s took %s; with coder.requestTimeout %s it should fail within %s", what, took, coderTimeout, bound)
+		}
+	}
+	list := func() error { _, err := workspaces.List(ctx, metav1.ListOptions{}); return err }
+	get := func() error { _, err := workspaces.Get(ctx, wsName, metav1.GetOptions{}); return err }
+
+	// stillServed asserts what must not depend on coderd.
+	stillServed := func(t *testing.T) {
+		t.Helper()
+		res, err := s.k.Clientset.Discovery().ServerResourcesForGroupVersion(aggv1.SchemeGroupVersion.String())
+		if err != nil {
+			t.Errorf("discovery of %s through kube-apiserver: %v", aggv1.SchemeGroupVersion, err)
+		} else {
+			found := false
+			for _, r := range res.APIResources {
+				found = found || r.Name == "coderworkspaces"
+			}
+			if !found {
+				t.Errorf("discovery of %s lacks coderworkspaces: %v", aggv1.SchemeGroupVersion, res.APIResources)
+			}
+		}
+		if c := modesAPIServiceAvailable(ctx, t, agg); c.Status != apiregistrationv1.ConditionTrue {
+			t.Errorf("APIService Available=%s (%s: %s)", c.Status, c.Reason, c.Message)
+		}
+		code, status, err := getWith(insecureClient, s.op.Aggregated+"/readyz")
+		if err != nil || code != http.StatusOK {
+			t.Errorf("operator /readyz on the secure port: %s %v, want 200", status, err)
+		}
+	}
+
+	t.Run("hung coderd: 503 within the Coder request timeout", func(t *testing.T) {
+		// A stopped process still accepts connections (the kernel
+		// queues them) but never answers: each call waits for the
+		// client timeout.
+		if err := s.coder.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = s.coder.Process.Signal(syscall.SIGCONT) }()
+		expect503(t, "LIST coderworkspaces", list)
+		expect503(t, "GET coderworkspace "+wsName, get)
+		stillServed(t)
+	})
+
+	t.Run("coderd process gone: 503, the API stays registered, available and ready", func(t *testing.T) {
+		s.coder.Process.Stop(15 * time.Second)
+		if !refusesConnections(s.coder.URL.String()) {
+			t.Fatalf("coderd at %s still accepts connections", s.coder.URL)
+		}
+		expect503(t, "LIST coderworkspaces", list)
+		expect503(t, "GET coderworkspace "+wsName, get)
+		out, err := s.run("get", "coderworkspaces", "-n", s.ns)
+		if err == nil || !strings.Contains(out, "ServiceUnavailable") {
+			t.Errorf("kubectl get coderworkspaces with coderd down: %v\n%s", err, out)
+		}
+		stillServed(t)
+
+		// The aggregator re-checks APIServices every 30s: stay through
+		// one check and keep asserting the API stays Available and
+		// requests keep failing with 503 (not an empty list).
+		deadline := time.Now().Add(35 * time.Second)
+		for time.Now().Before(deadline) {
+			if c := modesAPIServiceAvailable(ctx, t, agg); c.Status != apiregistrationv1.ConditionTrue {
+				t.Fatalf("APIService became Available=%s (%s: %s) while coderd is down", c.Status, c.Reason, c.Message)
+			}
+			time.Sleep(time.Second)
+		}
+		after := modesAPIServiceAvailable(ctx, t, agg)
+		if !after.LastTransitionTime.Equal(&before.LastTransitionTime) {
+			t.Errorf("APIService Available condition transitioned (at %s, was %s)", after.LastTransitionTime, before.LastTransitionTime)
+		}
+		expect503(t, "LIST coderworkspaces 35s later", list)
+		stillServed(t)
+	})
+}
+
+// modesAggStack is newAggStack with extra entries in the operator's
+// aggregatedAPIServer configuration.
+func modesAggStack(t *testing.T, aggregated string) *aggStack {
+	t.Helper()
+	kubectl, err := testenv.Binary("kubectl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
+	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	certDir, caPEM := modesServingCert(t)
+	op := StartOperator(t, OperatorOptions{
+		Mode: "all", Kubeconfig: k.KubeconfigPath,
+		Aggregated: fmt.Sprintf("certDir: %q, watchPollInterval: %s, %s", certDir, pollInterval, aggregated),
+	})
+	op.WaitOK(t, op.Health+"/readyz")
+
+	s := &aggStack{k: k, coder: coder, op: op, kubectl: kubectl, org: "coder", ns: "coder"}
+	sch := scheme.New()
+	if err := aggv1.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	if s.c, err = client.New(k.Config, client.Options{Scheme: sch}); err != nil {
+		t.Fatal(err)
+	}
+	if s.dyn, err = dynamic.NewForConfig(k.Config); err != nil {
+		t.Fatal(err)
+	}
+	s.adopt(t, s.ns, "coder")
+	modesRegisterAPIService(t, k, op, caPEM)
+	return s
+}
+
+// modesServingCert writes a serving certificate for the test Service (and
+// localhost) to a new directory and returns it with the CA's PEM.
+func modesServingCert(t *testing.T) (string, []byte) {
+	t.Helper()
+	ca, err := testenv.NewCA("coder-k8s-e2e-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, err := ca.ServingCert([]string{testenv.ServiceDNSName(aggServiceName, aggServiceNamespace), "localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := serving.WriteTo(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir, ca.CertPEM
+}
+
+// modesRegisterAPIService routes aggregation.coder.com/v1alpha1 to op's
+// secure port and waits for discovery.
+func modesRegisterAPIService(t *testing.T, k *testenv.KubeAPI, op *Operator, caPEM []byte) {
+	t.Helper()
+	port := 0
+	if _, err := fmt.Sscanf(op.Aggregated, "https://127.0.0.1:%d", &port); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.RegisterAPIService(context.Background(), testenv.APIService{
+		Group: aggv1.GroupName, Version: "v1alpha1", Port: port, CABundle: caPEM,
+		ServiceName: aggServiceName, ServiceNamespace: aggServiceNamespace,
+	}); err != nil {
+		t.Fatalf("register APIService: %v\noperator log:\n%s", err, op.LogTail(40))
+	}
+}
+
+// modesWriteToken replaces the token file atomically (a new file renamed
+// over it), as the kubelet updates a mounted Secret.
+func modesWriteToken(t *testing.T, path, token string) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// modesAPIServiceAvailable returns the Available condition of the
+// aggregation.coder.com APIService.
+func modesAPIServiceAvailable(ctx context.Context, t *testing.T, agg aggregatorclient.Interface) apiregistrationv1.APIServiceCondition {
+	t.Helper()
+	svc, err := agg.ApiregistrationV1().APIServices().Get(ctx, "v1alpha1."+aggv1.GroupName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get APIService: %v", err)
+	}
+	for _, c := range svc.Status.Conditions {
+		if c.Type == apiregistrationv1.Available {
+			return c
+		}
+	}
+	return apiregistrationv1.APIServiceCondition{Type: apiregistrationv1.Available, Status: apiregistrationv1.ConditionUnknown, Reason: "NoCondition"}
+}
+
+func modesHasName(list *unstructured.UnstructuredList, name string) bool {
+	for _, it := range list.Items {
+		if it.GetName() == name {
+			return true
+		}
+	}
+	return false
+}
+
+func modesStatusCode(err error) int32 {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		return st.Status().Code
+	}
+	return 0
+}
