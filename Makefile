@@ -129,8 +129,11 @@ $(BIN)/kubectl: hack/tools/kube/go.mod hack/tools/kube/go.sum
 # The oldest kubectl the aggregated API supports, built from k8s.io/kubectl
 # alone (no monorepo), for the compatibility tests.
 KUBECTL_OLD_VERSION := $(call modversion,kubectl-old,k8s.io/kubectl)
+KUBECTL_OLD_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,\
+                         -X $(p).gitVersion=$(KUBECTL_OLD_VERSION:v0.%=v1.%) -X $(p).gitMajor=1 \
+                         -X $(p).gitMinor=$(word 2,$(subst ., ,$(KUBECTL_OLD_VERSION))))
 $(BIN)/kubectl-1.32: hack/tools/kubectl-old/go.mod hack/tools/kubectl-old/go.sum hack/tools/kubectl-old/main.go
-	cd hack/tools/kubectl-old && $(GO) build -trimpath -ldflags "-X k8s.io/component-base/version.gitVersion=$(KUBECTL_OLD_VERSION:v0.%=v1.%) -X k8s.io/client-go/pkg/version.gitVersion=$(KUBECTL_OLD_VERSION:v0.%=v1.%)" -o $@ .
+	cd hack/tools/kubectl-old && $(GO) build -trimpath -ldflags "$(KUBECTL_OLD_LDFLAGS)" -o $@ .
 
 $(BIN)/etcd: hack/tools/etcd/go.mod hack/tools/etcd/go.sum hack/tools/etcd/main.go
 	cd hack/tools/etcd && $(GO) build -trimpath -o $@ .
