@@ -77,7 +77,7 @@ generate: $(BIN)/controller-gen $(BIN)/openapi-gen ## Regenerate deepcopy, OpenA
 	  $(foreach p,$(OPENAPI_META),--readonly-pkg $(p)) $(OPENAPI_META) ./api/aggregation/v1alpha1
 	@if grep coder-k8s $(BIN)/openapi-rule-violations.txt; then echo "fix the API rule violations above"; exit 1; fi
 	$(BIN)/controller-gen crd paths=./api/v1alpha1/... output:crd:artifacts:config=config/crd/bases
-	$(BIN)/controller-gen rbac:roleName=coder-k8s-manager paths="./internal/controller/...;./internal/aggregated/backend/..." output:rbac:artifacts:config=config/rbac
+	$(BIN)/controller-gen rbac:roleName=coder-k8s-manager paths="./internal/controller/...;./internal/aggregated/backend/...;./internal/mcpserver/..." output:rbac:artifacts:config=config/rbac
 	$(GO) test ./internal/config/ -run TestDefaultsGolden -update >/dev/null
 	$(GO) run ./hack/configdoc --types internal/config/types.go --out docs/config-reference.md
 

@@ -138,16 +138,16 @@ func explain(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("the call took longer than the tool timeout: %w", err)
 	case errors.As(err, &se):
-		st := se.Status()
+		// err.Error() keeps the context the tool added ("get coderworkspace
+		// ns/name: ...") in front of kube-apiserver's message.
 		switch {
 		case apierrors.IsNotFound(err):
-			return fmt.Errorf("%s (check the namespace and the name; the list tools show what exists)", st.Message)
+			return fmt.Errorf("%s (check the namespace and the name; the list tools show what exists)", err)
 		case apierrors.IsForbidden(err):
-			return fmt.Errorf("%s (coder-k8s's own permissions are missing: check its ClusterRole)", st.Message)
+			return fmt.Errorf("%s (coder-k8s's own permissions are missing: check its ClusterRole)", err)
 		case apierrors.IsServiceUnavailable(err):
-			return fmt.Errorf("%s (retry later; the tool health reports what is unreachable)", st.Message)
+			return fmt.Errorf("%s (retry later; the tool health reports what is unreachable)", err)
 		}
-		return errors.New(st.Message)
 	}
 	return err
 }
