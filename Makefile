@@ -59,6 +59,10 @@ bench-controller: tools ## 100 CoderControlPlanes: time to converge vs writing t
 bench-aggregated: tools build ## 300 real workspaces: aggregated LIST vs coderd, kubectl vs coder CLI, watch latency and coderd load, RSS.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkAggregated$$' -benchtime 1x -timeout 40m
 
+.PHONY: bench-mcp
+bench-mcp: tools build ## list_workspaces over MCP vs the same LIST through the aggregated API (300 workspaces); tool calls/s with 10 clients.
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkMCP$$' -benchtime 1x -timeout 40m
+
 .PHONY: lint
 lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); \
