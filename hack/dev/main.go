@@ -19,7 +19,9 @@ import (
 	"syscall"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -102,6 +104,15 @@ func run(ctx context.Context, stateDir, operatorBin string) error {
 	if err := copyFile(kube.KubeconfigPath, kubeconfig); err != nil {
 		return err
 	}
+	step("creating ServiceAccount %s/%s for MCP clients", serviceNamespace, mcpAgent)
+	mcpToken, err := mcpAgentToken(ctx, kube)
+	if err != nil {
+		return err
+	}
+	mcpTokenFile := filepath.Join(stateDir, "mcp-token")
+	if err := os.WriteFile(mcpTokenFile, []byte(mcpToken), 0o600); err != nil {
+		return fmt.Errorf("write MCP token: %w", err)
+	}
 	tokenFile := filepath.Join(stateDir, "coder-session-token")
 	if err := os.WriteFile(tokenFile, []byte(coder.SessionToken), 0o600); err != nil {
 		return fmt.Errorf("write session token: %w", err)
@@ -127,15 +138,21 @@ Coder:        %s
 coder-k8s:
   health:     %s/readyz
   metrics:    %s/metrics
-  MCP:        %s/mcp
+  MCP:        %s/mcp   (bearer token of ServiceAccount %s/%s: %s)
   aggregated: %s  (%s)
   log:        %s
+
+An MCP tool call (stateless: no session needed), for example:
+  curl -s %s/mcp -H "Authorization: Bearer $(cat %s)" -H 'Content-Type: application/json' \
+    -H 'Accept: application/json, text/event-stream' \
+    -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"list_workspaces","arguments":{}}}'
 
 Ctrl-C stops everything.
 `, kubeconfig, serviceNamespace, controlPlaneName,
 		coder.Username, demoWorkspace, serviceNamespace, serviceNamespace, coder.URL, tokenFile, coder.Username, demoWorkspace,
 		coder.URL, coder.Email, coder.Password, tokenFile,
-		demoWorkspace, demoTemplate, op.health, op.metrics, op.mcp, op.aggregated, op.apiService, op.proc.LogPath)
+		demoWorkspace, demoTemplate, op.health, op.metrics, op.mcp, serviceNamespace, mcpAgent, mcpTokenFile,
+		op.aggregated, op.apiService, op.proc.LogPath, op.mcp, mcpTokenFile)
 
 	select {
 	case <-ctx.Done():
@@ -279,6 +296,44 @@ func adoptCoderd(ctx context.Context, kube *testenv.KubeAPI, coder *testenv.Code
 		return fmt.Errorf("create CoderControlPlane %s: %w", ccp.Name, err)
 	}
 	return nil
+}
+
+// mcpAgent is the ServiceAccount whose token make dev prints for MCP
+// clients; its ClusterRole allows every MCP tool.
+const mcpAgent = "mcp-agent"
+
+// mcpAgentToken creates the MCP agent's ServiceAccount and RBAC and returns
+// a token for it from the TokenRequest API.
+func mcpAgentToken(ctx context.Context, kube *testenv.KubeAPI) (string, error) {
+	c, err := client.New(kube.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return "", err
+	}
+	role := "coder-k8s-" + mcpAgent
+	objs := []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: mcpAgent, Namespace: serviceNamespace}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: role}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"coder.com"}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list"}},
+			{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces", "codertemplates"}, Verbs: []string{"get", "list", "update", "delete"}},
+			{APIGroups: []string{""}, Resources: []string{"pods", "pods/log", "events", "services"}, Verbs: []string{"get", "list"}},
+			{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get"}},
+		}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: mcpAgent, Namespace: serviceNamespace}}},
+	}
+	for _, o := range objs {
+		if err := c.Create(ctx, o); err != nil {
+			return "", fmt.Errorf("create %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	seconds := int64(24 * 3600)
+	tr, err := kube.Clientset.CoreV1().ServiceAccounts(serviceNamespace).CreateToken(ctx, mcpAgent,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &seconds}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("token for ServiceAccount %s: %w", mcpAgent, err)
+	}
+	return tr.Status.Token, nil
 }
 
 func httpOK(ctx context.Context, url string) error {
