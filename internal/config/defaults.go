@@ -41,6 +41,12 @@ func Default() Configuration {
 				MaxPollInterval:     D(10 * time.Second),
 			},
 			WatchPollInterval: D(5 * time.Second),
+			AutoTLS: AutoTLS{
+				SecretName:     "coder-k8s-aggregated-tls",
+				ServiceName:    "coder-k8s-aggregated",
+				APIServiceName: "v1alpha1.aggregation.coder.com",
+				CertValidity:   D(365 * 24 * time.Hour),
+			},
 			Coder: Coder{
 				RequestTimeout: D(30 * time.Second),
 			},

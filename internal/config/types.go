@@ -114,9 +114,14 @@ type AggregatedAPIServer struct {
 	// SecurePort is the HTTPS port kube-apiserver's aggregation layer
 	// connects to.
 	SecurePort int `json:"securePort"`
-	// CertDir holds tls.crt and tls.key. Empty, or a directory without
-	// them, means a self-signed certificate generated at start.
+	// CertDir holds tls.crt and tls.key (a mounted kubernetes.io/tls
+	// Secret, for example from cert-manager). Empty, or a directory without
+	// them, means a self-signed certificate generated at start, unless
+	// AutoTLS is enabled.
 	CertDir string `json:"certDir"`
+	// AutoTLS makes coder-k8s keep its own CA and serving certificate in a
+	// Secret, rotate them, and put the CA into its APIService's caBundle.
+	AutoTLS AutoTLS `json:"autoTLS"`
 	// RequestTimeout bounds every request, including template build waits.
 	RequestTimeout Duration `json:"requestTimeout"`
 	// TemplateBuildWait tunes how template updates wait for builds.
@@ -126,6 +131,28 @@ type AggregatedAPIServer struct {
 	WatchPollInterval Duration `json:"watchPollInterval"`
 	// Coder configures the calls to coderd.
 	Coder Coder `json:"coder"`
+}
+
+// AutoTLS configures the serving certificate coder-k8s manages itself: a
+// CA and a certificate for the Service's DNS names, kept in one Secret
+// that every replica shares, renewed before they expire, with the CA
+// written into the APIService so kube-apiserver trusts the server.
+type AutoTLS struct {
+	// Enabled turns it on; certDir is then ignored.
+	Enabled bool `json:"enabled"`
+	// SecretName is the Secret holding the CA and the serving certificate.
+	SecretName string `json:"secretName"`
+	// Namespace of the Secret and the Service. Empty means the pod's own
+	// namespace.
+	Namespace string `json:"namespace"`
+	// ServiceName is the Service kube-apiserver reaches the server through;
+	// the certificate names <service>.<namespace>.svc.
+	ServiceName string `json:"serviceName"`
+	// APIServiceName is the APIService whose caBundle is kept current.
+	APIServiceName string `json:"apiServiceName"`
+	// CertValidity is how long a serving certificate is valid; it is
+	// renewed when a third of that is left.
+	CertValidity Duration `json:"certValidity"`
 }
 
 // TemplateBuildWait tunes how long a template update waits for Coder to

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -108,6 +109,19 @@ func validateAggregated(cfg *Configuration, p *field.Path) field.ErrorList {
 	if w.InitialPollInterval.Duration > w.MaxPollInterval.Duration {
 		errs = append(errs, field.Invalid(wp.Child("initialPollInterval"), w.InitialPollInterval.String(),
 			fmt.Sprintf("must not exceed maxPollInterval (%s)", w.MaxPollInterval)))
+	}
+
+	if t, tp := &a.AutoTLS, p.Child("autoTLS"); t.Enabled {
+		for _, f := range []struct {
+			name, v string
+		}{{"secretName", t.SecretName}, {"serviceName", t.ServiceName}, {"apiServiceName", t.APIServiceName}} {
+			if f.v == "" {
+				errs = append(errs, field.Required(tp.Child(f.name), "needed when autoTLS is enabled"))
+			}
+		}
+		if t.CertValidity.Duration < time.Hour {
+			errs = append(errs, field.Invalid(tp.Child("certValidity"), t.CertValidity.String(), "must be at least 1h"))
+		}
 	}
 
 	c, cp := &a.Coder, p.Child("coder")
