@@ -187,6 +187,9 @@ func listTemplates(ctx context.Context, c *call, in ListInput) (TemplateList, er
 	if err := c.kube.Direct.List(ctx, &list, client.InNamespace(in.Namespace)); err != nil {
 		return TemplateList{}, fmt.Errorf("list codertemplates: %w", err)
 	}
+	if len(list.Items) == 0 && in.Namespace != "" && c.namespaceMissing(ctx, in.Namespace) {
+		return TemplateList{}, errNoNamespace(in.Namespace)
+	}
 	sort.Slice(list.Items, func(i, j int) bool { return key(&list.Items[i]) < key(&list.Items[j]) })
 	items, next, err := page(list.Items, in.Limit, in.Continue)
 	if err != nil {
@@ -313,6 +316,9 @@ func listWorkspaces(ctx context.Context, c *call, in WorkspaceListInput) (Worksp
 	var list aggv1.CoderWorkspaceList
 	if err := c.kube.Direct.List(ctx, &list, opts...); err != nil {
 		return WorkspaceList{}, fmt.Errorf("list coderworkspaces: %w", err)
+	}
+	if len(list.Items) == 0 && in.Namespace != "" && c.namespaceMissing(ctx, in.Namespace) {
+		return WorkspaceList{}, errNoNamespace(in.Namespace)
 	}
 	sort.Slice(list.Items, func(i, j int) bool { return key(&list.Items[i]) < key(&list.Items[j]) })
 	items, next, err := page(list.Items, in.Limit, in.Continue)

@@ -84,6 +84,9 @@ func listEvents(ctx context.Context, c *call, in EventListInput) (EventList, err
 	if err := c.kube.Direct.List(ctx, &list, opts...); err != nil {
 		return EventList{}, fmt.Errorf("list events in namespace %s: %w", in.Namespace, err)
 	}
+	if len(list.Items) == 0 && c.namespaceMissing(ctx, in.Namespace) {
+		return EventList{}, errNoNamespace(in.Namespace)
+	}
 	sort.SliceStable(list.Items, func(i, j int) bool {
 		a, b := &list.Items[i], &list.Items[j]
 		if ta, tb := eventLastSeen(a), eventLastSeen(b); !ta.Equal(tb) {

@@ -1,0 +1,200 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// CountingProxy is a reverse proxy on loopback in front of one server (for
+// example coderd) that counts the requests it forwards: point a client at
+// URL instead of the server to see how many calls it makes, and to which
+// endpoints.
+type CountingProxy struct {
+	// URL is where the proxy listens (http://127.0.0.1:PORT).
+	URL *url.URL
+
+	srv *http.Server
+
+	mu    sync.Mutex
+	stats map[string]EndpointStats
+	// recent holds the last recentSize requests, oldest first once full
+	// (from next on).
+	recent []Request
+	next   int
+}
+
+// recentSize bounds the requests CountingProxy.Recent remembers.
+const recentSize = 4096
+
+// Request is one forwarded request.
+type Request struct {
+	// Endpoint is "METHOD endpoint" (see Endpoint).
+	Endpoint string
+	// Start is when the request arrived; End when its response was done.
+	Start, End time.Time
+}
+
+// EndpointStats is what the proxy saw of one endpoint.
+type EndpointStats struct {
+	// Requests is the number of requests forwarded.
+	Requests int64
+	// Time is their summed duration, from the request's arrival at the
+	// proxy to the end of the response (streams count until they end).
+	Time time.Duration
+}
+
+// StartCountingProxy starts a proxy forwarding every request to target.
+// Streaming responses are flushed at once and connection upgrades
+// (WebSockets) are passed through.
+func StartCountingProxy(target *url.URL) (*CountingProxy, error) {
+	if target == nil || target.Host == "" {
+		return nil, errors.New("counting proxy: target URL has no host")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("counting proxy: listen: %w", err)
+	}
+	p := &CountingProxy{
+		URL:   &url.URL{Scheme: "http", Host: l.Addr().String()},
+		stats: map[string]EndpointStats{},
+	}
+	rp := &httputil.ReverseProxy{
+		// SetURL also sets the Host header to the target's, so the server
+		// sees requests as if they came to it directly.
+		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
+		FlushInterval: -1,
+	}
+	p.srv = &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			rp.ServeHTTP(w, r)
+			p.record(Request{Endpoint: r.Method + " " + Endpoint(r.URL.Path), Start: start, End: time.Now()})
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go func() { _ = p.srv.Serve(l) }()
+	return p, nil
+}
+
+// NewCountingProxy starts a CountingProxy for a test and stops it when the
+// test ends.
+func NewCountingProxy(t testing.TB, target *url.URL) *CountingProxy {
+	t.Helper()
+	p, err := StartCountingProxy(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	return p
+}
+
+func (p *CountingProxy) record(r Request) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stats[r.Endpoint]
+	s.Requests++
+	s.Time += r.End.Sub(r.Start)
+	p.stats[r.Endpoint] = s
+	if len(p.recent) < recentSize {
+		p.recent = append(p.recent, r)
+		return
+	}
+	p.recent[p.next] = r
+	p.next = (p.next + 1) % recentSize
+}
+
+// Recent returns the last few thousand requests in the order they ended.
+func (p *CountingProxy) Recent() []Request {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Request, 0, len(p.recent))
+	out = append(out, p.recent[p.next:]...)
+	return append(out, p.recent[:p.next]...)
+}
+
+// Stats returns a copy of the figures so far, by "METHOD endpoint" (see
+// Endpoint). Subtract two snapshots with Since to look at a window.
+func (p *CountingProxy) Stats() ProxyStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(ProxyStats, len(p.stats))
+	for k, v := range p.stats {
+		out[k] = v
+	}
+	return out
+}
+
+// Stop closes the proxy's listener and connections.
+func (p *CountingProxy) Stop() { _ = p.srv.Close() }
+
+// ProxyStats maps "METHOD endpoint" to what the proxy saw of it.
+type ProxyStats map[string]EndpointStats
+
+// Since returns the requests made after the snapshot before.
+func (s ProxyStats) Since(before ProxyStats) ProxyStats {
+	out := ProxyStats{}
+	for k, v := range s {
+		d := EndpointStats{Requests: v.Requests - before[k].Requests, Time: v.Time - before[k].Time}
+		if d.Requests != 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// Requests is the number of requests of every endpoint.
+func (s ProxyStats) Requests() int64 {
+	var n int64
+	for _, v := range s {
+		n += v.Requests
+	}
+	return n
+}
+
+// String lists the endpoints, most requested first, as
+// "GET /api/v2/workspaces ×3 (avg 12ms)".
+func (s ProxyStats) String() string {
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if s[keys[i]].Requests != s[keys[j]].Requests {
+			return s[keys[i]].Requests > s[keys[j]].Requests
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		v := s[k]
+		parts[i] = fmt.Sprintf("%s ×%d (avg %s)", k, v.Requests, (v.Time / time.Duration(v.Requests)).Round(100*time.Microsecond))
+	}
+	if len(parts) == 0 {
+		return "(none)"
+	}
+	return strings.Join(parts, ", ")
+}
+
+var uuidSegment = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// Endpoint is path with every UUID segment replaced by "{id}", so that
+// requests about different objects count as one endpoint.
+func Endpoint(path string) string {
+	segs := strings.Split(path, "/")
+	for i, s := range segs {
+		if uuidSegment.MatchString(s) {
+			segs[i] = "{id}"
+		}
+	}
+	return strings.Join(segs, "/")
+}

@@ -1,0 +1,891 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/scheme"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+// Tunables of BenchmarkAggregated. BENCH_WORKSPACES overrides the number
+// of workspaces (for a quick look; the figures are meant for 300).
+const (
+	benchWorkspaces = 300
+	// benchListPairs is how many aggregated/coderd LIST pairs are timed
+	// after benchListWarmup pairs.
+	benchListPairs  = 25
+	benchListWarmup = 3
+	// benchCLIRuns is how many kubectl/coder CLI pairs are timed after one
+	// warm-up pair.
+	benchCLIRuns = 7
+	// benchChanges is how many changes each watch latency figure is taken
+	// over.
+	benchChanges = 6
+	// benchWindow is the number of poll intervals coderd requests are
+	// counted over.
+	benchWindow = 10
+	// benchTTL is the TTL the coder CLI sets: unlike any template default.
+	benchTTL     = "2h17m"
+	benchTTLMs   = int64((2*time.Hour + 17*time.Minute) / time.Millisecond)
+	benchCCPName = "coder"
+	benchNS      = "coder"
+)
+
+// BenchmarkAggregated measures the aggregated API on real workspaces in a
+// real coderd, each figure against a reference measured in the same run:
+//
+//   - server side: LIST of every coderworkspace through kube-apiserver's
+//     aggregation layer vs coderd's own GET /api/v2/workspaces, with the
+//     same HTTP client (medians of alternating requests); then the same
+//     with resourceVersion=0 (an informer's LIST, which may be served from
+//     the watch cache) while one watch is open, as an informer's would be;
+//   - user side: `kubectl get coderworkspaces -A -o json` vs
+//     `coder list --all -o json`;
+//   - watch latency from a change made with the coder CLI to its event at
+//     every one of 1 and 50 watchers, and the coderd requests the operator
+//     makes per poll interval meanwhile (counted by a reverse proxy the
+//     CoderControlPlane points at);
+//   - the resident memory of the coder-k8s process with the workspaces
+//     cached.
+//
+// Run it with:
+//
+//	make bench-aggregated
+func BenchmarkAggregated(b *testing.B) {
+	n := benchWorkspaces
+	if v, err := strconv.Atoi(os.Getenv("BENCH_WORKSPACES")); err == nil && v > 0 {
+		n = v
+	}
+	st := newBenchStack(b)
+	st.createWorkspaces(b, n)
+	idle := st.rss(b)
+	b.Logf("coder-k8s (pid %d) before any request for workspaces: VmRSS %.1f MiB (anonymous %.1f, file-backed %.1f)",
+		st.pid, idle.mib("VmRSS"), idle.mib("RssAnon"), idle.mib("RssFile"))
+
+	b.ResetTimer()
+	st.benchList(b, n)
+	st.benchCLI(b, n)
+	st.benchWatch(b, n)
+	b.StopTimer()
+
+	s := st.rss(b)
+	rss, anon, file := s.mib("VmRSS"), s.mib("RssAnon"), s.mib("RssFile")
+	b.ReportMetric(rss, "rss-MiB")
+	b.ReportMetric(anon, "rss-anon-MiB")
+	b.ReportMetric(file, "rss-file-MiB")
+	fmt.Printf("rss=%.1f MiB (target ≤ 80): anonymous %.1f MiB, file-backed %.1f MiB, shmem %.1f MiB; peak (VmHWM) %.1f MiB; %.1f MiB before any workspace request; %d workspaces cached\n",
+		rss, anon, file, s.mib("RssShmem"), s.mib("VmHWM"), idle.mib("VmRSS"), n)
+}
+
+// benchStack is kube-apiserver, coderd and coder-k8s in all mode serving
+// aggregation.coder.com through an APIService, with one CoderControlPlane
+// adopting the coderd, and a counting proxy in front of coderd.
+type benchStack struct {
+	k        *testenv.KubeAPI
+	coder    *testenv.Coder
+	proxy    *testenv.CountingProxy
+	op       *Operator
+	pid      int
+	c        client.Client
+	dyn      dynamic.Interface
+	kubectl  string
+	coderBin string
+	// hc carries the admin client certificate for kube-apiserver and the
+	// first user's session token on requests to coderd.
+	hc *http.Client
+}
+
+func newBenchStack(b *testing.B) *benchStack {
+	b.Helper()
+	kubectl, err := testenv.Binary("kubectl")
+	if err != nil {
+		b.Fatal(err)
+	}
+	coderBin, err := testenv.Binary("coder")
+	if err != nil {
+		b.Fatal(err)
+	}
+	k := testenv.NewKubeAPI(b, testenv.KubeAPIOptions{})
+	coder := testenv.NewCoder(b, testenv.CoderOptions{})
+	st := &benchStack{k: k, coder: coder, proxy: testenv.NewCountingProxy(b, coder.URL), kubectl: kubectl, coderBin: coderBin}
+
+	ca, err := testenv.NewCA("coder-k8s-bench-ca")
+	if err != nil {
+		b.Fatal(err)
+	}
+	serving, err := ca.ServingCert([]string{testenv.ServiceDNSName(aggServiceName, aggServiceNamespace), "localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	certDir := b.TempDir()
+	if err := serving.WriteTo(certDir); err != nil {
+		b.Fatal(err)
+	}
+	// Log at info, the default: debug logging is not what a deployment
+	// pays for.
+	st.op = StartOperator(b, OperatorOptions{
+		Mode: "all", Kubeconfig: k.KubeconfigPath,
+		Aggregated: fmt.Sprintf("certDir: %s, watchPollInterval: %s", certDir, pollInterval),
+		Args:       []string{"--log-level", "info"},
+	})
+	st.op.WaitOK(b, st.op.Health+"/readyz")
+	if st.pid, err = processID(st.op); err != nil {
+		b.Fatal(err)
+	}
+
+	sch := scheme.New()
+	if err := aggv1.AddToScheme(sch); err != nil {
+		b.Fatal(err)
+	}
+	if st.c, err = client.New(k.Config, client.Options{Scheme: sch}); err != nil {
+		b.Fatal(err)
+	}
+	// 50 watches at once would wait for client-go's default rate limit.
+	cfg := rest.CopyConfig(k.Config)
+	cfg.QPS, cfg.Burst = 1000, 2000
+	if st.dyn, err = dynamic.NewForConfig(cfg); err != nil {
+		b.Fatal(err)
+	}
+
+	// The measurement client: one transport for both servers.
+	if len(k.Config.CertData) == 0 && k.Config.CertFile == "" {
+		b.Fatal("the admin configuration of kube-apiserver carries no client certificate")
+	}
+	tlsCfg, err := rest.TLSConfigFor(k.Config)
+	if err != nil || tlsCfg.RootCAs == nil {
+		b.Fatalf("TLS configuration for kube-apiserver: %v (CA pool %v)", err, tlsCfg.RootCAs)
+	}
+	// Trusting the operator's CA too lets the list breakdown call it
+	// directly, bypassing kube-apiserver.
+	tlsCfg.RootCAs.AppendCertsFromPEM(ca.CertPEM)
+	tr := &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second}
+	b.Cleanup(tr.CloseIdleConnections)
+	st.hc = &http.Client{
+		Timeout:   2 * time.Minute,
+		Transport: &coderTokenTransport{base: tr, host: coder.URL.Host, token: coder.SessionToken},
+	}
+
+	// The control plane talks to coderd directly for the list and CLI
+	// figures (a test-only hop would weigh on them); benchWatch points it
+	// at the proxy.
+	st.adopt(b, coder.URL.String())
+
+	port := 0
+	if _, err := fmt.Sscanf(st.op.Aggregated, "https://127.0.0.1:%d", &port); err != nil {
+		b.Fatal(err)
+	}
+	if err := k.RegisterAPIService(context.Background(), testenv.APIService{
+		Group: aggv1.GroupName, Version: "v1alpha1", Port: port, CABundle: ca.CertPEM,
+		ServiceName: aggServiceName, ServiceNamespace: aggServiceNamespace,
+	}); err != nil {
+		b.Fatalf("register APIService: %v\noperator log:\n%s", err, st.op.LogTail(40))
+	}
+	return st
+}
+
+// coderTokenTransport adds the session token to requests for coderd only.
+type coderTokenTransport struct {
+	base  http.RoundTripper
+	host  string
+	token string
+}
+
+func (t *coderTokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Host == t.host {
+		r = r.Clone(r.Context())
+		r.Header.Set(codersdk.SessionTokenHeader, t.token)
+	}
+	return t.base.RoundTrip(r)
+}
+
+// adopt creates the owner token Secret and the CoderControlPlane adopting
+// coderd at url, and waits for its operator access.
+func (st *benchStack) adopt(b *testing.B, url string) {
+	b.Helper()
+	ctx := context.Background()
+	if err := st.k.EnsureNamespace(ctx, benchNS); err != nil {
+		b.Fatal(err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: benchNS},
+		Data:       map[string][]byte{"token": []byte(st.coder.SessionToken)},
+	}
+	if err := st.c.Create(ctx, secret); err != nil {
+		b.Fatal(err)
+	}
+	ccp := &coderv1alpha1.CoderControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: benchCCPName, Namespace: benchNS},
+		Spec: coderv1alpha1.CoderControlPlaneSpec{
+			ExternalURL: url,
+			OperatorAccess: coderv1alpha1.OperatorAccessSpec{
+				OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"},
+			},
+		},
+	}
+	if err := st.c.Create(ctx, ccp); err != nil {
+		b.Fatal(err)
+	}
+	st.waitAccess(b, url)
+}
+
+// waitAccess waits until the control plane serves url with operator access.
+func (st *benchStack) waitAccess(b *testing.B, url string) {
+	b.Helper()
+	ctx := context.Background()
+	benchWait(b, 60*time.Second, func() error {
+		var ccp coderv1alpha1.CoderControlPlane
+		if err := st.c.Get(ctx, types.NamespacedName{Namespace: benchNS, Name: benchCCPName}, &ccp); err != nil {
+			return err
+		}
+		if ccp.Status.URL != url {
+			return fmt.Errorf("status.url is %q, want %q", ccp.Status.URL, url)
+		}
+		if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) {
+			return errors.New("OperatorAccessReady is not True: " + conditionSummary(ccp.Status.Conditions))
+		}
+		return nil
+	})
+}
+
+// benchWorkspace is the Coder name of workspace i.
+func benchWorkspace(i int) string { return fmt.Sprintf("bench-%03d", i) }
+
+// k8sName is the Kubernetes name of a workspace of the first user.
+func (st *benchStack) k8sName(ws string) string { return "coder." + st.coder.Username + "." + ws }
+
+// createWorkspaces creates n workspaces of a provider-free template as the
+// first user, ten requests at a time, and waits until every build has
+// succeeded. coderd builds them with its built-in provisioner daemons
+// (three by default).
+func (st *benchStack) createWorkspaces(b *testing.B, n int) {
+	ctx := context.Background()
+	tpl, err := st.coder.PushTemplate(ctx, "bench", testenv.ProviderFreeTemplate())
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	parallel(n, func(i int) error {
+		_, err := st.coder.Client.CreateUserWorkspace(ctx, codersdk.Me, codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: benchWorkspace(i)})
+		if err != nil {
+			return fmt.Errorf("create workspace %s: %w", benchWorkspace(i), err)
+		}
+		return nil
+	}, b)
+	queued := time.Since(start)
+	lastLog := time.Now()
+	for {
+		resp, err := st.coder.Client.Workspaces(ctx, codersdk.WorkspaceFilter{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		done := 0
+		for _, w := range resp.Workspaces {
+			switch w.LatestBuild.Job.Status {
+			case codersdk.ProvisionerJobSucceeded:
+				done++
+			case codersdk.ProvisionerJobFailed, codersdk.ProvisionerJobCanceled:
+				_, err := st.coder.WaitBuild(ctx, w.LatestBuild.ID)
+				b.Fatalf("workspace %s: %v", w.Name, err)
+			}
+		}
+		if len(resp.Workspaces) == n && done == n {
+			break
+		}
+		if time.Since(start) > 20*time.Minute {
+			b.Fatalf("%d of %d workspace builds done after 20 minutes", done, n)
+		}
+		if time.Since(lastLog) > 30*time.Second {
+			fmt.Printf("workspaces: %d of %d builds done after %s\n", done, n, time.Since(start).Round(time.Second))
+			lastLog = time.Now()
+		}
+		time.Sleep(2 * time.Second)
+	}
+	fmt.Printf("workspaces: %d created in coderd (requests %s, all builds succeeded after %s)\n",
+		n, queued.Round(time.Millisecond), time.Since(start).Round(time.Second))
+}
+
+// benchList times the aggregated LIST against coderd's own list.
+func (st *benchStack) benchList(b *testing.B, n int) {
+	agg := strings.TrimRight(st.k.Config.Host, "/") + "/apis/aggregation.coder.com/v1alpha1/coderworkspaces"
+	coderd := st.coder.URL.String() + "/api/v2/workspaces"
+
+	// The first LIST after the workspaces appeared also reads every
+	// build's parameters (remembered afterwards).
+	cold, body, gz, err := st.fetch(agg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st.checkItems(b, "aggregated LIST", body, "items", n)
+	fmt.Printf("list: first aggregated LIST (reads every build's parameters once) %s\n", cold.Round(time.Millisecond))
+	b.Logf("kube-apiserver answered gzip-compressed: %v", gz)
+	_, body, gz, err = st.fetch(coderd)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st.checkItems(b, "coderd list", body, "workspaces", n)
+	b.Logf("coderd answered gzip-compressed: %v", gz)
+
+	aggMed, coderMed := st.alternate(b, agg, coderd)
+	ratio := aggMed.Seconds() / coderMed.Seconds()
+	b.ReportMetric(ratio, "list-ratio")
+	b.ReportMetric(float64(aggMed.Microseconds())/1000, "list-ms")
+	fmt.Printf("list ratio=%.2f (target ≤ 1.15): aggregated LIST median %s, coderd GET /api/v2/workspaces median %s; %d workspaces, %d alternating pairs\n",
+		ratio, aggMed.Round(100*time.Microsecond), coderMed.Round(100*time.Microsecond), n, benchListPairs)
+
+	st.listBreakdown(b, agg, coderd)
+
+	// resourceVersion=0 with a watch open, as an informer has.
+	rv := st.listRV(b)
+	ws := st.startWatchers(b, 1, rv)
+	time.Sleep(2 * pollInterval) // the poller fills the cache
+	agg0 := agg + "?resourceVersion=0"
+	_, body, _, err = st.fetch(agg0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st.checkItems(b, "aggregated LIST rv=0", body, "items", n)
+	agg0Med, coder0Med := st.alternate(b, agg0, coderd)
+	ws.stop(b)
+	ratio0 := agg0Med.Seconds() / coder0Med.Seconds()
+	b.ReportMetric(ratio0, "list-rv0-ratio")
+	b.ReportMetric(float64(agg0Med.Microseconds())/1000, "list-rv0-ms")
+	fmt.Printf("list rv=0 ratio=%.2f (target ≤ 0.5): aggregated LIST ?resourceVersion=0 median %s, coderd median %s; one watch open; %d alternating pairs\n",
+		ratio0, agg0Med.Round(100*time.Microsecond), coder0Med.Round(100*time.Microsecond), benchListPairs)
+}
+
+// listBreakdown shows where the aggregated LIST's time goes: through
+// kube-apiserver with and without response compression, and straight to
+// coder-k8s (no aggregation layer), next to coderd.
+func (st *benchStack) listBreakdown(b *testing.B, agg, coderd string) {
+	direct := st.op.Aggregated + "/apis/aggregation.coder.com/v1alpha1/coderworkspaces"
+	type variant struct {
+		name, url, encoding string
+		times               []time.Duration
+		size                int
+	}
+	vs := []*variant{
+		{name: "through kube-apiserver, gzip (as above)", url: agg},
+		{name: "through kube-apiserver, uncompressed", url: agg, encoding: "identity"},
+		{name: "coder-k8s directly, uncompressed", url: direct, encoding: "identity"},
+		{name: "coderd", url: coderd},
+	}
+	const rounds = 15
+	for i := range 2 + rounds {
+		for j := range vs {
+			v := vs[(i+j)%len(vs)]
+			d, body, _, err := st.fetchEncoded(v.url, v.encoding)
+			if err != nil {
+				b.Fatal(err)
+			}
+			v.size = len(body)
+			if i >= 2 {
+				v.times = append(v.times, d)
+			}
+		}
+	}
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = fmt.Sprintf("%s %s", v.name, median(v.times).Round(100*time.Microsecond))
+	}
+	fmt.Printf("list breakdown (medians of %d rounds): %s; JSON %d KiB from coder-k8s, %d KiB from coderd\n",
+		rounds, strings.Join(parts, ", "), vs[1].size/1024, vs[3].size/1024)
+}
+
+// alternate times GET a and GET b in alternating order and returns their
+// medians.
+func (st *benchStack) alternate(b *testing.B, a, c string) (time.Duration, time.Duration) {
+	b.Helper()
+	var as, cs []time.Duration
+	for i := range benchListWarmup + benchListPairs {
+		order := []string{a, c}
+		if i%2 == 1 {
+			order = []string{c, a}
+		}
+		for _, u := range order {
+			d, _, _, err := st.fetch(u)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if i < benchListWarmup {
+				continue
+			}
+			if u == a {
+				as = append(as, d)
+			} else {
+				cs = append(cs, d)
+			}
+		}
+	}
+	return median(as), median(cs)
+}
+
+// fetch GETs url as JSON and times it until the body is read.
+func (st *benchStack) fetch(url string) (time.Duration, []byte, bool, error) {
+	return st.fetchEncoded(url, "")
+}
+
+// fetchEncoded is fetch with an Accept-Encoding header; "" leaves it to
+// the transport, which asks for gzip and decompresses.
+func (st *benchStack) fetchEncoded(url, encoding string) (time.Duration, []byte, bool, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, false, err
+	}
+	req.Header.Set("Accept", "application/json")
+	if encoding != "" {
+		req.Header.Set("Accept-Encoding", encoding)
+	}
+	start := time.Now()
+	resp, err := st.hc.Do(req)
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("GET %s: %w", url, err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	d := time.Since(start)
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("GET %s: read body: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, nil, false, fmt.Errorf("GET %s: %s: %.500s", url, resp.Status, body)
+	}
+	return d, body, resp.Uncompressed, nil
+}
+
+// checkItems fails unless the JSON object body holds n elements in field.
+func (st *benchStack) checkItems(b *testing.B, what string, body []byte, field string, n int) {
+	b.Helper()
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		b.Fatalf("%s: %v: %.300s", what, err, body)
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(obj[field], &items); err != nil {
+		b.Fatalf("%s: %s: %v", what, field, err)
+	}
+	if len(items) != n {
+		b.Fatalf("%s: %d %s, want %d\noperator log:\n%s", what, len(items), field, n, st.op.LogTail(20))
+	}
+}
+
+// benchCLI times kubectl against the coder CLI.
+func (st *benchStack) benchCLI(b *testing.B, n int) {
+	cacheDir := b.TempDir()
+	kubectl := func() (time.Duration, []byte, error) {
+		return runTimed(nil, st.kubectl, "--kubeconfig", st.k.KubeconfigPath, "--cache-dir", cacheDir,
+			"get", "coderworkspaces", "-A", "-o", "json")
+	}
+	env := st.coderEnv(b)
+	coderList := func() (time.Duration, []byte, error) {
+		return runTimed(env, st.coderBin, "list", "--all", "-o", "json")
+	}
+
+	// Warm-up (kubectl fills its discovery cache), checking both outputs.
+	_, out, err := kubectl()
+	if err != nil {
+		b.Fatal(err)
+	}
+	st.checkItems(b, "kubectl get -o json", out, "items", n)
+	_, out, err = coderList()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var arr []json.RawMessage
+	if err := json.Unmarshal(out, &arr); err != nil || len(arr) != n {
+		b.Fatalf("coder list --all -o json: %d workspaces (%v), want %d: %.300s", len(arr), err, n, out)
+	}
+
+	var ks, cs []time.Duration
+	for i := range benchCLIRuns {
+		runs := []func() (time.Duration, []byte, error){kubectl, coderList}
+		if i%2 == 1 {
+			runs = []func() (time.Duration, []byte, error){coderList, kubectl}
+		}
+		for j, run := range runs {
+			d, _, err := run()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if (j == 0) == (i%2 == 0) {
+				ks = append(ks, d)
+			} else {
+				cs = append(cs, d)
+			}
+		}
+	}
+	km, cm := median(ks), median(cs)
+	ratio := km.Seconds() / cm.Seconds()
+	b.ReportMetric(ratio, "kubectl-ratio")
+	fmt.Printf("kubectl ratio=%.2f (target ≤ 1.0): kubectl get coderworkspaces -A -o json median %s, coder list --all -o json median %s; %d alternating runs\n",
+		ratio, km.Round(time.Millisecond), cm.Round(time.Millisecond), benchCLIRuns)
+}
+
+// runTimed runs a command and times it from start to exit.
+func runTimed(env []string, bin string, args ...string) (time.Duration, []byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = env
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	d := time.Since(start)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s %s: %w\n%s", filepath.Base(bin), strings.Join(args, " "), err, stderr.Bytes())
+	}
+	return d, stdout.Bytes(), nil
+}
+
+// benchWatch points the control plane at the counting proxy and measures
+// watch latency and coderd load with 1 and with 50 watchers.
+func (st *benchStack) benchWatch(b *testing.B, n int) {
+	if n < 2*benchChanges {
+		b.Fatalf("the watch changes need %d workspaces, there are %d", 2*benchChanges, n)
+	}
+	ctx := context.Background()
+	proxyURL := st.proxy.URL.String()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var ccp coderv1alpha1.CoderControlPlane
+		if err := st.c.Get(ctx, types.NamespacedName{Namespace: benchNS, Name: benchCCPName}, &ccp); err != nil {
+			return err
+		}
+		ccp.Spec.ExternalURL = proxyURL
+		return st.c.Update(ctx, &ccp)
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	st.waitAccess(b, proxyURL)
+	// The aggregated server follows once its informers see the change.
+	benchWait(b, 60*time.Second, func() error {
+		before := st.proxy.Stats()
+		if _, err := st.dyn.Resource(workspacesGVR).List(ctx, metav1.ListOptions{}); err != nil {
+			return err
+		}
+		if st.proxy.Stats().Since(before)["GET /api/v2/workspaces"].Requests == 0 {
+			return errors.New("the aggregated LIST did not go through the proxy yet")
+		}
+		return nil
+	})
+
+	var lat [2]latency
+	var perPoll, listsPerPoll [2]float64
+	for i, watchers := range []int{1, 50} {
+		ws := st.startWatchers(b, watchers, st.listRV(b))
+		time.Sleep(2 * pollInterval) // the poller starts with the first watcher
+
+		for j := range benchChanges {
+			name := benchWorkspace(i*benchChanges + j)
+			// Spread the changes over the poll cycle.
+			time.Sleep(200*time.Millisecond + time.Duration(j*7%10)*pollInterval/10)
+			if _, _, err := runTimed(st.coderEnv(b), st.coderBin, "schedule", "stop", st.coder.Username+"/"+name, benchTTL); err != nil {
+				b.Fatal(err)
+			}
+			returned := time.Now()
+			ats := ws.waitAll(b, st.k8sName(name), benchTTLMs, 30*time.Second)
+			lat[i].add(returned, ats, st.pollBefore(slices.MinFunc(ats, time.Time.Compare)))
+		}
+
+		before := st.proxy.Stats()
+		time.Sleep(benchWindow * pollInterval)
+		window := st.proxy.Stats().Since(before)
+		ws.stop(b)
+		perPoll[i] = float64(window.Requests()) / benchWindow
+		listsPerPoll[i] = float64(window["GET /api/v2/workspaces"].Requests) / benchWindow
+		b.Logf("coderd requests by coder-k8s over %d poll intervals with %d watchers: %s; time between workspace lists %s",
+			benchWindow, watchers, window, st.pollGaps(before))
+	}
+
+	one, fifty := lat[0].everyMedian(), lat[1].everyMedian()
+	b.ReportMetric(float64(one.Milliseconds()), "watch-1-ms")
+	b.ReportMetric(float64(fifty.Milliseconds()), "watch-50-ms")
+	b.ReportMetric(perPoll[0], "coderd-req/poll-1")
+	b.ReportMetric(perPoll[1], "coderd-req/poll-50")
+	fmt.Printf("watch latency 1 watcher=%s 50 watchers=%s (median over %d changes made with `coder schedule stop` of the time from the CLI returning to the event at every watcher; max %s and %s; median per delivery %s and %s; poll interval %s)\n",
+		one.Round(time.Millisecond), fifty.Round(time.Millisecond), benchChanges,
+		lat[0].everyMax().Round(time.Millisecond), lat[1].everyMax().Round(time.Millisecond),
+		median(lat[0].each).Round(time.Millisecond), median(lat[1].each).Round(time.Millisecond), pollInterval)
+	fmt.Printf("watch latency after the poll: 1 watcher=%s 50 watchers=%s (median of the time from coderd answering the poll that saw the change to the event at every watcher; the rest is waiting for the poll)\n",
+		median(lat[0].afterPoll).Round(time.Millisecond), median(lat[1].afterPoll).Round(time.Millisecond))
+	fmt.Printf("coderd requests/poll 1 watcher=%.2f 50 watchers=%.2f (target: equal; over %d intervals each; of which GET /api/v2/workspaces %.2f and %.2f)\n",
+		perPoll[0], perPoll[1], benchWindow, listsPerPoll[0], listsPerPoll[1])
+}
+
+// pollGaps lists the time between the starts of the operator's workspace
+// lists since the snapshot before was taken.
+func (st *benchStack) pollGaps(before testenv.ProxyStats) string {
+	var starts []time.Time
+	for _, r := range st.proxy.Recent() {
+		if r.Endpoint == "GET /api/v2/workspaces" {
+			starts = append(starts, r.Start)
+		}
+	}
+	n := int(before["GET /api/v2/workspaces"].Requests)
+	if n > len(starts) {
+		return "(unknown)"
+	}
+	slices.SortFunc(starts, time.Time.Compare)
+	var gaps []string
+	for i := max(n, 1); i < len(starts); i++ {
+		gaps = append(gaps, starts[i].Sub(starts[i-1]).Round(time.Millisecond).String())
+	}
+	return "[" + strings.Join(gaps, " ") + "]"
+}
+
+// pollBefore returns when the last workspace list the operator made
+// before t ended.
+func (st *benchStack) pollBefore(t time.Time) time.Time {
+	var last time.Time
+	for _, r := range st.proxy.Recent() {
+		if r.Endpoint == "GET /api/v2/workspaces" && r.End.Before(t) && r.End.After(last) {
+			last = r.End
+		}
+	}
+	return last
+}
+
+func (st *benchStack) coderEnv(b *testing.B) []string {
+	return append(os.Environ(), "CODER_URL="+st.coder.URL.String(), "CODER_SESSION_TOKEN="+st.coder.SessionToken,
+		"CODER_CONFIG_DIR="+b.TempDir(), "CODER_NO_VERSION_WARNING=1", "CODER_TELEMETRY_ENABLE=false")
+}
+
+// listRV lists every coderworkspace (from coderd) and returns the list's
+// resourceVersion.
+func (st *benchStack) listRV(b *testing.B) string {
+	b.Helper()
+	l, err := st.dyn.Resource(workspacesGVR).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l.GetResourceVersion()
+}
+
+// latency collects, per change, the time until every watcher had the
+// event, the time of each delivery (both from the CLI returning; an event
+// that came earlier counts as 0), and the time from the end of the poll
+// that saw the change until every watcher had it.
+type latency struct {
+	every     []time.Duration
+	each      []time.Duration
+	afterPoll []time.Duration
+}
+
+func (l *latency) add(returned time.Time, arrivals []time.Time, pollEnd time.Time) {
+	last := slices.MaxFunc(arrivals, time.Time.Compare)
+	l.every = append(l.every, max(last.Sub(returned), 0))
+	for _, at := range arrivals {
+		l.each = append(l.each, max(at.Sub(returned), 0))
+	}
+	if !pollEnd.IsZero() {
+		l.afterPoll = append(l.afterPoll, last.Sub(pollEnd))
+	}
+}
+
+func (l *latency) everyMedian() time.Duration { return median(l.every) }
+func (l *latency) everyMax() time.Duration    { return slices.Max(l.every) }
+
+// arrival is a coderworkspace event seen by one watcher.
+type arrival struct {
+	watcher int
+	name    string
+	ttl     int64
+	at      time.Time
+}
+
+// watchers are client-go watches on coderworkspaces in every namespace.
+type watchers struct {
+	n        int
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	arrivals chan arrival
+	stopping atomic.Bool
+	failed   atomic.Value // string
+}
+
+// startWatchers opens n watches through kube-apiserver from resourceVersion
+// rv, as informers do after their list.
+func (st *benchStack) startWatchers(b *testing.B, n int, rv string) *watchers {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ws := &watchers{n: n, cancel: cancel, arrivals: make(chan arrival, 100_000)}
+	b.Cleanup(cancel)
+	for i := range n {
+		w, err := st.dyn.Resource(workspacesGVR).Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true})
+		if err != nil {
+			cancel()
+			b.Fatalf("watch %d: %v", i, err)
+		}
+		ws.wg.Add(1)
+		go func() {
+			defer ws.wg.Done()
+			defer w.Stop()
+			for ev := range w.ResultChan() {
+				switch ev.Type {
+				case watch.Added, watch.Modified:
+					u, ok := ev.Object.(*unstructured.Unstructured)
+					if !ok {
+						continue
+					}
+					ttl, _, _ := unstructured.NestedInt64(u.Object, "spec", "ttlMillis")
+					select {
+					case ws.arrivals <- arrival{watcher: i, name: u.GetName(), ttl: ttl, at: time.Now()}:
+					default:
+						ws.failed.CompareAndSwap(nil, fmt.Sprintf("watcher %d: arrivals buffer full", i))
+					}
+				case watch.Error:
+					if !ws.stopping.Load() {
+						ws.failed.CompareAndSwap(nil, fmt.Sprintf("watcher %d: error event %v", i, ev.Object))
+					}
+				}
+			}
+			if !ws.stopping.Load() {
+				ws.failed.CompareAndSwap(nil, fmt.Sprintf("watcher %d: the watch ended", i))
+			}
+		}()
+	}
+	return ws
+}
+
+// waitAll waits until every watcher has seen name with the given TTL and
+// returns when each did.
+func (ws *watchers) waitAll(b *testing.B, name string, ttl int64, timeout time.Duration) []time.Time {
+	b.Helper()
+	got := map[int]time.Time{}
+	deadline := time.After(timeout)
+	for len(got) < ws.n {
+		select {
+		case a := <-ws.arrivals:
+			if a.name != name || a.ttl != ttl {
+				continue
+			}
+			if _, ok := got[a.watcher]; !ok {
+				got[a.watcher] = a.at
+			}
+		case <-deadline:
+			msg, _ := ws.failed.Load().(string)
+			b.Fatalf("%d of %d watchers saw the change of %s within %s %s", len(got), ws.n, name, timeout, msg)
+		}
+	}
+	out := make([]time.Time, 0, len(got))
+	for _, at := range got {
+		out = append(out, at)
+	}
+	return out
+}
+
+// stop ends the watches, failing if one had ended or failed on its own.
+func (ws *watchers) stop(b *testing.B) {
+	b.Helper()
+	ws.stopping.Store(true)
+	ws.cancel()
+	ws.wg.Wait()
+	if msg, _ := ws.failed.Load().(string); msg != "" {
+		b.Fatal(msg)
+	}
+}
+
+// procStatus is /proc/<pid>/status's memory lines, in kB.
+type procStatus map[string]int64
+
+func (s procStatus) mib(key string) float64 { return float64(s[key]) / 1024 }
+
+func (st *benchStack) rss(b *testing.B) procStatus {
+	b.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", st.pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := procStatus{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		key, val, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasSuffix(val, " kB") {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(val, " kB")), 10, 64)
+		if err == nil {
+			s[key] = kb
+		}
+	}
+	if s["VmRSS"] == 0 {
+		b.Fatalf("no VmRSS in /proc/%d/status", st.pid)
+	}
+	return s
+}
+
+// processID finds the operator's process: testenv.Process does not expose
+// its PID, but its command line names its own configuration file.
+func processID(op *Operator) (int, error) {
+	cfg := filepath.Join(filepath.Dir(op.LogPath), "config.yaml")
+	paths, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range paths {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if len(args) > 0 && args[0] == binary && slices.Contains(args, cfg) {
+			return strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		}
+	}
+	return 0, fmt.Errorf("no process runs %s --config %s", binary, cfg)
+}
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// benchWait polls check until it succeeds or timeout passes.
+func benchWait(b *testing.B, timeout time.Duration, check func() error) {
+	b.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
