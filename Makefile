@@ -70,6 +70,13 @@ lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
 	$(GO) vet ./...
 	$(BIN)/staticcheck ./...
 
+.PHONY: chart-lint
+chart-lint: $(BIN)/helm $(BIN)/ct yamllint ## Lint the Helm chart: helm lint with every ci values file, then ct lint (offline).
+	@for f in charts/coder-k8s/ci/*-values.yaml; do \
+	  echo "helm lint --strict --kube-version $(KUBE_VERSION) charts/coder-k8s -f $$f"; \
+	  $(BIN)/helm lint --strict --kube-version $(KUBE_VERSION) charts/coder-k8s -f $$f >/dev/null || { $(BIN)/helm lint --strict --kube-version $(KUBE_VERSION) charts/coder-k8s -f $$f; exit 1; }; done
+	PATH="$(BIN):$$PATH" $(BIN)/ct lint --config ct.yaml --all
+
 ##@ Generate
 
 .PHONY: generate
@@ -81,9 +88,14 @@ generate: $(BIN)/controller-gen $(BIN)/openapi-gen ## Regenerate deepcopy, OpenA
 	  $(foreach p,$(OPENAPI_META),--readonly-pkg $(p)) $(OPENAPI_META) ./api/aggregation/v1alpha1
 	@if grep coder-k8s $(BIN)/openapi-rule-violations.txt; then echo "fix the API rule violations above"; exit 1; fi
 	$(BIN)/controller-gen crd paths=./api/v1alpha1/... output:crd:artifacts:config=config/crd/bases
-	$(BIN)/controller-gen rbac:roleName=coder-k8s-manager paths="./internal/controller/...;./internal/aggregated/backend/...;./internal/mcpserver/..." output:rbac:artifacts:config=config/rbac
+	$(BIN)/controller-gen rbac:roleName=coder-k8s-manager paths="./internal/controller/...;./internal/aggregated/backend/...;./internal/aggregated/autotls/...;./internal/mcpserver/..." output:rbac:artifacts:config=config/rbac
 	$(GO) test ./internal/config/ -run TestDefaultsGolden -update >/dev/null
 	$(GO) run ./hack/configdoc --types internal/config/types.go --out docs/config-reference.md
+	@# The Helm chart renders its CRDs and the controller's ClusterRole from byte-identical copies.
+	mkdir -p charts/coder-k8s/files/crds charts/coder-k8s/files/rbac
+	rm -f charts/coder-k8s/files/crds/*.yaml
+	cp config/crd/bases/*.yaml charts/coder-k8s/files/crds/
+	cp config/rbac/role.yaml charts/coder-k8s/files/rbac/manager-role.yaml
 
 # The apimachinery packages whose OpenAPI definitions the aggregated API
 # server serves next to its own.
@@ -149,8 +161,13 @@ $(BIN)/coder: hack/tools/coder/go.mod hack/tools/coder/go.sum hack/tools/coder/m
 $(BIN)/terraform: hack/tools/tofu/go.mod hack/tools/tofu/go.sum
 	cd hack/tools/tofu && $(GO) build -trimpath -o $@ github.com/opentofu/opentofu/cmd/tofu
 
+# Like helm's own release build: the Kubernetes version it assumes without a
+# cluster (helm template, lint) is the one of the client-go it is built with.
+HELM_K8S_MINOR := $(word 2,$(subst ., ,$(call modversion,helm,k8s.io/client-go)))
+HELM_LDFLAGS   := $(foreach p,helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules,\
+                    -X $(p).k8sVersionMajor=1 -X $(p).k8sVersionMinor=$(HELM_K8S_MINOR))
 $(BIN)/helm: hack/tools/helm/go.mod hack/tools/helm/go.sum
-	cd hack/tools/helm && $(GO) build -trimpath -o $@ helm.sh/helm/v3/cmd/helm
+	cd hack/tools/helm && $(GO) build -trimpath -ldflags "$(HELM_LDFLAGS)" -o $@ helm.sh/helm/v3/cmd/helm
 
 $(BIN)/ct: hack/tools/ct/go.mod hack/tools/ct/go.sum
 	cd hack/tools/ct && $(GO) build -trimpath -o $@ github.com/helm/chart-testing/v3/ct

@@ -27,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/coder/coder-k8s/internal/aggregated/apiserver"
+	"github.com/coder/coder-k8s/internal/aggregated/autotls"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/controller"
@@ -130,7 +131,19 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 			}
 			backends = backend.Join(static, cps)
 		}
-		srv, err := apiserver.New(apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: backends, Log: log})
+		opts := apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: backends, Log: log}
+		rot, err := autoTLS(cfg, kube, log)
+		if err != nil {
+			return err
+		}
+		if rot != nil {
+			// A non-leader runnable: every replica serves TLS.
+			if err := mgr.Add(rot); err != nil {
+				return fmt.Errorf("add autoTLS: %w", err)
+			}
+			opts.ServingCert = rot.ServingCert()
+		}
+		srv, err := apiserver.New(opts)
 		if err != nil {
 			return err
 		}
@@ -167,14 +180,38 @@ func runAggregatedAPIServer(ctx context.Context, cfg *config.Configuration, kube
 	if err != nil {
 		return err
 	}
-	srv, err := apiserver.New(apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: static, Log: log})
+	opts := apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: static, Log: log}
+	rot, err := autoTLS(cfg, kube, log)
+	if err != nil {
+		return err
+	}
+	if rot != nil {
+		opts.ServingCert = rot.ServingCert()
+	}
+	srv, err := apiserver.New(opts)
 	if err != nil {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return static.Start(gctx) })
+	if rot != nil {
+		g.Go(func() error { return rot.Start(gctx) })
+	}
 	g.Go(func() error { return srv.Start(gctx) })
 	return g.Wait()
+}
+
+// autoTLS returns the serving certificate manager of
+// aggregatedAPIServer.autoTLS, or nil when it is off.
+func autoTLS(cfg *config.Configuration, kube *kubeConn, log logr.Logger) (*autotls.Rotator, error) {
+	if !cfg.AggregatedAPIServer.AutoTLS.Enabled {
+		return nil, nil
+	}
+	rot, err := autotls.New(autotls.Options{Config: cfg.AggregatedAPIServer.AutoTLS, REST: kube.rest, Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("aggregatedAPIServer.autoTLS: %w", err)
+	}
+	return rot, nil
 }
 
 func staticBackend(cfg *config.Configuration, kube *kubeConn, log logr.Logger) (*backend.StaticProvider, error) {

@@ -25,7 +25,7 @@ const (
 // ListInput pages through a list.
 type ListInput struct {
 	Namespace string `json:"namespace,omitempty" jsonschema:"Kubernetes namespace; empty means every namespace"`
-	Limit     int    `json:"limit,omitempty" jsonschema:"rows to return (default 20, at most 100)"`
+	Limit     int    `json:"limit,omitempty" jsonschema:"rows to return (default 20, at most 500)"`
 	Continue  string `json:"continue,omitempty" jsonschema:"the continue token of the previous call, for the next rows"`
 }
 
@@ -84,7 +84,7 @@ type WorkspaceListInput struct {
 	Owner     string `json:"owner,omitempty" jsonschema:"only workspaces of this Coder username"`
 	Template  string `json:"template,omitempty" jsonschema:"only workspaces built from this template name"`
 	Running   *bool  `json:"running,omitempty" jsonschema:"only workspaces whose desired state is running (true) or stopped (false)"`
-	Limit     int    `json:"limit,omitempty" jsonschema:"rows to return (default 20, at most 100)"`
+	Limit     int    `json:"limit,omitempty" jsonschema:"rows to return (default 20, at most 500)"`
 	Continue  string `json:"continue,omitempty" jsonschema:"the continue token of the previous call, for the next rows"`
 }
 
@@ -184,14 +184,14 @@ func listTemplates(ctx context.Context, c *call, in ListInput) (TemplateList, er
 		return TemplateList{}, err
 	}
 	var list aggv1.CoderTemplateList
-	if err := c.kube.Direct.List(ctx, &list, client.InNamespace(in.Namespace)); err != nil {
+	if err := c.kube.Direct.List(ctx, &list, append(listOptionsFor(in.Continue), client.InNamespace(in.Namespace))...); err != nil {
 		return TemplateList{}, fmt.Errorf("list codertemplates: %w", err)
 	}
 	if len(list.Items) == 0 && in.Namespace != "" && c.namespaceMissing(ctx, in.Namespace) {
 		return TemplateList{}, errNoNamespace(in.Namespace)
 	}
 	sort.Slice(list.Items, func(i, j int) bool { return key(&list.Items[i]) < key(&list.Items[j]) })
-	items, next, err := page(list.Items, in.Limit, in.Continue)
+	items, next, err := pageAt(list.Items, in.Limit, in.Continue, list.ResourceVersion)
 	if err != nil {
 		return TemplateList{}, err
 	}
@@ -299,7 +299,7 @@ func listWorkspaces(ctx context.Context, c *call, in WorkspaceListInput) (Worksp
 	if err := c.authorize(ctx, workspacesResource.with("list", in.Namespace, "")); err != nil {
 		return WorkspaceList{}, err
 	}
-	opts := []client.ListOption{client.InNamespace(in.Namespace)}
+	opts := append(listOptionsFor(in.Continue), client.InNamespace(in.Namespace))
 	labels := client.MatchingLabels{}
 	if in.Owner != "" {
 		labels[aggv1.LabelOwner] = in.Owner
@@ -321,7 +321,7 @@ func listWorkspaces(ctx context.Context, c *call, in WorkspaceListInput) (Worksp
 		return WorkspaceList{}, errNoNamespace(in.Namespace)
 	}
 	sort.Slice(list.Items, func(i, j int) bool { return key(&list.Items[i]) < key(&list.Items[j]) })
-	items, next, err := page(list.Items, in.Limit, in.Continue)
+	items, next, err := pageAt(list.Items, in.Limit, in.Continue, list.ResourceVersion)
 	if err != nil {
 		return WorkspaceList{}, err
 	}

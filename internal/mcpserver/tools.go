@@ -16,6 +16,7 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -39,6 +40,9 @@ type Kube struct {
 const (
 	defaultListLimit = 20
 	maxListLimit     = 100
+	// maxRowsLimit caps the workspace and template lists, whose rows are
+	// compact (about 150 bytes), for callers that want everything at once.
+	maxRowsLimit = 500
 )
 
 // toolMeta is what an agent reads about a tool before calling it.
@@ -261,26 +265,74 @@ func errorResult(msg string) *mcp.CallToolResult {
 // page cuts a sorted list to limit items after the position a continue
 // token names, and returns the token for the rest ("" at the end).
 func page[T any](items []T, limit int, cont string) ([]T, string, error) {
+	return cut(items, min(limit, maxListLimit), cont, "")
+}
+
+// pageAt is page for a list read at resourceVersion rv: the token carries
+// rv, so the next page is read no older than this one (from the aggregated
+// API's watch cache) instead of from coderd again.
+func pageAt[T any](items []T, limit int, cont, rv string) ([]T, string, error) {
+	return cut(items, min(limit, maxRowsLimit), cont, rv)
+}
+
+func cut[T any](items []T, limit int, cont, rv string) ([]T, string, error) {
 	if limit <= 0 {
 		limit = defaultListLimit
 	}
-	limit = min(limit, maxListLimit)
-	offset := 0
-	if cont != "" {
-		raw, err := base64.RawURLEncoding.DecodeString(cont)
-		n, perr := strconv.Atoi(strings.TrimPrefix(string(raw), "offset:"))
-		if err != nil || perr != nil || n < 0 || !strings.HasPrefix(string(raw), "offset:") {
-			return nil, "", fmt.Errorf("continue %q is not a token this tool returned; call it again without continue", cont)
-		}
-		offset = n
+	tok, err := parseContinue(cont)
+	if err != nil {
+		return nil, "", err
 	}
-	if offset >= len(items) {
+	if tok.offset >= len(items) {
 		return []T{}, "", nil
 	}
-	end := min(offset+limit, len(items))
+	end := min(tok.offset+limit, len(items))
 	next := ""
 	if end < len(items) {
-		next = base64.RawURLEncoding.EncodeToString([]byte("offset:" + strconv.Itoa(end)))
+		raw := "offset:" + strconv.Itoa(end)
+		if rv != "" {
+			raw += ";rv:" + rv
+		}
+		next = base64.RawURLEncoding.EncodeToString([]byte(raw))
 	}
-	return items[offset:end], next, nil
+	return items[tok.offset:end], next, nil
+}
+
+type continueToken struct {
+	offset int
+	rv     string
+}
+
+func parseContinue(cont string) (continueToken, error) {
+	var tok continueToken
+	if cont == "" {
+		return tok, nil
+	}
+	bad := fmt.Errorf("continue %q is not a token this tool returned; call it again without continue", cont)
+	raw, err := base64.RawURLEncoding.DecodeString(cont)
+	if err != nil {
+		return tok, bad
+	}
+	offset, rv, _ := strings.Cut(string(raw), ";")
+	n, err := strconv.Atoi(strings.TrimPrefix(offset, "offset:"))
+	if err != nil || n < 0 || !strings.HasPrefix(offset, "offset:") {
+		return tok, bad
+	}
+	tok.offset = n
+	if rv != "" {
+		if !strings.HasPrefix(rv, "rv:") {
+			return tok, bad
+		}
+		tok.rv = strings.TrimPrefix(rv, "rv:")
+	}
+	return tok, nil
+}
+
+// listOptionsFor reads later pages no older than the first.
+func listOptionsFor(cont string) []client.ListOption {
+	tok, err := parseContinue(cont)
+	if err != nil || tok.rv == "" {
+		return nil
+	}
+	return []client.ListOption{&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: tok.rv}}}
 }

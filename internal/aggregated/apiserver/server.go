@@ -19,6 +19,7 @@ import (
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	"k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/apiserver/pkg/server/options"
 	"k8s.io/component-base/compatibility"
@@ -40,6 +41,7 @@ type Server struct {
 	cfg        config.AggregatedAPIServer
 	kubeconfig string
 	backends   backend.Provider
+	cert       ServingCert
 	log        logr.Logger
 
 	scheme     *runtime.Scheme
@@ -56,12 +58,27 @@ type Options struct {
 	Kubeconfig string
 	// Backends finds the coderd of each namespace.
 	Backends backend.Provider
-	Log      logr.Logger
+	// ServingCert, when set, is the serving certificate (autoTLS): certDir
+	// is ignored, and Start waits until it has a certificate. It is
+	// required when Config.AutoTLS is enabled.
+	ServingCert ServingCert
+	Log         logr.Logger
+}
+
+// ServingCert is a serving certificate that may change while the server
+// runs; the TLS configuration reloads when its listeners are told.
+type ServingCert interface {
+	dynamiccertificates.CertKeyContentProvider
+	// WaitForContent returns once there is a certificate, or ctx's error.
+	WaitForContent(ctx context.Context) error
 }
 
 // New returns a server for o.
 func New(o Options) (*Server, error) {
 	cfg, log := o.Config, o.Log
+	if cfg.AutoTLS.Enabled && o.ServingCert == nil {
+		return nil, fmt.Errorf("autoTLS is enabled but no serving certificate provider was given")
+	}
 	scheme := runtime.NewScheme()
 	if err := aggv1.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("register %s: %w", aggv1.GroupName, err)
@@ -94,6 +111,7 @@ func New(o Options) (*Server, error) {
 		cfg:        cfg,
 		kubeconfig: o.Kubeconfig,
 		backends:   o.Backends,
+		cert:       o.ServingCert,
 		log:        log,
 		scheme:     scheme,
 		codecs:     serializer.NewCodecFactory(scheme),
@@ -111,6 +129,12 @@ func (s *Server) NeedLeaderElection() bool { return false }
 // Start builds the server and serves until ctx is cancelled, then drains
 // in-flight requests.
 func (s *Server) Start(ctx context.Context) error {
+	if s.cert != nil {
+		s.log.Info("waiting for the serving certificate", "source", s.cert.Name())
+		if err := s.cert.WaitForContent(ctx); err != nil {
+			return nil // stopped before there was one
+		}
+	}
 	gs, err := s.build()
 	if err != nil {
 		return err
@@ -133,19 +157,24 @@ func (s *Server) build() (*genericapiserver.GenericAPIServer, error) {
 	serving := options.NewSecureServingOptions().WithLoopback()
 	serving.BindAddress = net.ParseIP(s.cfg.BindAddress)
 	serving.BindPort = s.cfg.SecurePort
-	serving.ServerCert.CertDirectory = s.cfg.CertDir
-	serving.ServerCert.PairName = "tls"
-	if s.cfg.CertDir != "" {
-		// Files named as in a kubernetes.io/tls Secret mounted at CertDir.
-		serving.ServerCert.CertKey.CertFile = s.cfg.CertDir + "/tls.crt"
-		serving.ServerCert.CertKey.KeyFile = s.cfg.CertDir + "/tls.key"
-		serving.ServerCert.CertDirectory = ""
-		if !filesExist(serving.ServerCert.CertKey.CertFile, serving.ServerCert.CertKey.KeyFile) {
-			serving.ServerCert.CertKey = options.CertKey{}
+	if s.cert != nil {
+		// autoTLS: reloaded whenever the Secret's certificate changes.
+		serving.ServerCert.GeneratedCert = s.cert
+	} else {
+		serving.ServerCert.CertDirectory = s.cfg.CertDir
+		serving.ServerCert.PairName = "tls"
+		if s.cfg.CertDir != "" {
+			// Files named as in a kubernetes.io/tls Secret mounted at CertDir.
+			serving.ServerCert.CertKey.CertFile = s.cfg.CertDir + "/tls.crt"
+			serving.ServerCert.CertKey.KeyFile = s.cfg.CertDir + "/tls.key"
+			serving.ServerCert.CertDirectory = ""
+			if !filesExist(serving.ServerCert.CertKey.CertFile, serving.ServerCert.CertKey.KeyFile) {
+				serving.ServerCert.CertKey = options.CertKey{}
+			}
 		}
-	}
-	if err := serving.MaybeDefaultWithSelfSignedCerts("localhost", nil, []net.IP{net.ParseIP("127.0.0.1")}); err != nil {
-		return nil, fmt.Errorf("self-signed serving certificate: %w", err)
+		if err := serving.MaybeDefaultWithSelfSignedCerts("localhost", nil, []net.IP{net.ParseIP("127.0.0.1")}); err != nil {
+			return nil, fmt.Errorf("self-signed serving certificate: %w", err)
+		}
 	}
 
 	authn := options.NewDelegatingAuthenticationOptions()

@@ -23,7 +23,7 @@ import (
 // An error is mapped by mapErr with the target it came from.
 func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Duration, ts []target, opts *metainternalversion.ListOptions,
 	list func(context.Context, target) ([]watchcache.Object, error), mapErr func(target, error) error) ([]watchcache.Object, error) {
-	if opts != nil && opts.ResourceVersion == "0" && cachedFresh(cache, ts, maxAge) {
+	if servableFromCache(cache, ts, opts, maxAge) {
 		keys := make(map[string]bool, len(ts))
 		for _, t := range ts {
 			keys[t.Key()] = true
@@ -57,6 +57,36 @@ func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Durat
 		out = append(out, r...)
 	}
 	return out, nil
+}
+
+// servableFromCache reports whether a list may be answered from the cache:
+// resourceVersion "0" (any state) when the cache is fresh, or a
+// resourceVersion the cache has reached, with "not older than" semantics
+// (what the next page of a paged list asks for).
+func servableFromCache(cache *watchcache.Cache, ts []target, opts *metainternalversion.ListOptions, maxAge time.Duration) bool {
+	if opts == nil || opts.ResourceVersion == "" {
+		return false
+	}
+	if opts.ResourceVersion == "0" {
+		return cachedFresh(cache, ts, maxAge)
+	}
+	if opts.ResourceVersionMatch != "" && opts.ResourceVersionMatch != metav1.ResourceVersionMatchNotOlderThan {
+		return false
+	}
+	want, err := watchcache.ParseResourceVersion(opts.ResourceVersion)
+	if err != nil {
+		return false
+	}
+	have, err := watchcache.ParseResourceVersion(cache.ResourceVersion())
+	if err != nil || have < want {
+		return false
+	}
+	for _, t := range ts {
+		if !cache.Synced(t.Key()) {
+			return false
+		}
+	}
+	return true
 }
 
 // cachedFresh reports whether the cache holds every target's state as read

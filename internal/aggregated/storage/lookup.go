@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"sync"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -125,4 +126,33 @@ func toParameters(in []codersdk.WorkspaceBuildParameter) []aggv1.WorkspaceParame
 		out[i] = aggv1.WorkspaceParameter{Name: p.Name, Value: p.Value}
 	}
 	return out
+}
+
+// listMemo remembers, per backend, the objects the last list built, by a
+// hash of each object's JSON from coderd.
+type listMemo struct {
+	mu   sync.Mutex
+	byBE map[string]map[uint64]*aggv1.CoderWorkspace
+}
+
+func (m *listMemo) get(key string) map[uint64]*aggv1.CoderWorkspace {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.byBE[key]
+}
+
+func (m *listMemo) set(key string, v map[uint64]*aggv1.CoderWorkspace) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.byBE == nil {
+		m.byBE = map[string]map[uint64]*aggv1.CoderWorkspace{}
+	}
+	m.byBE[key] = v
+}
+
+// hashBytes is FNV-1a over b.
+func hashBytes(b []byte) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write(b)
+	return h.Sum64()
 }

@@ -2,10 +2,12 @@ package storage
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -28,6 +30,7 @@ type WorkspaceStorage struct {
 	resource
 	params *buildParams
 	orgs   orgIDs
+	memo   listMemo
 }
 
 var (
@@ -83,25 +86,64 @@ func (s *WorkspaceStorage) NewList() runtime.Object { return &aggv1.CoderWorkspa
 func (s *WorkspaceStorage) GetSingularName() string { return "coderworkspace" }
 func (s *WorkspaceStorage) ShortNames() []string    { return []string{"cws"} }
 
-// listWorkspaces reads every workspace of one coderd.
+// listWorkspaces reads every workspace of one coderd. coderd's answer is
+// split into each workspace's JSON; a workspace whose JSON is byte for byte
+// what an earlier list returned reuses the object built then, so a list
+// (and a poll) decodes and converts only what changed.
 func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watchcache.Object, error) {
-	resp, err := t.Client.Workspaces(ctx, codersdk.WorkspaceFilter{})
+	res, err := t.Client.Request(ctx, http.MethodGet, "/api/v2/workspaces", nil)
 	if err != nil {
 		return nil, fmt.Errorf("list workspaces: %w", err)
 	}
-	res := resp.Workspaces
-	ids := make([]uuid.UUID, len(res))
-	for i := range res {
-		ids[i] = res[i].LatestBuild.ID
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("list workspaces: %w", codersdk.ReadBodyAsError(res))
+	}
+	var page struct {
+		Workspaces []json.RawMessage `json:"workspaces"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&page); err != nil {
+		return nil, fmt.Errorf("list workspaces: decode coderd's answer: %w", err)
+	}
+
+	memoKey := t.Key() + "/" + strconv.FormatBool(t.prefixed)
+	prev := s.memo.get(memoKey)
+	next := make(map[uint64]*aggv1.CoderWorkspace, len(page.Workspaces))
+	out := make([]watchcache.Object, len(page.Workspaces))
+	type fresh struct {
+		i    int
+		hash uint64
+		ws   codersdk.Workspace
+	}
+	var todo []fresh
+	for i, raw := range page.Workspaces {
+		h := hashBytes(raw)
+		if obj, ok := prev[h]; ok {
+			next[h] = obj
+			out[i] = obj.DeepCopy()
+			continue
+		}
+		f := fresh{i: i, hash: h}
+		if err := json.Unmarshal(raw, &f.ws); err != nil {
+			return nil, fmt.Errorf("list workspaces: decode a workspace: %w", err)
+		}
+		todo = append(todo, f)
+	}
+	ids := make([]uuid.UUID, len(todo))
+	for i := range todo {
+		ids[i] = todo[i].ws.LatestBuild.ID
 	}
 	params, err := s.params.fill(ctx, t.Client, ids)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]watchcache.Object, len(res))
-	for i := range res {
-		out[i] = toWorkspace(t, &res[i], params[res[i].LatestBuild.ID])
+	for _, f := range todo {
+		obj := toWorkspace(t, &f.ws, params[f.ws.LatestBuild.ID])
+		next[f.hash] = obj
+		// The cache owns what it is given; the memo keeps its own copy.
+		out[f.i] = obj.DeepCopy()
 	}
+	s.memo.set(memoKey, next)
 	return out, nil
 }
 
