@@ -9,7 +9,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,6 +23,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/scheme"
@@ -34,7 +34,9 @@ const (
 	demoTemplate  = "demo"
 	demoWorkspace = "demo"
 	// The Service the APIService points at; the serving certificate names it.
-	serviceName      = "coder-k8s"
+	// The aggregated API's Service as the chart names it for release
+	// coder-k8s; autoTLS writes the CA into an APIService pointing at it.
+	serviceName      = "coder-k8s-aggregated"
 	serviceNamespace = "coder-system"
 	aggregatedGroup  = "aggregation.coder.com"
 	aggregatedVer    = "v1alpha1"
@@ -193,49 +195,38 @@ func startOperator(ctx context.Context, stateDir, bin string, kube *testenv.Kube
 		ports[name] = p
 	}
 
-	// A serving certificate for the Service name, so the APIService can
-	// carry a CA bundle as it does in a cluster.
-	certDir := filepath.Join(stateDir, "certs")
-	if err := os.MkdirAll(certDir, 0o700); err != nil {
-		return nil, err
+	// The config file is the one the Helm chart renders for these values,
+	// so the local stack runs the same config path as a cluster. TLS mode
+	// auto: the binary keeps its certificate in a Secret and writes the CA
+	// into the APIService itself.
+	values := fmt.Sprintf(`mode: all
+ports: {health: %d, metrics: %d, aggregatedAPI: %d, mcp: %d}
+tls: {mode: auto}
+config:
+  logging: {level: info, format: console}
+  controller:
+    leaderElection: {namespace: %s}
+`, ports["health"], ports["metrics"], ports["aggregated"], ports["mcp"], serviceNamespace)
+	valuesPath := filepath.Join(stateDir, "values.yaml")
+	if err := os.WriteFile(valuesPath, []byte(values), 0o600); err != nil {
+		return nil, fmt.Errorf("write %s: %w", valuesPath, err)
 	}
-	ca, err := testenv.NewCA("coder-k8s-dev-ca")
+	cfg, err := chartConfig(ctx, valuesPath)
 	if err != nil {
 		return nil, err
 	}
-	serving, err := ca.ServingCert([]string{testenv.ServiceDNSName(serviceName, serviceNamespace), "localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
-	if err != nil {
-		return nil, err
-	}
-	if err := serving.WriteTo(certDir); err != nil {
-		return nil, err
-	}
-
 	cfgPath := filepath.Join(stateDir, "config.yaml")
-	cfg := fmt.Sprintf(`apiVersion: config.coder.com/v1alpha1
-kind: CoderK8sConfiguration
-app: all
-logging: {level: info, format: console}
-kubernetes: {kubeconfig: %q}
-controller:
-  healthProbeBindAddress: "127.0.0.1:%d"
-  metricsBindAddress: "127.0.0.1:%d"
-  leaderElection: {namespace: %s}
-aggregatedAPIServer:
-  bindAddress: 127.0.0.1
-  securePort: %d
-  certDir: %q
-mcp:
-  bindAddress: "127.0.0.1:%d"
-`, kube.KubeconfigPath, ports["health"], ports["metrics"], serviceNamespace, ports["aggregated"], certDir, ports["mcp"])
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
 		return nil, fmt.Errorf("write %s: %w", cfgPath, err)
 	}
 	if err := kube.EnsureNamespace(ctx, serviceNamespace); err != nil {
 		return nil, err
 	}
 
-	proc, err := testenv.StartProcess("coder-k8s", exec.Command(bin, "--config", cfgPath), filepath.Join(stateDir, "coder-k8s.log"))
+	cmd := exec.Command(bin, "--config", cfgPath)
+	// Out of the cluster: the kubeconfig instead of the pod's ServiceAccount.
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kube.KubeconfigPath, "POD_NAMESPACE="+serviceNamespace)
+	proc, err := testenv.StartProcess("coder-k8s", cmd, filepath.Join(stateDir, "coder-k8s.log"))
 	if err != nil {
 		return nil, err
 	}
@@ -257,8 +248,8 @@ mcp:
 	// Route aggregation.coder.com through kube-apiserver, with the CA
 	// bundle as in a cluster.
 	err = kube.RegisterAPIService(ctx, testenv.APIService{
-		Group: aggregatedGroup, Version: aggregatedVer, Port: ports["aggregated"], CABundle: ca.CertPEM,
-		ServiceName: serviceName, ServiceNamespace: serviceNamespace, Timeout: 30 * time.Second,
+		Group: aggregatedGroup, Version: aggregatedVer, Port: ports["aggregated"],
+		ServiceName: serviceName, ServiceNamespace: serviceNamespace, Timeout: 60 * time.Second,
 	})
 	if err != nil {
 		proc.Stop(10 * time.Second)
@@ -334,6 +325,34 @@ func mcpAgentToken(ctx context.Context, kube *testenv.KubeAPI) (string, error) {
 		return "", fmt.Errorf("token for ServiceAccount %s: %w", mcpAgent, err)
 	}
 	return tr.Status.Token, nil
+}
+
+// chartConfig renders charts/coder-k8s with the values file (release
+// coder-k8s in serviceNamespace) and returns the config file of its
+// ConfigMap.
+func chartConfig(ctx context.Context, valuesPath string) ([]byte, error) {
+	helm, err := testenv.Binary("helm")
+	if err != nil {
+		return nil, err
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	out, err := exec.CommandContext(ctx, helm, "template", "coder-k8s", filepath.Join(root, "charts", "coder-k8s"),
+		"--namespace", serviceNamespace, "--values", valuesPath, "--show-only", "templates/configmap.yaml").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("helm template: %w\n%s", err, out)
+	}
+	var cm corev1.ConfigMap
+	if err := yaml.Unmarshal(out, &cm); err != nil {
+		return nil, fmt.Errorf("the chart's ConfigMap: %w", err)
+	}
+	cfg, ok := cm.Data["config.yaml"]
+	if !ok {
+		return nil, errors.New("the chart's ConfigMap has no config.yaml")
+	}
+	return []byte(cfg), nil
 }
 
 func httpOK(ctx context.Context, url string) error {
