@@ -1,0 +1,485 @@
+package chart
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+// The release every test renders, unless it says otherwise. With the chart
+// named coder-k8s, the release name is also the objects' full name.
+const (
+	releaseName      = "coder-k8s"
+	releaseNamespace = "coder-system"
+)
+
+// repoPath returns a path inside the repository.
+func repoPath(t testing.TB, elem ...string) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(append([]string{root}, elem...)...)
+}
+
+func chartDir(t testing.TB) string { return repoPath(t, "charts", "coder-k8s") }
+
+// defaultKubeVersion is the Kubernetes version this module's client-go
+// targets (k8s.io/client-go v0.36.3 in go.mod → v1.36.3): what `helm
+// template` assumes when Helm is built like its releases are, and what
+// bin/helm is built to assume. (Test binaries carry no module list, so it
+// is read from go.mod.)
+var defaultKubeVersion = sync.OnceValues(func() (*chartutil.KubeVersion, error) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "require" {
+			f = f[1:]
+		}
+		if len(f) >= 2 && f[0] == "k8s.io/client-go" {
+			v, ok := strings.CutPrefix(f[1], "v0.")
+			if !ok {
+				return nil, fmt.Errorf("go.mod: k8s.io/client-go %s is not a v0.x version", f[1])
+			}
+			return chartutil.ParseKubeVersion("v1." + v)
+		}
+	}
+	return nil, errors.New("go.mod does not require k8s.io/client-go")
+})
+
+// renderOptions say which release to render and for which cluster.
+type renderOptions struct {
+	release, namespace string
+	// kubeVersion defaults to defaultKubeVersion.
+	kubeVersion *chartutil.KubeVersion
+}
+
+// render renders the chart the way `helm template --namespace ns` does:
+// the Helm library's install action in client-only dry-run mode, which
+// validates vals against values.schema.json first. It returns the
+// manifest exactly as `helm template` prints it.
+func render(t testing.TB, opts renderOptions, vals map[string]any) (string, error) {
+	t.Helper()
+	if opts.release == "" {
+		opts.release = releaseName
+	}
+	if opts.namespace == "" {
+		opts.namespace = releaseNamespace
+	}
+	if opts.kubeVersion == nil {
+		kv, err := defaultKubeVersion()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.kubeVersion = kv
+	}
+	// A fresh load every time: rendering twice must not depend on state
+	// kept in the loaded chart.
+	chrt, err := loader.Load(chartDir(t))
+	if err != nil {
+		t.Fatalf("load chart: %v", err)
+	}
+	install := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
+	install.DryRun = true
+	install.DryRunOption = "true"
+	install.ClientOnly = true
+	install.Replace = true
+	install.IncludeCRDs = true
+	install.ReleaseName = opts.release
+	install.Namespace = opts.namespace
+	install.KubeVersion = opts.kubeVersion
+	rel, err := install.Run(chrt, deepCopy(vals))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(rel.Manifest) + "\n", nil
+}
+
+// mustRender renders or fails the test.
+func mustRender(t testing.TB, opts renderOptions, vals map[string]any) *manifest {
+	t.Helper()
+	text, err := render(t, opts, vals)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	return parseManifest(t, text)
+}
+
+// effectiveValues are the chart's defaults overlaid with vals, as the
+// templates see them in .Values.
+func effectiveValues(t testing.TB, vals map[string]any) map[string]any {
+	t.Helper()
+	chrt, err := loader.Load(chartDir(t))
+	if err != nil {
+		t.Fatalf("load chart: %v", err)
+	}
+	v, err := chartutil.CoalesceValues(chrt, deepCopy(vals))
+	if err != nil {
+		t.Fatalf("coalesce values: %v", err)
+	}
+	return v.AsMap()
+}
+
+// ciCase is one set of values the chart is tested with.
+type ciCase struct {
+	name string
+	// file is the ci values file; empty for the chart's own defaults.
+	file string
+	vals map[string]any
+}
+
+// ciCases returns the chart's defaults and every ci/*-values.yaml.
+func ciCases(t testing.TB) []ciCase {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(chartDir(t), "ci", "*-values.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no ci values files in %s (%v)", chartDir(t), err)
+	}
+	cases := []ciCase{{name: "chart-defaults", vals: map[string]any{}}}
+	for _, f := range files {
+		cases = append(cases, ciCase{
+			name: strings.TrimSuffix(filepath.Base(f), "-values.yaml"),
+			file: f,
+			vals: readValues(t, f),
+		})
+	}
+	return cases
+}
+
+func ciValues(t testing.TB, name string) map[string]any {
+	t.Helper()
+	return readValues(t, filepath.Join(chartDir(t), "ci", name+"-values.yaml"))
+}
+
+func readValues(t testing.TB, path string) map[string]any {
+	t.Helper()
+	v, err := chartutil.ReadValuesFile(path)
+	if err != nil {
+		t.Fatalf("read values %s: %v", path, err)
+	}
+	return v.AsMap()
+}
+
+// deepCopy copies a values tree so that renders cannot share state.
+func deepCopy(v map[string]any) map[string]any {
+	if v == nil {
+		return map[string]any{}
+	}
+	out := make(map[string]any, len(v))
+	for k, x := range v {
+		out[k] = deepCopyValue(x)
+	}
+	return out
+}
+
+func deepCopyValue(x any) any {
+	switch x := x.(type) {
+	case map[string]any:
+		return deepCopy(x)
+	case chartutil.Values:
+		return deepCopy(x)
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = deepCopyValue(e)
+		}
+		return out
+	default:
+		return x
+	}
+}
+
+// merged returns base overlaid with overlay (maps merged key by key, other
+// values replaced), like passing two -f files to helm.
+func merged(base, overlay map[string]any) map[string]any {
+	out := deepCopy(base)
+	for k, v := range overlay {
+		if src, ok := v.(map[string]any); ok {
+			if dst, ok := out[k].(map[string]any); ok {
+				out[k] = merged(dst, src)
+				continue
+			}
+		}
+		out[k] = deepCopyValue(v)
+	}
+	return out
+}
+
+// valuesFromYAML parses a values overlay written inline in a test.
+func valuesFromYAML(t testing.TB, s string) map[string]any {
+	t.Helper()
+	v, err := chartutil.ReadValues([]byte(s))
+	if err != nil {
+		t.Fatalf("parse values: %v\n%s", err, s)
+	}
+	return v.AsMap()
+}
+
+// lookup returns the value at a dotted path of a values tree, or nil.
+func lookup(vals map[string]any, path string) any {
+	var cur any = vals
+	for _, p := range strings.Split(path, ".") {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil
+		}
+		cur = m[p]
+	}
+	return cur
+}
+
+func lookupString(vals map[string]any, path string) string {
+	s, _ := lookup(vals, path).(string)
+	return s
+}
+
+func lookupBool(vals map[string]any, path string) bool {
+	b, _ := lookup(vals, path).(bool)
+	return b
+}
+
+// The strict decoder for every kind the chart renders that client-go,
+// apiextensions and kube-aggregator know: a misspelt field in a template
+// is a decoding error, as it would be for kubectl --validate=strict.
+var strictDecoder = func() runtime.Decoder {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, apiregistrationv1.AddToScheme,
+	} {
+		if err := add(scheme); err != nil {
+			panic(err)
+		}
+	}
+	return serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()
+}()
+
+// object is one document of a rendered manifest.
+type object struct {
+	// source is the template it came from ("coder-k8s/templates/...").
+	source string
+	// yaml is the document as rendered.
+	yaml string
+	u    *unstructured.Unstructured
+	// typed is the strictly decoded object; nil for kinds outside the
+	// scheme (ServiceMonitor, cert-manager's).
+	typed runtime.Object
+}
+
+func (o *object) String() string {
+	if o.u.GetNamespace() != "" {
+		return fmt.Sprintf("%s %s/%s", o.u.GetKind(), o.u.GetNamespace(), o.u.GetName())
+	}
+	return fmt.Sprintf("%s %s", o.u.GetKind(), o.u.GetName())
+}
+
+// manifest is a parsed `helm template` output.
+type manifest struct {
+	text    string
+	objects []*object
+}
+
+// parseManifest parses every document strictly (duplicate keys are
+// errors) and fails the test on anything that is not a Kubernetes object.
+func parseManifest(t testing.TB, text string) *manifest {
+	t.Helper()
+	m := &manifest{text: text}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(strings.NewReader(text)))
+	seen := map[string]string{}
+	for i := 0; ; i++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		source := ""
+		for _, line := range strings.Split(string(doc), "\n") {
+			if s, ok := strings.CutPrefix(line, "# Source: "); ok {
+				source = s
+				break
+			}
+		}
+		js, err := yaml.YAMLToJSONStrict(doc)
+		if err != nil {
+			t.Fatalf("document %d (%s) is not valid YAML: %v\n%s", i, source, err, doc)
+		}
+		if string(bytes.TrimSpace(js)) == "null" {
+			if strings.TrimSpace(string(doc)) != "" && strings.TrimSpace(string(doc)) != "---" {
+				t.Errorf("document %d (%s) holds no object, only:\n%s", i, source, doc)
+			}
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(js); err != nil {
+			t.Fatalf("document %d (%s) is not a Kubernetes object: %v\n%s", i, source, err, doc)
+		}
+		o := &object{source: source, yaml: string(doc), u: u}
+		if u.GetName() == "" {
+			t.Errorf("%s (%s) has no metadata.name", u.GetKind(), source)
+		}
+		typed, _, err := strictDecoder.Decode(js, nil, nil)
+		switch {
+		case runtime.IsNotRegisteredError(err):
+		case err != nil:
+			t.Errorf("%s (%s) does not decode strictly: %v", o, source, err)
+		default:
+			o.typed = typed
+		}
+		key := u.GroupVersionKind().GroupKind().String() + " " + u.GetNamespace() + "/" + u.GetName()
+		if prev, dup := seen[key]; dup {
+			t.Errorf("%s rendered twice, by %s and %s", o, prev, source)
+		}
+		seen[key] = source
+		m.objects = append(m.objects, o)
+	}
+	if len(m.objects) == 0 {
+		t.Fatal("the manifest holds no objects")
+	}
+	return m
+}
+
+// all returns the objects of a kind.
+func (m *manifest) all(kind string) []*object {
+	var out []*object
+	for _, o := range m.objects {
+		if o.u.GetKind() == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// find returns the object of a kind and name, or nil.
+func (m *manifest) find(kind, name string) *object {
+	for _, o := range m.all(kind) {
+		if o.u.GetName() == name {
+			return o
+		}
+	}
+	return nil
+}
+
+// kinds lists the distinct kinds, sorted.
+func (m *manifest) kinds() []string {
+	set := map[string]bool{}
+	for _, o := range m.objects {
+		set[o.u.GetKind()] = true
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+// typedAll returns the strictly decoded objects of a kind.
+func typedAll[T runtime.Object](t testing.TB, m *manifest, kind string) []T {
+	t.Helper()
+	var out []T
+	for _, o := range m.all(kind) {
+		v, ok := o.typed.(T)
+		if !ok {
+			t.Fatalf("%s decoded as %T", o, o.typed)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// one returns the single object of a kind, failing otherwise.
+func one[T runtime.Object](t testing.TB, m *manifest, kind string) T {
+	t.Helper()
+	all := typedAll[T](t, m, kind)
+	if len(all) != 1 {
+		t.Fatalf("want exactly one %s, got %d", kind, len(all))
+	}
+	return all[0]
+}
+
+// deployment returns the chart's one Deployment and its one container.
+func deployment(t testing.TB, m *manifest) (*appsv1.Deployment, *corev1.Container) {
+	t.Helper()
+	d := one[*appsv1.Deployment](t, m, "Deployment")
+	if n := len(d.Spec.Template.Spec.Containers); n != 1 {
+		t.Fatalf("Deployment %s has %d containers, want 1", d.Name, n)
+	}
+	return d, &d.Spec.Template.Spec.Containers[0]
+}
+
+// configFile returns config.yaml of the chart's ConfigMap, as mounted.
+func configFile(t testing.TB, m *manifest) string {
+	t.Helper()
+	cm := one[*corev1.ConfigMap](t, m, "ConfigMap")
+	data, ok := cm.Data["config.yaml"]
+	if !ok {
+		t.Fatalf("ConfigMap %s has no config.yaml (keys %v)", cm.Name, slices.Sorted(maps.Keys(cm.Data)))
+	}
+	return data
+}
+
+// loadConfig loads a rendered config file with the binary's own loader:
+// the same strict decoding (unknown keys and wrong types are errors) and
+// validation `coder-k8s --config` applies at start. The environment is
+// left out so that the test's own cannot change the result.
+func loadConfig(t testing.TB, data string) *config.Configuration {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(config.Source{File: path, Environ: []string{}})
+	if err != nil {
+		t.Fatalf("the rendered config file does not load: %v\n%s", err, data)
+	}
+	return cfg
+}
+
+// portOf returns the port of a listen address such as ":8081"; "0" (off)
+// gives 0.
+func portOf(t testing.TB, addr string) int32 {
+	t.Helper()
+	if addr == "0" {
+		return 0
+	}
+	i := strings.LastIndex(addr, ":")
+	if i < 0 {
+		t.Fatalf("listen address %q has no port", addr)
+	}
+	p, err := strconv.ParseInt(addr[i+1:], 10, 32)
+	if err != nil {
+		t.Fatalf("listen address %q: %v", addr, err)
+	}
+	return int32(p)
+}
