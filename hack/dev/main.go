@@ -22,6 +22,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -106,6 +109,10 @@ func run(ctx context.Context, stateDir, operatorBin string) error {
 	if err := copyFile(kube.KubeconfigPath, kubeconfig); err != nil {
 		return err
 	}
+	if err := claimForRelease(ctx, kube); err != nil {
+		return err
+	}
+
 	step("creating ServiceAccount %s/%s for MCP clients", serviceNamespace, mcpAgent)
 	mcpToken, err := mcpAgentToken(ctx, kube)
 	if err != nil {
@@ -128,6 +135,7 @@ coder-k8s dev stack is up. In another shell:
   kubectl get lease -n %s                   # the controller's leader lease
   kubectl get coder -A                          # CoderControlPlane %s adopting the dev coderd
   kubectl get cws -A -o wide                    # Coder workspaces through the aggregated API
+  bin/helm install --dry-run coder-k8s charts/coder-k8s -n %s   # the chart against this stack
   kubectl explain codertemplate.spec.files
   kubectl patch cws coder.%s.%s -n %s --type merge -p '{"spec":{"running":false}}'
   kubectl get cws -n %s -w                      # then, in a third shell, start it with the coder CLI:
@@ -150,7 +158,7 @@ An MCP tool call (stateless: no session needed), for example:
     -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"list_workspaces","arguments":{}}}'
 
 Ctrl-C stops everything.
-`, kubeconfig, serviceNamespace, controlPlaneName,
+`, kubeconfig, serviceNamespace, controlPlaneName, serviceNamespace,
 		coder.Username, demoWorkspace, serviceNamespace, serviceNamespace, coder.URL, tokenFile, coder.Username, demoWorkspace,
 		coder.URL, coder.Email, coder.Password, tokenFile,
 		demoWorkspace, demoTemplate, op.health, op.metrics, op.mcp, serviceNamespace, mcpAgent, mcpTokenFile,
@@ -285,6 +293,48 @@ func adoptCoderd(ctx context.Context, kube *testenv.KubeAPI, coder *testenv.Code
 	}
 	if err := c.Create(ctx, ccp); err != nil {
 		return fmt.Errorf("create CoderControlPlane %s: %w", ccp.Name, err)
+	}
+	return nil
+}
+
+// releaseName is the Helm release the local stack stands for.
+const releaseName = "coder-k8s"
+
+// claimForRelease gives the objects the stack created that the chart also
+// renders (the CRDs, the aggregated API's Service and APIService) Helm's
+// ownership metadata for release coder-k8s, so that the chart can be
+// checked against the stack: helm install --dry-run, helm template |
+// kubectl diff.
+func claimForRelease(ctx context.Context, kube *testenv.KubeAPI) error {
+	c, err := client.New(kube.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return err
+	}
+	patch := fmt.Appendf(nil, `{"metadata":{"labels":{"app.kubernetes.io/managed-by":"Helm"},"annotations":{"meta.helm.sh/release-name":%q,"meta.helm.sh/release-namespace":%q}}}`,
+		releaseName, serviceNamespace)
+	objs := []struct {
+		gvk       schema.GroupVersionKind
+		namespace string
+		name      string
+	}{
+		{schema.GroupVersionKind{Group: "apiregistration.k8s.io", Version: "v1", Kind: "APIService"}, "", aggregatedVer + "." + aggregatedGroup},
+		{schema.GroupVersionKind{Version: "v1", Kind: "Service"}, serviceNamespace, serviceName},
+	}
+	for _, crd := range []string{"codercontrolplanes", "coderprovisioners", "coderworkspaceproxies"} {
+		objs = append(objs, struct {
+			gvk       schema.GroupVersionKind
+			namespace string
+			name      string
+		}{schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}, "", crd + ".coder.com"})
+	}
+	for _, o := range objs {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(o.gvk)
+		u.SetNamespace(o.namespace)
+		u.SetName(o.name)
+		if err := c.Patch(ctx, u, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			return fmt.Errorf("label %s %s for release %s: %w", o.gvk.Kind, o.name, releaseName, err)
+		}
 	}
 	return nil
 }
