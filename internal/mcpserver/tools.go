@@ -328,11 +328,14 @@ func parseContinue(cont string) (continueToken, error) {
 	return tok, nil
 }
 
-// listOptionsFor reads later pages no older than the first.
+// listOptionsFor reads a first page at resourceVersion "0": the aggregated
+// API answers from its watch cache when that is at most two poll intervals
+// old (and asks coderd otherwise), like an informer's first list. Later
+// pages are read no older than the first.
 func listOptionsFor(cont string) []client.ListOption {
-	tok, err := parseContinue(cont)
-	if err != nil || tok.rv == "" {
-		return nil
+	rv := "0"
+	if tok, err := parseContinue(cont); err == nil && tok.rv != "" {
+		rv = tok.rv
 	}
-	return []client.ListOption{&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: tok.rv}}}
+	return []client.ListOption{&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv}}}
 }
