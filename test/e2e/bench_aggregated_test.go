@@ -38,10 +38,13 @@ import (
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
-// Tunables of BenchmarkAggregated. BENCH_WORKSPACES overrides the number
-// of workspaces (for a quick look; the figures are meant for 300).
+// benchWorkspaces is how many workspaces BenchmarkAggregated and
+// BenchmarkMCP create; BENCH_WORKSPACES overrides it (for a quick look;
+// the figures are meant for 300).
+const benchWorkspaces = 300
+
+// Tunables of BenchmarkAggregated.
 const (
-	benchWorkspaces = 300
 	// benchListPairs is how many aggregated/coderd LIST pairs are timed
 	// after benchListWarmup pairs.
 	benchListPairs  = 25
@@ -61,6 +64,14 @@ const (
 	benchCCPName = "coder"
 	benchNS      = "coder"
 )
+
+// benchWorkspaceCount is benchWorkspaces or BENCH_WORKSPACES.
+func benchWorkspaceCount() int {
+	if v, err := strconv.Atoi(os.Getenv("BENCH_WORKSPACES")); err == nil && v > 0 {
+		return v
+	}
+	return benchWorkspaces
+}
 
 // BenchmarkAggregated measures the aggregated API on real workspaces in a
 // real coderd, each figure against a reference measured in the same run:
@@ -83,11 +94,8 @@ const (
 //
 //	make bench-aggregated
 func BenchmarkAggregated(b *testing.B) {
-	n := benchWorkspaces
-	if v, err := strconv.Atoi(os.Getenv("BENCH_WORKSPACES")); err == nil && v > 0 {
-		n = v
-	}
-	st := newBenchStack(b)
+	n := benchWorkspaceCount()
+	st := newBenchStack(b, 0)
 	st.createWorkspaces(b, n)
 	idle := st.rss(b)
 	b.Logf("coder-k8s (pid %d) before any request for workspaces: VmRSS %.1f MiB (anonymous %.1f, file-backed %.1f)",
@@ -110,7 +118,8 @@ func BenchmarkAggregated(b *testing.B) {
 
 // benchStack is kube-apiserver, coderd and coder-k8s in all mode serving
 // aggregation.coder.com through an APIService, with one CoderControlPlane
-// adopting the coderd, and a counting proxy in front of coderd.
+// adopting the coderd, and a counting proxy in front of coderd. It is the
+// stack of BenchmarkAggregated; BenchmarkMCP builds on it.
 type benchStack struct {
 	k        *testenv.KubeAPI
 	coder    *testenv.Coder
@@ -121,12 +130,19 @@ type benchStack struct {
 	dyn      dynamic.Interface
 	kubectl  string
 	coderBin string
+	// caPEM is the CA of the operator's serving certificate.
+	caPEM []byte
+	// listURL is the aggregated LIST of every coderworkspace through
+	// kube-apiserver.
+	listURL string
 	// hc carries the admin client certificate for kube-apiserver and the
 	// first user's session token on requests to coderd.
 	hc *http.Client
 }
 
-func newBenchStack(b *testing.B) *benchStack {
+// newBenchStack starts the stack; kubeQPS, when set, overrides the
+// operator's Kubernetes client rate limit.
+func newBenchStack(b *testing.B, kubeQPS int) *benchStack {
 	b.Helper()
 	kubectl, err := testenv.Binary("kubectl")
 	if err != nil {
@@ -138,12 +154,16 @@ func newBenchStack(b *testing.B) *benchStack {
 	}
 	k := testenv.NewKubeAPI(b, testenv.KubeAPIOptions{})
 	coder := testenv.NewCoder(b, testenv.CoderOptions{})
-	st := &benchStack{k: k, coder: coder, proxy: testenv.NewCountingProxy(b, coder.URL), kubectl: kubectl, coderBin: coderBin}
+	st := &benchStack{
+		k: k, coder: coder, proxy: testenv.NewCountingProxy(b, coder.URL), kubectl: kubectl, coderBin: coderBin,
+		listURL: strings.TrimRight(k.Config.Host, "/") + "/apis/aggregation.coder.com/v1alpha1/coderworkspaces",
+	}
 
 	ca, err := testenv.NewCA("coder-k8s-bench-ca")
 	if err != nil {
 		b.Fatal(err)
 	}
+	st.caPEM = ca.CertPEM
 	serving, err := ca.ServingCert([]string{testenv.ServiceDNSName(aggServiceName, aggServiceNamespace), "localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
 	if err != nil {
 		b.Fatal(err)
@@ -152,10 +172,10 @@ func newBenchStack(b *testing.B) *benchStack {
 	if err := serving.WriteTo(certDir); err != nil {
 		b.Fatal(err)
 	}
-	// Log at info, the default: debug logging is not what a deployment
-	// pays for.
+	// Log at info, the default: debug logging (among others a line per MCP
+	// tool call) is not what a deployment pays for.
 	st.op = StartOperator(b, OperatorOptions{
-		Mode: "all", Kubeconfig: k.KubeconfigPath,
+		Mode: "all", Kubeconfig: k.KubeconfigPath, KubeQPS: kubeQPS,
 		Aggregated: fmt.Sprintf("certDir: %s, watchPollInterval: %s", certDir, pollInterval),
 		Args:       []string{"--log-level", "info"},
 	})
@@ -179,22 +199,7 @@ func newBenchStack(b *testing.B) *benchStack {
 	}
 
 	// The measurement client: one transport for both servers.
-	if len(k.Config.CertData) == 0 && k.Config.CertFile == "" {
-		b.Fatal("the admin configuration of kube-apiserver carries no client certificate")
-	}
-	tlsCfg, err := rest.TLSConfigFor(k.Config)
-	if err != nil || tlsCfg.RootCAs == nil {
-		b.Fatalf("TLS configuration for kube-apiserver: %v (CA pool %v)", err, tlsCfg.RootCAs)
-	}
-	// Trusting the operator's CA too lets the list breakdown call it
-	// directly, bypassing kube-apiserver.
-	tlsCfg.RootCAs.AppendCertsFromPEM(ca.CertPEM)
-	tr := &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second}
-	b.Cleanup(tr.CloseIdleConnections)
-	st.hc = &http.Client{
-		Timeout:   2 * time.Minute,
-		Transport: &coderTokenTransport{base: tr, host: coder.URL.Host, token: coder.SessionToken},
-	}
+	st.hc = st.httpClient(b, coder.URL.Host, codersdk.SessionTokenHeader, coder.SessionToken)
 
 	// The control plane talks to coderd directly for the list and CLI
 	// figures (a test-only hop would weigh on them); benchWatch points it
@@ -214,17 +219,45 @@ func newBenchStack(b *testing.B) *benchStack {
 	return st
 }
 
-// coderTokenTransport adds the session token to requests for coderd only.
-type coderTokenTransport struct {
-	base  http.RoundTripper
-	host  string
-	token string
+// httpClient is an HTTP client with its own transport that trusts
+// kube-apiserver's and the operator's CA, presents the admin client
+// certificate (used only by kube-apiserver, over TLS), and sets header to
+// value on requests for host only.
+func (st *benchStack) httpClient(b *testing.B, host, header, value string) *http.Client {
+	b.Helper()
+	if len(st.k.Config.CertData) == 0 && st.k.Config.CertFile == "" {
+		b.Fatal("the admin configuration of kube-apiserver carries no client certificate")
+	}
+	tlsCfg, err := rest.TLSConfigFor(st.k.Config)
+	if err != nil {
+		b.Fatalf("TLS configuration for kube-apiserver: %v", err)
+	}
+	if tlsCfg == nil || tlsCfg.RootCAs == nil {
+		b.Fatal("the TLS configuration for kube-apiserver has no CA pool")
+	}
+	// Trusting the operator's CA too lets the list breakdown call it
+	// directly, bypassing kube-apiserver.
+	tlsCfg.RootCAs.AppendCertsFromPEM(st.caPEM)
+	tr := &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second}
+	b.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{
+		Timeout:   2 * time.Minute,
+		Transport: &hostHeaderTransport{base: tr, host: host, header: header, value: value},
+	}
 }
 
-func (t *coderTokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+// hostHeaderTransport sets one header (a credential) on requests for host
+// only.
+type hostHeaderTransport struct {
+	base          http.RoundTripper
+	host          string
+	header, value string
+}
+
+func (t *hostHeaderTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.URL.Host == t.host {
 		r = r.Clone(r.Context())
-		r.Header.Set(codersdk.SessionTokenHeader, t.token)
+		r.Header.Set(t.header, t.value)
 	}
 	return t.base.RoundTrip(r)
 }
@@ -263,7 +296,7 @@ func (st *benchStack) adopt(b *testing.B, url string) {
 func (st *benchStack) waitAccess(b *testing.B, url string) {
 	b.Helper()
 	ctx := context.Background()
-	benchWait(b, 60*time.Second, func() error {
+	waitFor(b, 60*time.Second, func() error {
 		var ccp coderv1alpha1.CoderControlPlane
 		if err := st.c.Get(ctx, types.NamespacedName{Namespace: benchNS, Name: benchCCPName}, &ccp); err != nil {
 			return err
@@ -285,10 +318,11 @@ func benchWorkspace(i int) string { return fmt.Sprintf("bench-%03d", i) }
 func (st *benchStack) k8sName(ws string) string { return "coder." + st.coder.Username + "." + ws }
 
 // createWorkspaces creates n workspaces of a provider-free template as the
-// first user, ten requests at a time, and waits until every build has
-// succeeded. coderd builds them with its built-in provisioner daemons
-// (three by default).
+// first user through codersdk, ten requests at a time, and waits until
+// every build has succeeded. coderd builds them with its built-in
+// provisioner daemons (three by default).
 func (st *benchStack) createWorkspaces(b *testing.B, n int) {
+	b.Helper()
 	ctx := context.Background()
 	tpl, err := st.coder.PushTemplate(ctx, "bench", testenv.ProviderFreeTemplate())
 	if err != nil {
@@ -316,7 +350,7 @@ func (st *benchStack) createWorkspaces(b *testing.B, n int) {
 				done++
 			case codersdk.ProvisionerJobFailed, codersdk.ProvisionerJobCanceled:
 				_, err := st.coder.WaitBuild(ctx, w.LatestBuild.ID)
-				b.Fatalf("workspace %s: %v", w.Name, err)
+				b.Fatalf("workspace %s: build %s: %v", w.Name, w.LatestBuild.Job.Status, err)
 			}
 		}
 		if len(resp.Workspaces) == n && done == n {
@@ -337,7 +371,7 @@ func (st *benchStack) createWorkspaces(b *testing.B, n int) {
 
 // benchList times the aggregated LIST against coderd's own list.
 func (st *benchStack) benchList(b *testing.B, n int) {
-	agg := strings.TrimRight(st.k.Config.Host, "/") + "/apis/aggregation.coder.com/v1alpha1/coderworkspaces"
+	agg := st.listURL
 	coderd := st.coder.URL.String() + "/api/v2/workspaces"
 
 	// The first LIST after the workspaces appeared also reads every
@@ -404,7 +438,7 @@ func (st *benchStack) listBreakdown(b *testing.B, agg, coderd string) {
 	for i := range 2 + rounds {
 		for j := range vs {
 			v := vs[(i+j)%len(vs)]
-			d, body, _, err := st.fetchEncoded(v.url, v.encoding)
+			d, body, _, err := timedGet(st.hc, v.url, v.encoding)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -416,7 +450,7 @@ func (st *benchStack) listBreakdown(b *testing.B, agg, coderd string) {
 	}
 	parts := make([]string, len(vs))
 	for i, v := range vs {
-		parts[i] = fmt.Sprintf("%s %s", v.name, median(v.times).Round(100*time.Microsecond))
+		parts[i] = fmt.Sprintf("%s %s", v.name, percentile(v.times, 50).Round(100*time.Microsecond))
 	}
 	fmt.Printf("list breakdown (medians of %d rounds): %s; JSON %d KiB from coder-k8s, %d KiB from coderd\n",
 		rounds, strings.Join(parts, ", "), vs[1].size/1024, vs[3].size/1024)
@@ -447,17 +481,19 @@ func (st *benchStack) alternate(b *testing.B, a, c string) (time.Duration, time.
 			}
 		}
 	}
-	return median(as), median(cs)
+	return percentile(as, 50), percentile(cs, 50)
 }
 
-// fetch GETs url as JSON and times it until the body is read.
+// fetch GETs url as JSON with the measurement client; see timedGet.
 func (st *benchStack) fetch(url string) (time.Duration, []byte, bool, error) {
-	return st.fetchEncoded(url, "")
+	return timedGet(st.hc, url, "")
 }
 
-// fetchEncoded is fetch with an Accept-Encoding header; "" leaves it to
-// the transport, which asks for gzip and decompresses.
-func (st *benchStack) fetchEncoded(url, encoding string) (time.Duration, []byte, bool, error) {
+// timedGet GETs url as JSON with hc and times it until the body is read;
+// it also returns whether the transport decompressed the body. encoding
+// is the Accept-Encoding header; "" leaves it to the transport, which asks
+// for gzip and decompresses.
+func timedGet(hc *http.Client, url, encoding string) (time.Duration, []byte, bool, error) {
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		return 0, nil, false, err
@@ -466,19 +502,26 @@ func (st *benchStack) fetchEncoded(url, encoding string) (time.Duration, []byte,
 	if encoding != "" {
 		req.Header.Set("Accept-Encoding", encoding)
 	}
+	return timedDo(hc, req, http.StatusOK)
+}
+
+// timedDo sends req with hc and times it until the body is read, failing
+// unless the response status is one of ok; it also returns whether the
+// transport decompressed the body.
+func timedDo(hc *http.Client, req *http.Request, ok ...int) (time.Duration, []byte, bool, error) {
 	start := time.Now()
-	resp, err := st.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
-		return 0, nil, false, fmt.Errorf("GET %s: %w", url, err)
+		return 0, nil, false, fmt.Errorf("%s %s: %w", req.Method, req.URL, err)
 	}
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	d := time.Since(start)
 	if err != nil {
-		return 0, nil, false, fmt.Errorf("GET %s: read body: %w", url, err)
+		return 0, nil, false, fmt.Errorf("%s %s: read body: %w", req.Method, req.URL, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return 0, nil, false, fmt.Errorf("GET %s: %s: %.500s", url, resp.Status, body)
+	if !slices.Contains(ok, resp.StatusCode) {
+		return 0, nil, false, fmt.Errorf("%s %s: %s: %.500s", req.Method, req.URL, resp.Status, body)
 	}
 	return d, body, resp.Uncompressed, nil
 }
@@ -544,7 +587,7 @@ func (st *benchStack) benchCLI(b *testing.B, n int) {
 			}
 		}
 	}
-	km, cm := median(ks), median(cs)
+	km, cm := percentile(ks, 50), percentile(cs, 50)
 	ratio := km.Seconds() / cm.Seconds()
 	b.ReportMetric(ratio, "kubectl-ratio")
 	fmt.Printf("kubectl ratio=%.2f (target ≤ 1.0): kubectl get coderworkspaces -A -o json median %s, coder list --all -o json median %s; %d alternating runs\n",
@@ -589,7 +632,7 @@ func (st *benchStack) benchWatch(b *testing.B, n int) {
 	}
 	st.waitAccess(b, proxyURL)
 	// The aggregated server follows once its informers see the change.
-	benchWait(b, 60*time.Second, func() error {
+	waitFor(b, 60*time.Second, func() error {
 		before := st.proxy.Stats()
 		if _, err := st.dyn.Resource(workspacesGVR).List(ctx, metav1.ListOptions{}); err != nil {
 			return err
@@ -636,9 +679,9 @@ func (st *benchStack) benchWatch(b *testing.B, n int) {
 	fmt.Printf("watch latency 1 watcher=%s 50 watchers=%s (median over %d changes made with `coder schedule stop` of the time from the CLI returning to the event at every watcher; max %s and %s; median per delivery %s and %s; poll interval %s)\n",
 		one.Round(time.Millisecond), fifty.Round(time.Millisecond), benchChanges,
 		lat[0].everyMax().Round(time.Millisecond), lat[1].everyMax().Round(time.Millisecond),
-		median(lat[0].each).Round(time.Millisecond), median(lat[1].each).Round(time.Millisecond), pollInterval)
+		percentile(lat[0].each, 50).Round(time.Millisecond), percentile(lat[1].each, 50).Round(time.Millisecond), pollInterval)
 	fmt.Printf("watch latency after the poll: 1 watcher=%s 50 watchers=%s (median of the time from coderd answering the poll that saw the change to the event at every watcher; the rest is waiting for the poll)\n",
-		median(lat[0].afterPoll).Round(time.Millisecond), median(lat[1].afterPoll).Round(time.Millisecond))
+		percentile(lat[0].afterPoll, 50).Round(time.Millisecond), percentile(lat[1].afterPoll, 50).Round(time.Millisecond))
 	fmt.Printf("coderd requests/poll 1 watcher=%.2f 50 watchers=%.2f (target: equal; over %d intervals each; of which GET /api/v2/workspaces %.2f and %.2f)\n",
 		perPoll[0], perPoll[1], benchWindow, listsPerPoll[0], listsPerPoll[1])
 }
@@ -713,7 +756,7 @@ func (l *latency) add(returned time.Time, arrivals []time.Time, pollEnd time.Tim
 	}
 }
 
-func (l *latency) everyMedian() time.Duration { return median(l.every) }
+func (l *latency) everyMedian() time.Duration { return percentile(l.every, 50) }
 func (l *latency) everyMax() time.Duration    { return slices.Max(l.every) }
 
 // arrival is a coderworkspace event seen by one watcher.
@@ -862,30 +905,17 @@ func processID(op *Operator) (int, error) {
 	return 0, fmt.Errorf("no process runs %s --config %s", binary, cfg)
 }
 
-func median(ds []time.Duration) time.Duration {
+// percentile is the p-th percentile (nearest rank) of ds; the 50th of an
+// even number is the mean of the middle two, the median.
+func percentile(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
+	if p == 50 && len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
 	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// benchWait polls check until it succeeds or timeout passes.
-func benchWait(b *testing.B, timeout time.Duration, check func() error) {
-	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	i := int(float64(len(s))*p/100+0.999999) - 1
+	return s[min(max(i, 0), len(s)-1)]
 }

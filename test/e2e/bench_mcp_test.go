@@ -6,42 +6,31 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/coder/coder/v2/codersdk"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
-	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/scheme"
-	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // Tunables of BenchmarkMCP. BENCH_WORKSPACES overrides the number of
-// workspaces, BENCH_MCP_DURATION the length of each throughput run and
-// BENCH_KUBE_QPS the operator's Kubernetes client rate limit (default
-// kubernetes.qps 50), to see what the tools do unthrottled.
+// workspaces (benchWorkspaces), BENCH_MCP_DURATION the length of each
+// throughput run and BENCH_KUBE_QPS the operator's Kubernetes client rate
+// limit (default kubernetes.qps 50), to see what the tools do unthrottled.
 const (
-	mcpBenchWorkspaces = 300
 	// mcpBenchPairs alternating MCP/LIST pairs are timed after
 	// mcpBenchWarmup pairs.
 	mcpBenchPairs  = 40
@@ -55,7 +44,6 @@ const (
 	mcpBenchClients   = 10
 	mcpBenchSmallPage = 20
 	mcpBenchDuration  = 30 * time.Second
-	mcpBenchNS        = "coder"
 	// The agents are ServiceAccount mcpBenchAgent in mcpBenchAgentNS.
 	mcpBenchAgentNS = "agents"
 	mcpBenchAgent   = "bench-agent"
@@ -79,10 +67,7 @@ const (
 //
 //	make bench-mcp
 func BenchmarkMCP(b *testing.B) {
-	n := mcpBenchWorkspaces
-	if v, err := strconv.Atoi(os.Getenv("BENCH_WORKSPACES")); err == nil && v > 0 {
-		n = v
-	}
+	n := benchWorkspaceCount()
 	dur := mcpBenchDuration
 	if d, err := time.ParseDuration(os.Getenv("BENCH_MCP_DURATION")); err == nil && d > 0 {
 		dur = d
@@ -98,159 +83,22 @@ func BenchmarkMCP(b *testing.B) {
 	b.StopTimer()
 }
 
-// mcpBench is kube-apiserver, coderd and coder-k8s in all mode serving
-// aggregation.coder.com through an APIService and MCP on its own port,
-// with one CoderControlPlane adopting the coderd.
+// mcpBench is the benchmark stack of BenchmarkAggregated with the
+// operator's MCP server ready.
 type mcpBench struct {
-	k     *testenv.KubeAPI
-	coder *testenv.Coder
-	op    *Operator
-	c     client.Client
-	// listURL is the aggregated LIST of every coderworkspace through
-	// kube-apiserver; mcpURL the operator's MCP endpoint.
-	listURL, mcpURL string
-	qps             int
+	*benchStack
+	// mcpURL is the operator's MCP endpoint.
+	mcpURL string
+	qps    int
 }
 
 func newMCPBench(b *testing.B) *mcpBench {
 	b.Helper()
-	k := testenv.NewKubeAPI(b, testenv.KubeAPIOptions{})
-	coder := testenv.NewCoder(b, testenv.CoderOptions{})
-	st := &mcpBench{k: k, coder: coder}
-
-	ca, err := testenv.NewCA("coder-k8s-bench-mcp-ca")
-	if err != nil {
-		b.Fatal(err)
-	}
-	serving, err := ca.ServingCert([]string{testenv.ServiceDNSName(aggServiceName, aggServiceNamespace), "localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
-	if err != nil {
-		b.Fatal(err)
-	}
-	certDir := b.TempDir()
-	if err := serving.WriteTo(certDir); err != nil {
-		b.Fatal(err)
-	}
-	st.qps, _ = strconv.Atoi(os.Getenv("BENCH_KUBE_QPS"))
-	// Log at info, the default: debug logging (a line per tool call) is
-	// not what a deployment pays for.
-	st.op = StartOperator(b, OperatorOptions{
-		Mode: "all", Kubeconfig: k.KubeconfigPath, KubeQPS: st.qps,
-		Aggregated: fmt.Sprintf("certDir: %s, watchPollInterval: %s", certDir, pollInterval),
-		Args:       []string{"--log-level", "info"},
-	})
-	st.op.WaitOK(b, st.op.Health+"/readyz")
+	qps, _ := strconv.Atoi(os.Getenv("BENCH_KUBE_QPS"))
+	st := &mcpBench{benchStack: newBenchStack(b, qps), qps: qps}
 	st.op.WaitOK(b, st.op.MCP+"/readyz")
 	st.mcpURL = st.op.MCP + "/mcp"
-	st.listURL = strings.TrimRight(k.Config.Host, "/") + "/apis/aggregation.coder.com/v1alpha1/coderworkspaces"
-
-	sch := scheme.New()
-	if err := aggv1.AddToScheme(sch); err != nil {
-		b.Fatal(err)
-	}
-	if st.c, err = client.New(k.Config, client.Options{Scheme: sch}); err != nil {
-		b.Fatal(err)
-	}
-	st.adopt(b)
-
-	port := 0
-	if _, err := fmt.Sscanf(st.op.Aggregated, "https://127.0.0.1:%d", &port); err != nil {
-		b.Fatal(err)
-	}
-	if err := k.RegisterAPIService(context.Background(), testenv.APIService{
-		Group: aggv1.GroupName, Version: "v1alpha1", Port: port, CABundle: ca.CertPEM,
-		ServiceName: aggServiceName, ServiceNamespace: aggServiceNamespace,
-	}); err != nil {
-		b.Fatalf("register APIService: %v\noperator log:\n%s", err, st.op.LogTail(40))
-	}
 	return st
-}
-
-// adopt creates the owner token Secret and a CoderControlPlane adopting
-// the coderd in mcpBenchNS, and waits for its operator access.
-func (st *mcpBench) adopt(b *testing.B) {
-	b.Helper()
-	ctx := context.Background()
-	if err := st.k.EnsureNamespace(ctx, mcpBenchNS); err != nil {
-		b.Fatal(err)
-	}
-	if err := st.c.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: mcpBenchNS},
-		Data:       map[string][]byte{"token": []byte(st.coder.SessionToken)},
-	}); err != nil {
-		b.Fatal(err)
-	}
-	ccp := &coderv1alpha1.CoderControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Name: "coder", Namespace: mcpBenchNS},
-		Spec: coderv1alpha1.CoderControlPlaneSpec{
-			ExternalURL: st.coder.URL.String(),
-			OperatorAccess: coderv1alpha1.OperatorAccessSpec{
-				OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"},
-			},
-		},
-	}
-	if err := st.c.Create(ctx, ccp); err != nil {
-		b.Fatal(err)
-	}
-	mcpBenchWait(b, 60*time.Second, func() error {
-		if err := st.c.Get(ctx, types.NamespacedName{Namespace: mcpBenchNS, Name: "coder"}, ccp); err != nil {
-			return err
-		}
-		if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) {
-			return errors.New("OperatorAccessReady is not True: " + conditionSummary(ccp.Status.Conditions))
-		}
-		return nil
-	})
-}
-
-// createWorkspaces creates n workspaces of a provider-free template as
-// coderd's first user through codersdk, ten requests at a time, and waits
-// until every build has succeeded.
-func (st *mcpBench) createWorkspaces(b *testing.B, n int) {
-	b.Helper()
-	ctx := context.Background()
-	tpl, err := st.coder.PushTemplate(ctx, "bench-mcp", testenv.ProviderFreeTemplate())
-	if err != nil {
-		b.Fatal(err)
-	}
-	start := time.Now()
-	parallel(n, func(i int) error {
-		name := fmt.Sprintf("mcp-%03d", i)
-		if _, err := st.coder.Client.CreateUserWorkspace(ctx, codersdk.Me, codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: name}); err != nil {
-			return fmt.Errorf("create workspace %s: %w", name, err)
-		}
-		return nil
-	}, b)
-	queued := time.Since(start)
-	lastLog := time.Now()
-	for {
-		resp, err := st.coder.Client.Workspaces(ctx, codersdk.WorkspaceFilter{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		done := 0
-		for _, w := range resp.Workspaces {
-			switch w.LatestBuild.Job.Status {
-			case codersdk.ProvisionerJobSucceeded:
-				done++
-			case codersdk.ProvisionerJobFailed, codersdk.ProvisionerJobCanceled:
-				_, err := st.coder.WaitBuild(ctx, w.LatestBuild.ID)
-				b.Fatalf("workspace %s: build %s: %v", w.Name, w.LatestBuild.Job.Status, err)
-			}
-		}
-		if len(resp.Workspaces) == n && done == n {
-			break
-		}
-		if time.Since(start) > 20*time.Minute {
-			b.Fatalf("%d of %d workspace builds done after 20 minutes", done, n)
-		}
-		if time.Since(lastLog) > 30*time.Second {
-			fmt.Printf("workspaces: %d of %d builds done after %s\n", done, n, time.Since(start).Round(time.Second))
-			lastLog = time.Now()
-		}
-		time.Sleep(2 * time.Second)
-	}
-	fmt.Printf("workspaces: %d created in coderd (requests %s, all builds succeeded after %s)\n",
-		n, queued.Round(time.Millisecond), time.Since(start).Round(time.Second))
 }
 
 // waitListed waits until the aggregated API lists all n workspaces with a
@@ -258,7 +106,7 @@ func (st *mcpBench) createWorkspaces(b *testing.B, n int) {
 func (st *mcpBench) waitListed(b *testing.B, n int) {
 	b.Helper()
 	ctx := context.Background()
-	mcpBenchWait(b, 2*time.Minute, func() error {
+	waitFor(b, 2*time.Minute, func() error {
 		var list aggv1.CoderWorkspaceList
 		if err := st.c.List(ctx, &list); err != nil {
 			return err
@@ -307,41 +155,15 @@ func (st *mcpBench) agentTokens(b *testing.B, n int) []string {
 	return tokens
 }
 
-// httpClient is one agent's HTTP client: one transport that trusts
-// kube-apiserver's CA and presents the admin client certificate (used only
-// by kube-apiserver, over TLS), and adds the agent's bearer token to
-// requests for the MCP server only.
-func (st *mcpBench) httpClient(b *testing.B, token string) *http.Client {
+// agentClient is one agent's HTTP client: its own transport, adding the
+// agent's bearer token to requests for the MCP server only.
+func (st *mcpBench) agentClient(b *testing.B, token string) *http.Client {
 	b.Helper()
-	if len(st.k.Config.CertData) == 0 && st.k.Config.CertFile == "" {
-		b.Fatal("the admin configuration of kube-apiserver carries no client certificate")
-	}
-	tlsCfg, err := rest.TLSConfigFor(st.k.Config)
-	if err != nil {
-		b.Fatalf("TLS configuration for kube-apiserver: %v", err)
-	}
-	tr := &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second}
-	b.Cleanup(tr.CloseIdleConnections)
 	u, err := url.Parse(st.mcpURL)
 	if err != nil {
 		b.Fatal(err)
 	}
-	return &http.Client{Timeout: 2 * time.Minute, Transport: &mcpBearerTransport{base: tr, host: u.Host, token: token}}
-}
-
-// mcpBearerTransport adds the bearer token to requests for host only.
-type mcpBearerTransport struct {
-	base  http.RoundTripper
-	host  string
-	token string
-}
-
-func (t *mcpBearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.URL.Host == t.host {
-		r = r.Clone(r.Context())
-		r.Header.Set("Authorization", "Bearer "+t.token)
-	}
-	return t.base.RoundTrip(r)
+	return st.httpClient(b, u.Host, "Authorization", "Bearer "+token)
 }
 
 // connect opens an MCP client session over hc.
@@ -377,7 +199,7 @@ func mcpListWorkspaces(ctx context.Context, s *mcp.ClientSession, limit int, con
 		return nil, "", fmt.Errorf("call list_workspaces: %w", err)
 	}
 	if res.IsError {
-		return nil, "", fmt.Errorf("list_workspaces: %s", mcpText(res))
+		return nil, "", fmt.Errorf("list_workspaces: %s", e2eMCPText(res))
 	}
 	m, ok := res.StructuredContent.(map[string]any)
 	if !ok {
@@ -442,30 +264,6 @@ func mcpCheckPages(b *testing.B, results []*mcp.CallToolResult, n int) int {
 	return size
 }
 
-// mcpBenchGet GETs u as JSON with hc and times it until the body is read.
-func mcpBenchGet(hc *http.Client, u string) (time.Duration, []byte, error) {
-	req, err := http.NewRequest(http.MethodGet, u, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Accept", "application/json")
-	start := time.Now()
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("GET %s: %w", u, err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	d := time.Since(start)
-	if err != nil {
-		return 0, nil, fmt.Errorf("GET %s: read body: %w", u, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return 0, nil, fmt.Errorf("GET %s: %s: %.500s", u, resp.Status, body)
-	}
-	return d, body, nil
-}
-
 // post POSTs obj as JSON to kube-apiserver path with hc and times
 // it until the body is read.
 func (st *mcpBench) post(hc *http.Client, path string, obj any) (time.Duration, []byte, error) {
@@ -480,40 +278,15 @@ func (st *mcpBench) post(hc *http.Client, path string, obj any) (time.Duration, 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
-	start := time.Now()
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("POST %s: %w", path, err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	d := time.Since(start)
-	if err != nil {
-		return 0, nil, fmt.Errorf("POST %s: read body: %w", path, err)
-	}
-	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
-		return 0, nil, fmt.Errorf("POST %s: %s: %.500s", path, resp.Status, body)
-	}
-	return d, body, nil
-}
-
-// mcpListItems is the number of items in a LIST response body.
-func mcpListItems(b *testing.B, body []byte) int {
-	b.Helper()
-	var l struct {
-		Items []json.RawMessage `json:"items"`
-	}
-	if err := json.Unmarshal(body, &l); err != nil {
-		b.Fatalf("aggregated LIST: %v: %.300s", err, body)
-	}
-	return len(l.Items)
+	d, body, _, err := timedDo(hc, req, http.StatusCreated, http.StatusOK)
+	return d, body, err
 }
 
 // benchLatency times paging through every workspace over MCP against one
 // aggregated LIST of the same workspaces, with the same HTTP client, and
 // then the parts an MCP call is made of.
 func (st *mcpBench) benchLatency(b *testing.B, n int, token string) {
-	hc := st.httpClient(b, token)
+	hc := st.agentClient(b, token)
 	s := st.connect(b, hc)
 
 	var ms, ls []time.Duration
@@ -543,14 +316,12 @@ func (st *mcpBench) benchLatency(b *testing.B, n int, token string) {
 					perPage[p] = append(perPage[p], d)
 				}
 			} else {
-				d, body, err := mcpBenchGet(hc, st.listURL)
+				d, body, _, err := timedGet(hc, st.listURL, "")
 				if err != nil {
 					b.Fatalf("%v\noperator log:\n%s", err, st.op.LogTail(20))
 				}
 				if i < mcpBenchWarmup {
-					if got := mcpListItems(b, body); got != n {
-						b.Fatalf("aggregated LIST: %d items, want %d", got, n)
-					}
+					st.checkItems(b, "aggregated LIST", body, "items", n)
 					listBytes = len(body)
 					continue
 				}
@@ -558,7 +329,7 @@ func (st *mcpBench) benchLatency(b *testing.B, n int, token string) {
 			}
 		}
 	}
-	mcpMed, listMed := mcpPercentile(ms, 50), mcpPercentile(ls, 50)
+	mcpMed, listMed := percentile(ms, 50), percentile(ls, 50)
 	ratio := mcpMed.Seconds() / listMed.Seconds()
 	b.ReportMetric(ratio, "mcp-ratio")
 	b.ReportMetric(float64(mcpMed.Microseconds())/1000, "mcp-page-all-ms")
@@ -569,7 +340,7 @@ func (st *mcpBench) benchLatency(b *testing.B, n int, token string) {
 
 	pages := make([]string, len(perPage))
 	for p, ds := range perPage {
-		pages[p] = mcpPercentile(ds, 50).Round(100 * time.Microsecond).String()
+		pages[p] = percentile(ds, 50).Round(100 * time.Microsecond).String()
 	}
 	fmt.Printf("mcp paging: median time of each call while paging: %s\n", strings.Join(pages, ", "))
 
@@ -619,7 +390,7 @@ func (st *mcpBench) latencyParts(b *testing.B, s *mcp.ClientSession, hc *http.Cl
 			return time.Since(start), err
 		}},
 		{name: "aggregated LIST", run: func() (time.Duration, error) {
-			d, _, err := mcpBenchGet(hc, st.listURL)
+			d, _, _, err := timedGet(hc, st.listURL, "")
 			return d, err
 		}},
 		{name: "SubjectAccessReview", run: func() (time.Duration, error) {
@@ -652,7 +423,7 @@ func (st *mcpBench) latencyParts(b *testing.B, s *mcp.ClientSession, hc *http.Cl
 	med := make([]time.Duration, len(parts))
 	var out []string
 	for i, p := range parts {
-		med[i] = mcpPercentile(p.times, 50)
+		med[i] = percentile(p.times, 50)
 		out = append(out, fmt.Sprintf("%s %s", p.name, med[i].Round(100*time.Microsecond)))
 	}
 	call, list, sarMed, trMed := med[0], med[1], med[2], med[3]
@@ -684,7 +455,7 @@ func (st *mcpBench) agentToken(b *testing.B) string {
 func (st *mcpBench) benchThroughput(b *testing.B, n int, tokens []string, dur time.Duration) {
 	sessions := make([]*mcp.ClientSession, len(tokens))
 	for i, tok := range tokens {
-		sessions[i] = st.connect(b, st.httpClient(b, tok))
+		sessions[i] = st.connect(b, st.agentClient(b, tok))
 		// Warm-up: the connection and the token's TokenReview.
 		if _, _, err := mcpListWorkspaces(context.Background(), sessions[i], mcpBenchSmallPage, ""); err != nil {
 			b.Fatal(err)
@@ -703,17 +474,17 @@ func (st *mcpBench) benchThroughput(b *testing.B, n int, tokens []string, dur ti
 
 	hcs := make([]*http.Client, len(tokens))
 	for i, tok := range tokens {
-		hcs[i] = st.httpClient(b, tok)
-		if _, _, err := mcpBenchGet(hcs[i], st.listURL); err != nil {
+		hcs[i] = st.agentClient(b, tok)
+		if _, _, _, err := timedGet(hcs[i], st.listURL, ""); err != nil {
 			b.Fatal(err)
 		}
 	}
 	listRate, listLat, listErrs, listFirstErr := mcpBenchRun(len(hcs), dur, func(i int) error {
-		_, _, err := mcpBenchGet(hcs[i], st.listURL)
+		_, _, _, err := timedGet(hcs[i], st.listURL, "")
 		return err
 	})
 
-	p50, p99 := mcpPercentile(mcpLat, 50), mcpPercentile(mcpLat, 99)
+	p50, p99 := percentile(mcpLat, 50), percentile(mcpLat, 99)
 	b.ReportMetric(mcpRate, "calls/s")
 	b.ReportMetric(float64(p50.Microseconds())/1000, "call-p50-ms")
 	b.ReportMetric(float64(p99.Microseconds())/1000, "call-p99-ms")
@@ -725,7 +496,7 @@ func (st *mcpBench) benchThroughput(b *testing.B, n int, tokens []string, dur ti
 		mcpRate, len(sessions), mcpBenchSmallPage, dur, p50.Round(100*time.Microsecond), p99.Round(100*time.Microsecond),
 		len(mcpLat), mcpErrs, qps)
 	fmt.Printf("mcp reference: aggregated LIST of all %d workspaces with %d concurrent clients: %.1f/s, p50 %s p99 %s; %d requests, %d errors\n",
-		n, len(hcs), listRate, mcpPercentile(listLat, 50).Round(100*time.Microsecond), mcpPercentile(listLat, 99).Round(100*time.Microsecond),
+		n, len(hcs), listRate, percentile(listLat, 50).Round(100*time.Microsecond), percentile(listLat, 99).Round(100*time.Microsecond),
 		len(listLat), listErrs)
 	if mcpErrs > 0 || listErrs > 0 {
 		b.Fatalf("errors during the throughput runs: MCP %d (first: %v), LIST %d (first: %v)\noperator log:\n%s",
@@ -772,45 +543,4 @@ func mcpBenchRun(workers int, dur time.Duration, do func(i int) error) (float64,
 	wg.Wait()
 	elapsed := time.Since(start)
 	return float64(len(lat)) / elapsed.Seconds(), lat, errs, firstErr
-}
-
-// mcpPercentile is the p-th percentile (nearest rank) of ds.
-func mcpPercentile(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	if p == 50 && len(s)%2 == 0 {
-		return (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	i := int(float64(len(s))*p/100+0.999999) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
-
-// mcpBenchWait polls check until it succeeds or timeout passes.
-func mcpBenchWait(b *testing.B, timeout time.Duration, check func() error) {
-	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// mcpText is the text content of a result.
-func mcpText(res *mcp.CallToolResult) string {
-	var s string
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			s += tc.Text
-		}
-	}
-	return s
 }

@@ -149,7 +149,8 @@ type errNotYet string
 
 func (e errNotYet) Error() string { return string(e) }
 
-func waitFor(t *testing.T, timeout time.Duration, check func() error) {
+// waitFor polls check until it succeeds or timeout passes.
+func waitFor(t testing.TB, timeout time.Duration, check func() error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
