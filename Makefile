@@ -63,6 +63,18 @@ bench-aggregated: tools build ## 300 real workspaces: aggregated LIST vs coderd,
 bench-mcp: tools build ## list_workspaces over MCP vs the same LIST through the aggregated API (300 workspaces); tool calls/s with 10 clients.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkMCP$$' -benchtime 1x -timeout 40m
 
+# Each fuzz target in turn (go test -fuzz takes one); their seeds run with
+# every `go test`.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := ./internal/aggregated/storage:FuzzParseWorkspaceName ./internal/aggregated/storage:FuzzParseTemplateName \
+                ./internal/config:FuzzLoad ./internal/aggregated/templatesource:FuzzExtract
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each.
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "go test $$pkg -fuzz ^$$name\$$ -fuzztime $(FUZZTIME)"; \
+	  $(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) || exit 1; done
+
 .PHONY: lint
 lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); \
