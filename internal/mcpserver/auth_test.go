@@ -2,6 +2,7 @@ package mcpserver
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -94,12 +95,12 @@ func TestToolSelection(t *testing.T) {
 			}
 			names = srv.Tools()
 			for _, n := range tc.has {
-				if !contains(names, n) {
+				if !slices.Contains(names, n) {
 					t.Errorf("%s missing from %v", n, names)
 				}
 			}
 			for _, n := range tc.hasNot {
-				if contains(names, n) {
+				if slices.Contains(names, n) {
 					t.Errorf("%s registered: %v", n, names)
 				}
 			}

@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -250,7 +251,7 @@ func capFiles(files map[string]string, names []string, perFile int) (map[string]
 			cut = append(cut, n)
 		}
 		if total+len(content) > maxSourceBytes {
-			if !contains(cut, n) {
+			if !slices.Contains(cut, n) {
 				cut = append(cut, n)
 			}
 			continue
@@ -259,15 +260,6 @@ func capFiles(files map[string]string, names []string, perFile int) (map[string]
 		out[n] = content
 	}
 	return out, cut
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *Server) workspaceTools() []tool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -143,7 +144,7 @@ func logContainer(pod *corev1.Pod, name string) (string, error) {
 		initNames = append(initNames, ct.Name)
 	}
 	if name != "" {
-		if contains(names, name) || contains(initNames, name) {
+		if slices.Contains(names, name) || slices.Contains(initNames, name) {
 			return name, nil
 		}
 		return "", fmt.Errorf("pod %s/%s has no container %q; %s", pod.Namespace, pod.Name, name, containerChoice(names, initNames))

@@ -18,9 +18,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/registry/rest"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
@@ -325,4 +327,34 @@ func coderdOwnsStatus() []metav1.ManagedFieldsEntry {
 		FieldsType: "FieldsV1",
 		FieldsV1:   metav1.NewFieldsV1(`{"f:status":{}}`),
 	}}
+}
+
+// updatedObject is what an update request asks for: objInfo applied to a
+// copy of cur. When the object does not exist (readErr is NotFound) and
+// forceAllowCreate is set, as for server-side apply's create-on-apply, it
+// creates the object from objInfo applied to empty and returns the result
+// as created.
+func updatedObject[T runtime.Object](ctx context.Context, r *resource, cur T, readErr error, objInfo rest.UpdatedObjectInfo,
+	forceAllowCreate bool, empty runtime.Object, create func(runtime.Object) (runtime.Object, error)) (next T, created runtime.Object, err error) {
+	var zero T
+	if readErr != nil {
+		if !forceAllowCreate || !apierrors.IsNotFound(readErr) {
+			return zero, nil, readErr
+		}
+		obj, err := objInfo.UpdatedObject(ctx, empty)
+		if err != nil {
+			return zero, nil, err
+		}
+		created, err := create(obj)
+		return zero, created, err
+	}
+	obj, err := objInfo.UpdatedObject(ctx, cur.DeepCopyObject())
+	if err != nil {
+		return zero, nil, err
+	}
+	next, ok := obj.(T)
+	if !ok {
+		return zero, nil, apierrors.NewBadRequest(fmt.Sprintf("expected a %s, got %T", r.kind, obj))
+	}
+	return next, nil, nil
 }

@@ -343,24 +343,12 @@ func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.
 	if err == nil {
 		cur, err = s.read(ctx, t, n, name)
 	}
-	if err != nil {
-		if !forceAllowCreate || !apierrors.IsNotFound(err) {
-			return nil, false, err
-		}
-		newObj, err := objInfo.UpdatedObject(ctx, s.New())
-		if err != nil {
-			return nil, false, err
-		}
-		created, err := s.Create(ctx, newObj, createValidation, createOptions(opts))
+	next, created, err := updatedObject(ctx, &s.resource, cur, err, objInfo, forceAllowCreate, s.New(),
+		func(obj runtime.Object) (runtime.Object, error) {
+			return s.Create(ctx, obj, createValidation, createOptions(opts))
+		})
+	if created != nil || err != nil {
 		return created, err == nil, err
-	}
-	newObj, err := objInfo.UpdatedObject(ctx, cur.DeepCopy())
-	if err != nil {
-		return nil, false, err
-	}
-	next, ok := newObj.(*aggv1.CoderTemplate)
-	if !ok {
-		return nil, false, apierrors.NewBadRequest(fmt.Sprintf("expected a CoderTemplate, got %T", newObj))
 	}
 	if err := s.checkResourceVersion(name, next.ResourceVersion, cur.ResourceVersion); err != nil {
 		return nil, false, err

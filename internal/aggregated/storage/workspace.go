@@ -324,31 +324,16 @@ func waitBuildDone(ctx context.Context, client *codersdk.Client, id uuid.UUID) (
 // forceAllowCreate (server-side apply) a missing workspace is created.
 func (s *WorkspaceStorage) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, opts *metav1.UpdateOptions) (runtime.Object, bool, error) {
 	t, n, err := s.lookup(ctx, name)
-	if err != nil && !(forceAllowCreate && apierrors.IsNotFound(err)) {
-		return nil, false, err
-	}
 	var cur *aggv1.CoderWorkspace
 	if err == nil {
 		cur, err = s.read(ctx, t, n, name)
 	}
-	if err != nil {
-		if !forceAllowCreate || !apierrors.IsNotFound(err) {
-			return nil, false, err
-		}
-		newObj, err := objInfo.UpdatedObject(ctx, s.New())
-		if err != nil {
-			return nil, false, err
-		}
-		created, err := s.Create(ctx, newObj, createValidation, createOptions(opts))
+	ws, created, err := updatedObject(ctx, &s.resource, cur, err, objInfo, forceAllowCreate, s.New(),
+		func(obj runtime.Object) (runtime.Object, error) {
+			return s.Create(ctx, obj, createValidation, createOptions(opts))
+		})
+	if created != nil || err != nil {
 		return created, err == nil, err
-	}
-	newObj, err := objInfo.UpdatedObject(ctx, cur.DeepCopy())
-	if err != nil {
-		return nil, false, err
-	}
-	ws, ok := newObj.(*aggv1.CoderWorkspace)
-	if !ok {
-		return nil, false, apierrors.NewBadRequest(fmt.Sprintf("expected a CoderWorkspace, got %T", newObj))
 	}
 	if err := s.checkResourceVersion(name, ws.ResourceVersion, cur.ResourceVersion); err != nil {
 		return nil, false, err
