@@ -38,12 +38,11 @@ import (
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
-// benchWorkspaces is how many workspaces BenchmarkAggregated and
-// BenchmarkMCP create; BENCH_WORKSPACES overrides it (for a quick look;
+// benchWorkspaces is how many workspaces BenchmarkWorkspaces creates; BENCH_WORKSPACES overrides it (for a quick look;
 // the figures are meant for 300).
 const benchWorkspaces = 300
 
-// Tunables of BenchmarkAggregated.
+// Tunables of BenchmarkWorkspaces/Aggregated.
 const (
 	// benchListPairs is how many aggregated/coderd LIST pairs are timed
 	// after benchListWarmup pairs.
@@ -73,7 +72,26 @@ func benchWorkspaceCount() int {
 	return benchWorkspaces
 }
 
-// BenchmarkAggregated measures the aggregated API on real workspaces in a
+// BenchmarkWorkspaces builds one stack with benchWorkspaces real
+// workspaces and runs on it, in this order, Aggregated (below), MCP
+// (bench_mcp_test.go) and Startup (bench_startup_test.go, which restarts
+// the operator, hence last). BENCH_KUBE_QPS overrides the operator's
+// Kubernetes client rate limit (default kubernetes.qps 50).
+//
+//	make bench-aggregated   # -bench '^BenchmarkWorkspaces$/^Aggregated$'
+//	make bench-mcp          # -bench '^BenchmarkWorkspaces$/^MCP$'
+//	make bench              # every benchmark, sharing this stack
+func BenchmarkWorkspaces(b *testing.B) {
+	n := benchWorkspaceCount()
+	qps, _ := strconv.Atoi(os.Getenv("BENCH_KUBE_QPS"))
+	st := newBenchStack(b, qps)
+	st.createWorkspaces(b, n)
+	b.Run("Aggregated", func(b *testing.B) { st.benchAggregated(b, n) })
+	b.Run("MCP", func(b *testing.B) { benchMCP(b, st, n, qps) })
+	b.Run("Startup", st.benchStartup)
+}
+
+// benchAggregated measures the aggregated API on real workspaces in a
 // real coderd, each figure against a reference measured in the same run:
 //
 //   - server side: LIST of every coderworkspace through kube-apiserver's
@@ -89,14 +107,7 @@ func benchWorkspaceCount() int {
 //     CoderControlPlane points at);
 //   - the resident memory of the coder-k8s process with the workspaces
 //     cached.
-//
-// Run it with:
-//
-//	make bench-aggregated
-func BenchmarkAggregated(b *testing.B) {
-	n := benchWorkspaceCount()
-	st := newBenchStack(b, 0)
-	st.createWorkspaces(b, n)
+func (st *benchStack) benchAggregated(b *testing.B, n int) {
 	idle := st.rss(b)
 	b.Logf("coder-k8s (pid %d) before any request for workspaces: VmRSS %.1f MiB (anonymous %.1f, file-backed %.1f)",
 		st.pid, idle.mib("VmRSS"), idle.mib("RssAnon"), idle.mib("RssFile"))
@@ -119,7 +130,7 @@ func BenchmarkAggregated(b *testing.B) {
 // benchStack is kube-apiserver, coderd and coder-k8s in all mode serving
 // aggregation.coder.com through an APIService, with one CoderControlPlane
 // adopting the coderd, and a counting proxy in front of coderd. It is the
-// stack of BenchmarkAggregated; BenchmarkMCP builds on it.
+// stack of BenchmarkWorkspaces.
 type benchStack struct {
 	k        *testenv.KubeAPI
 	coder    *testenv.Coder
@@ -394,6 +405,7 @@ func (st *benchStack) benchList(b *testing.B, n int) {
 	ratio := aggMed.Seconds() / coderMed.Seconds()
 	b.ReportMetric(ratio, "list-ratio")
 	b.ReportMetric(float64(aggMed.Microseconds())/1000, "list-ms")
+	b.ReportMetric(float64(coderMed.Microseconds())/1000, "coderd-list-ms")
 	fmt.Printf("list ratio=%.2f (target ≤ 1.15): aggregated LIST median %s, coderd GET /api/v2/workspaces median %s; %d workspaces, %d alternating pairs\n",
 		ratio, aggMed.Round(100*time.Microsecond), coderMed.Round(100*time.Microsecond), n, benchListPairs)
 
@@ -414,6 +426,7 @@ func (st *benchStack) benchList(b *testing.B, n int) {
 	ratio0 := agg0Med.Seconds() / coder0Med.Seconds()
 	b.ReportMetric(ratio0, "list-rv0-ratio")
 	b.ReportMetric(float64(agg0Med.Microseconds())/1000, "list-rv0-ms")
+	b.ReportMetric(float64(coder0Med.Microseconds())/1000, "coderd-list-rv0-ms")
 	fmt.Printf("list rv=0 ratio=%.2f (target ≤ 0.5): aggregated LIST ?resourceVersion=0 median %s, coderd median %s; one watch open; %d alternating pairs\n",
 		ratio0, agg0Med.Round(100*time.Microsecond), coder0Med.Round(100*time.Microsecond), benchListPairs)
 }
@@ -590,6 +603,8 @@ func (st *benchStack) benchCLI(b *testing.B, n int) {
 	km, cm := percentile(ks, 50), percentile(cs, 50)
 	ratio := km.Seconds() / cm.Seconds()
 	b.ReportMetric(ratio, "kubectl-ratio")
+	b.ReportMetric(float64(km.Milliseconds()), "kubectl-ms")
+	b.ReportMetric(float64(cm.Milliseconds()), "coder-cli-ms")
 	fmt.Printf("kubectl ratio=%.2f (target ≤ 1.0): kubectl get coderworkspaces -A -o json median %s, coder list --all -o json median %s; %d alternating runs\n",
 		ratio, km.Round(time.Millisecond), cm.Round(time.Millisecond), benchCLIRuns)
 }
@@ -617,31 +632,7 @@ func (st *benchStack) benchWatch(b *testing.B, n int) {
 	if n < 2*benchChanges {
 		b.Fatalf("the watch changes need %d workspaces, there are %d", 2*benchChanges, n)
 	}
-	ctx := context.Background()
-	proxyURL := st.proxy.URL.String()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var ccp coderv1alpha1.CoderControlPlane
-		if err := st.c.Get(ctx, types.NamespacedName{Namespace: benchNS, Name: benchCCPName}, &ccp); err != nil {
-			return err
-		}
-		ccp.Spec.ExternalURL = proxyURL
-		return st.c.Update(ctx, &ccp)
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	st.waitAccess(b, proxyURL)
-	// The aggregated server follows once its informers see the change.
-	waitFor(b, 60*time.Second, func() error {
-		before := st.proxy.Stats()
-		if _, err := st.dyn.Resource(workspacesGVR).List(ctx, metav1.ListOptions{}); err != nil {
-			return err
-		}
-		if st.proxy.Stats().Since(before)["GET /api/v2/workspaces"].Requests == 0 {
-			return errors.New("the aggregated LIST did not go through the proxy yet")
-		}
-		return nil
-	})
+	st.pointAt(b, st.proxy.URL.String())
 
 	var lat [2]latency
 	var perPoll, listsPerPoll [2]float64
@@ -670,12 +661,15 @@ func (st *benchStack) benchWatch(b *testing.B, n int) {
 		b.Logf("coderd requests by coder-k8s over %d poll intervals with %d watchers: %s; time between workspace lists %s",
 			benchWindow, watchers, window, st.pollGaps(before))
 	}
+	// What comes next (BenchmarkWorkspaces/MCP) talks to coderd directly.
+	st.pointAt(b, st.coder.URL.String())
 
 	one, fifty := lat[0].everyMedian(), lat[1].everyMedian()
 	b.ReportMetric(float64(one.Milliseconds()), "watch-1-ms")
 	b.ReportMetric(float64(fifty.Milliseconds()), "watch-50-ms")
 	b.ReportMetric(perPoll[0], "coderd-req/poll-1")
 	b.ReportMetric(perPoll[1], "coderd-req/poll-50")
+	b.ReportMetric(float64(pollInterval.Milliseconds()), "poll-interval-ms")
 	fmt.Printf("watch latency 1 watcher=%s 50 watchers=%s (median over %d changes made with `coder schedule stop` of the time from the CLI returning to the event at every watcher; max %s and %s; median per delivery %s and %s; poll interval %s)\n",
 		one.Round(time.Millisecond), fifty.Round(time.Millisecond), benchChanges,
 		lat[0].everyMax().Round(time.Millisecond), lat[1].everyMax().Round(time.Millisecond),
@@ -684,6 +678,37 @@ func (st *benchStack) benchWatch(b *testing.B, n int) {
 		percentile(lat[0].afterPoll, 50).Round(time.Millisecond), percentile(lat[1].afterPoll, 50).Round(time.Millisecond))
 	fmt.Printf("coderd requests/poll 1 watcher=%.2f 50 watchers=%.2f (target: equal; over %d intervals each; of which GET /api/v2/workspaces %.2f and %.2f)\n",
 		perPoll[0], perPoll[1], benchWindow, listsPerPoll[0], listsPerPoll[1])
+}
+
+// pointAt points the control plane at url (coderd or the counting proxy)
+// and waits until the aggregated API follows.
+func (st *benchStack) pointAt(b *testing.B, url string) {
+	b.Helper()
+	ctx := context.Background()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var ccp coderv1alpha1.CoderControlPlane
+		if err := st.c.Get(ctx, types.NamespacedName{Namespace: benchNS, Name: benchCCPName}, &ccp); err != nil {
+			return err
+		}
+		ccp.Spec.ExternalURL = url
+		return st.c.Update(ctx, &ccp)
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	st.waitAccess(b, url)
+	// The aggregated server follows once its informers see the change.
+	viaProxy := url == st.proxy.URL.String()
+	waitFor(b, 60*time.Second, func() error {
+		before := st.proxy.Stats()
+		if _, err := st.dyn.Resource(workspacesGVR).List(ctx, metav1.ListOptions{}); err != nil {
+			return err
+		}
+		if proxied := st.proxy.Stats().Since(before)["GET /api/v2/workspaces"].Requests > 0; proxied != viaProxy {
+			return fmt.Errorf("the aggregated LIST does not follow the control plane to %s yet", url)
+		}
+		return nil
+	})
 }
 
 // pollGaps lists the time between the starts of the operator's workspace
@@ -866,9 +891,18 @@ func (s procStatus) mib(key string) float64 { return float64(s[key]) / 1024 }
 
 func (st *benchStack) rss(b *testing.B) procStatus {
 	b.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", st.pid))
+	s, err := readProcStatus(st.pid)
 	if err != nil {
 		b.Fatal(err)
+	}
+	return s
+}
+
+// readProcStatus reads the memory lines of process pid.
+func readProcStatus(pid int) (procStatus, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
 	}
 	s := procStatus{}
 	for _, line := range strings.Split(string(raw), "\n") {
@@ -882,9 +916,9 @@ func (st *benchStack) rss(b *testing.B) procStatus {
 		}
 	}
 	if s["VmRSS"] == 0 {
-		b.Fatalf("no VmRSS in /proc/%d/status", st.pid)
+		return nil, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 	}
-	return s
+	return s, nil
 }
 
 // processID finds the operator's process: testenv.Process does not expose

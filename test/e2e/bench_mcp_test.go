@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,10 +25,11 @@ import (
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 )
 
-// Tunables of BenchmarkMCP. BENCH_WORKSPACES overrides the number of
-// workspaces (benchWorkspaces), BENCH_MCP_DURATION the length of each
-// throughput run and BENCH_KUBE_QPS the operator's Kubernetes client rate
-// limit (default kubernetes.qps 50), to see what the tools do unthrottled.
+// Tunables of BenchmarkWorkspaces/MCP. BENCH_WORKSPACES overrides the
+// number of workspaces (benchWorkspaces), BENCH_MCP_DURATION the length of
+// each throughput run and BENCH_KUBE_QPS the operator's Kubernetes client
+// rate limit (default kubernetes.qps 50), to see what the tools do
+// unthrottled.
 const (
 	// mcpBenchPairs alternating MCP/LIST pairs are timed after
 	// mcpBenchWarmup pairs.
@@ -50,9 +50,9 @@ const (
 	mcpBenchAgent   = "bench-agent"
 )
 
-// BenchmarkMCP measures the MCP server's list_workspaces tool on real
-// workspaces in a real coderd, against a reference measured in the same
-// run:
+// benchMCP (BenchmarkWorkspaces/MCP) measures the MCP server's
+// list_workspaces tool on real workspaces in a real coderd, against a
+// reference measured in the same run:
 //
 //   - latency: paging through every workspace with list_workspaces (limit
 //     500 and the continue token, one MCP client session, a ServiceAccount
@@ -67,14 +67,12 @@ const (
 // Run it with:
 //
 //	make bench-mcp
-func BenchmarkMCP(b *testing.B) {
-	n := benchWorkspaceCount()
+func benchMCP(b *testing.B, stack *benchStack, n, qps int) {
 	dur := mcpBenchDuration
 	if d, err := time.ParseDuration(os.Getenv("BENCH_MCP_DURATION")); err == nil && d > 0 {
 		dur = d
 	}
-	st := newMCPBench(b)
-	st.createWorkspaces(b, n)
+	st := newMCPBench(b, stack, qps)
 	st.waitListed(b, n)
 	tokens := st.agentTokens(b, mcpBenchClients)
 
@@ -84,7 +82,7 @@ func BenchmarkMCP(b *testing.B) {
 	b.StopTimer()
 }
 
-// mcpBench is the benchmark stack of BenchmarkAggregated with the
+// mcpBench is the benchmark stack of BenchmarkWorkspaces with the
 // operator's MCP server ready.
 type mcpBench struct {
 	*benchStack
@@ -93,10 +91,9 @@ type mcpBench struct {
 	qps    int
 }
 
-func newMCPBench(b *testing.B) *mcpBench {
+func newMCPBench(b *testing.B, stack *benchStack, qps int) *mcpBench {
 	b.Helper()
-	qps, _ := strconv.Atoi(os.Getenv("BENCH_KUBE_QPS"))
-	st := &mcpBench{benchStack: newBenchStack(b, qps), qps: qps}
+	st := &mcpBench{benchStack: stack, qps: qps}
 	st.op.WaitOK(b, st.op.MCP+"/readyz")
 	st.mcpURL = st.op.MCP + "/mcp"
 	return st
@@ -491,6 +488,7 @@ func (st *mcpBench) benchThroughput(b *testing.B, n int, tokens []string, dur ti
 	b.ReportMetric(mcpRate, "calls/s")
 	b.ReportMetric(float64(p50.Microseconds())/1000, "call-p50-ms")
 	b.ReportMetric(float64(p99.Microseconds())/1000, "call-p99-ms")
+	b.ReportMetric(listRate, "ref-list/s")
 	qps := "kubernetes.qps 50 (default)"
 	if st.qps > 0 {
 		qps = fmt.Sprintf("kubernetes.qps %d", st.qps)

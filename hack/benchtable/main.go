@@ -1,0 +1,288 @@
+// Command benchtable prints the summary table of the project's benchmarks
+// from `go test -bench` output: each figure, its unit, the reference or
+// target the benchmark states, and whether it met the target.
+//
+//	go run ./hack/benchtable bin/bench/bench.txt
+//
+// It reads the standard benchmark format: a result line is the benchmark
+// name (with a -GOMAXPROCS suffix), the iteration count, then value/unit
+// pairs, among them what the benchmarks report with b.ReportMetric. Other
+// lines (the benchmarks' own printouts, logs) are skipped. The rows name
+// those units, so the units are the benchmarks' interface with this table.
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+func main() {
+	if len(os.Args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: benchtable FILE   (the output of go test -bench; - for stdin)")
+		os.Exit(2)
+	}
+	if err := run(os.Args[1], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "benchtable:", err)
+		os.Exit(1)
+	}
+}
+
+func run(path string, w io.Writer) error {
+	in := os.Stdin
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		in = f
+	}
+	res, err := parse(in)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(res) == 0 {
+		return fmt.Errorf("%s holds no benchmark results", path)
+	}
+	return render(w, res, rows)
+}
+
+// results holds, per benchmark name without its -GOMAXPROCS suffix, each
+// unit's values: one per run (go test -count).
+type results map[string]map[string][]float64
+
+// procsSuffix is the -GOMAXPROCS suffix the testing package appends to
+// names when GOMAXPROCS is not 1.
+var procsSuffix = regexp.MustCompile(`-[0-9]+$`)
+
+// parse reads `go test -bench` output and returns its result lines.
+func parse(r io.Reader) (results, error) {
+	res := results{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		name, metrics, ok := parseLine(sc.Text())
+		if !ok {
+			continue
+		}
+		if res[name] == nil {
+			res[name] = map[string][]float64{}
+		}
+		for unit, v := range metrics {
+			res[name][unit] = append(res[name][unit], v)
+		}
+	}
+	return res, sc.Err()
+}
+
+// parseLine parses one result line: "BenchmarkX/sub-2  1  123 ns/op  1.5 unit ...".
+func parseLine(line string) (string, map[string]float64, bool) {
+	f := strings.Fields(line)
+	if len(f) < 4 || len(f)%2 != 0 || !strings.HasPrefix(f[0], "Benchmark") {
+		return "", nil, false
+	}
+	if _, err := strconv.ParseUint(f[1], 10, 64); err != nil {
+		return "", nil, false
+	}
+	metrics := map[string]float64{}
+	for i := 2; i < len(f); i += 2 {
+		v, err := strconv.ParseFloat(f[i], 64)
+		if err != nil {
+			return "", nil, false
+		}
+		metrics[f[i+1]] = v
+	}
+	return procsSuffix.ReplaceAllString(f[0], ""), metrics, true
+}
+
+// value is the median of a benchmark's values for unit over its runs.
+func (r results) value(bench, unit string) (float64, bool) {
+	vs := r[bench][unit]
+	if len(vs) == 0 {
+		return 0, false
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2, true
+	}
+	return s[len(s)/2], true
+}
+
+// row is one line of the table.
+type row struct {
+	label string
+	bench string
+	// unit is the b.ReportMetric unit; shown is how the table names it.
+	unit, shown string
+	digits      int
+	// ref is the reference as text, its verbs filled with refUnits' values
+	// from the same benchmark.
+	ref      string
+	refUnits []string
+	target   target
+}
+
+// target is what a benchmark states its figure should be; the zero value
+// means it states none.
+type target struct {
+	// atMost, when set, is the largest value that meets the target.
+	atMost *float64
+	// sameAs, when set, is a unit of the same benchmark the figure should
+	// equal within tolerance (a fraction of it).
+	sameAs    string
+	tolerance float64
+	text      string
+}
+
+func atMost(v float64, text string) target { return target{atMost: &v, text: text} }
+
+func sameAs(unit string, tolerance float64, text string) target {
+	return target{sameAs: unit, tolerance: tolerance, text: text}
+}
+
+// met reports whether v meets t; ok is false when t cannot be checked
+// (there is none, or the figure it compares with is missing).
+func (t target) met(r results, bench string, v float64) (met, ok bool) {
+	switch {
+	case t.atMost != nil:
+		return v <= *t.atMost, true
+	case t.sameAs != "":
+		other, found := r.value(bench, t.sameAs)
+		if !found {
+			return false, false
+		}
+		return math.Abs(v-other) <= t.tolerance*other, true
+	}
+	return false, false
+}
+
+const (
+	controller = "BenchmarkController"
+	aggregated = "BenchmarkWorkspaces/Aggregated"
+	mcp        = "BenchmarkWorkspaces/MCP"
+	startupCP  = "BenchmarkWorkspaces/Startup"
+	startup    = "BenchmarkStartup"
+)
+
+// rows are the table, in order. Targets are those the benchmarks print
+// next to their figures.
+var rows = []row{
+	{label: "controller: 100 control planes converged", bench: controller, unit: "s/100-control-planes", shown: "s", digits: 1,
+		ref: "the same Deployments+Services written directly: %.1f s", refUnits: []string{"direct-writes-s"}},
+	{label: "controller ratio", bench: controller, unit: "ratio", shown: "×", digits: 2,
+		ref: "writing the objects directly"},
+	{label: "controller steady-state writes", bench: controller, unit: "steady-writes/CR", shown: "writes/CR", digits: 2,
+		target: atMost(0, "0 (goal)")},
+	{label: "aggregated list ratio", bench: aggregated, unit: "list-ratio", shown: "×", digits: 2,
+		ref: "coderd GET /api/v2/workspaces %.1f ms", refUnits: []string{"coderd-list-ms"}, target: atMost(1.15, "≤ 1.15")},
+	{label: "aggregated list rv=0 ratio", bench: aggregated, unit: "list-rv0-ratio", shown: "×", digits: 2,
+		ref: "coderd %.1f ms", refUnits: []string{"coderd-list-rv0-ms"}, target: atMost(0.5, "≤ 0.5")},
+	{label: "kubectl ratio", bench: aggregated, unit: "kubectl-ratio", shown: "×", digits: 2,
+		ref: "coder list --all -o json %.0f ms", refUnits: []string{"coder-cli-ms"}, target: atMost(1.0, "≤ 1.0")},
+	{label: "watch latency, 1 watcher", bench: aggregated, unit: "watch-1-ms", shown: "ms", digits: 0,
+		ref: "poll interval %.0f ms", refUnits: []string{"poll-interval-ms"}},
+	{label: "watch latency, 50 watchers", bench: aggregated, unit: "watch-50-ms", shown: "ms", digits: 0,
+		ref: "poll interval %.0f ms", refUnits: []string{"poll-interval-ms"}},
+	{label: "coderd requests per poll, 1 watcher", bench: aggregated, unit: "coderd-req/poll-1", shown: "req/poll", digits: 2},
+	{label: "coderd requests per poll, 50 watchers", bench: aggregated, unit: "coderd-req/poll-50", shown: "req/poll", digits: 2,
+		target: sameAs("coderd-req/poll-1", 0.1, "equal to 1 watcher's (±10%)")},
+	{label: "MCP ratio", bench: mcp, unit: "mcp-ratio", shown: "×", digits: 2,
+		ref: "aggregated LIST %.1f ms", refUnits: []string{"list-ms"}, target: atMost(1.3, "≤ 1.3")},
+	{label: "MCP tool calls/s, 10 clients", bench: mcp, unit: "calls/s", shown: "calls/s", digits: 1,
+		ref: "aggregated LIST, 10 clients: %.1f/s", refUnits: []string{"ref-list/s"}},
+	{label: "RSS idle, no control plane", bench: startup, unit: "rss-idle-MiB", shown: "MiB", digits: 1},
+	{label: "RSS idle, control plane with workspaces", bench: startupCP, unit: "rss-idle-MiB", shown: "MiB", digits: 1},
+	{label: "RSS loaded, workspaces cached", bench: aggregated, unit: "rss-MiB", shown: "MiB", digits: 1,
+		target: atMost(80, "≤ 80")},
+	{label: "start-to-ready, no control plane", bench: startup, unit: "ready-s", shown: "s", digits: 2,
+		ref: "kubectl get --raw /readyz %.2f s", refUnits: []string{"ref-kubectl-s"}, target: atMost(5, "≤ 5 s (the chart's readiness probe period)")},
+	{label: "start-to-ready ratio, no control plane", bench: startup, unit: "ready-ratio", shown: "×", digits: 1,
+		ref: "kubectl get --raw /readyz"},
+	{label: "start-to-ready, control plane with workspaces", bench: startupCP, unit: "ready-s", shown: "s", digits: 2,
+		ref: "kubectl get --raw /readyz %.2f s", refUnits: []string{"ref-kubectl-s"}, target: atMost(5, "≤ 5 s (the chart's readiness probe period)")},
+}
+
+// errMissing is returned by render when a row's figure is not in the
+// results; the table is printed anyway.
+var errMissing = errors.New("some figures were not measured")
+
+// render writes the table as Markdown with aligned columns.
+func render(w io.Writer, r results, rows []row) error {
+	table := [][]string{{"figure", "value", "unit", "reference / target", "met"}}
+	missing := false
+	for _, row := range rows {
+		v, ok := r.value(row.bench, row.unit)
+		if !ok {
+			missing = true
+			table = append(table, []string{row.label, "not measured", row.shown, row.bench + " " + row.unit, ""})
+			continue
+		}
+		var ref []string
+		if row.ref != "" {
+			args := make([]any, len(row.refUnits))
+			for i, u := range row.refUnits {
+				rv, ok := r.value(row.bench, u)
+				if !ok {
+					rv = math.NaN()
+				}
+				args[i] = rv
+			}
+			ref = append(ref, fmt.Sprintf(row.ref, args...))
+		}
+		met := "—"
+		if row.target.text != "" {
+			ref = append(ref, "target "+row.target.text)
+			switch m, ok := row.target.met(r, row.bench, v); {
+			case !ok:
+				met = "?"
+			case m:
+				met = "yes"
+			default:
+				met = "NO"
+			}
+		}
+		table = append(table, []string{row.label, strconv.FormatFloat(v, 'f', row.digits, 64), row.shown, strings.Join(ref, "; "), met})
+	}
+
+	widths := make([]int, len(table[0]))
+	for _, cells := range table {
+		for i, c := range cells {
+			widths[i] = max(widths[i], len([]rune(c)))
+		}
+	}
+	line := func(cells []string) {
+		var b strings.Builder
+		for i, c := range cells {
+			pad := strings.Repeat(" ", widths[i]-len([]rune(c)))
+			if i == 1 { // numbers right-aligned
+				c = pad + c
+			} else {
+				c += pad
+			}
+			b.WriteString("| " + c + " ")
+		}
+		fmt.Fprintln(w, b.String()+"|")
+	}
+	line(table[0])
+	sep := make([]string, len(widths))
+	for i, n := range widths {
+		sep[i] = strings.Repeat("-", n)
+	}
+	fmt.Fprintln(w, "|-"+strings.Join(sep, "-|-")+"-|")
+	for _, cells := range table[1:] {
+		line(cells)
+	}
+	if missing {
+		return errMissing
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+)
+
+// testdata/bench.txt is the output of one real `make bench` run (2 cores):
+// the benchmarks' own printouts, a controller-runtime warning with a stack
+// trace, `--- BENCH:` log blocks, the goos/pkg header and the result lines.
+func readFixture(t *testing.T) results {
+	t.Helper()
+	f, err := os.Open("testdata/bench.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	res, err := parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestParseRealOutput(t *testing.T) {
+	res := readFixture(t)
+
+	var names []string
+	for n := range res {
+		names = append(names, n)
+	}
+	want := []string{"BenchmarkController", "BenchmarkStartup", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Startup"}
+	if len(names) != len(want) {
+		t.Fatalf("parsed benchmarks %v, want %v", names, want)
+	}
+	for _, n := range want {
+		if res[n] == nil {
+			t.Errorf("benchmark %s not parsed (got %v)", n, names)
+		}
+	}
+
+	for _, c := range []struct {
+		bench, unit string
+		want        float64
+	}{
+		{"BenchmarkWorkspaces/Aggregated", "ns/op", 73770825684},
+		{"BenchmarkWorkspaces/Aggregated", "list-ratio", 1.208},
+		{"BenchmarkWorkspaces/Aggregated", "coderd-req/poll-50", 0.9},
+		{"BenchmarkWorkspaces/Aggregated", "watch-1-ms", 1057},
+		{"BenchmarkWorkspaces/Aggregated", "rss-MiB", 103.0},
+		{"BenchmarkWorkspaces/MCP", "calls/s", 14.35},
+		{"BenchmarkWorkspaces/MCP", "mcp-ratio", 0.3940},
+		{"BenchmarkWorkspaces/Startup", "ready-s", 0.5793},
+		{"BenchmarkController", "steady-writes/CR", 0},
+		{"BenchmarkController", "s/100-control-planes", 6.412},
+		{"BenchmarkStartup", "rss-idle-MiB", 83.69},
+	} {
+		got, ok := res.value(c.bench, c.unit)
+		if !ok || got != c.want {
+			t.Errorf("%s %s = %v (found %v), want %v", c.bench, c.unit, got, ok, c.want)
+		}
+	}
+	if n := len(res["BenchmarkWorkspaces/Aggregated"]); n != 18 {
+		t.Errorf("BenchmarkWorkspaces/Aggregated has %d units, want 18 (ns/op and 17 reported metrics)", n)
+	}
+}
+
+func TestParseLine(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		name string
+		ok   bool
+	}{
+		{"BenchmarkX-2   \t       1\t  12 ns/op\t  1.5 ratio", "BenchmarkX", true},
+		{"BenchmarkX/sub-case-16 3 12 ns/op", "BenchmarkX/sub-case", true},
+		// GOMAXPROCS=1: no suffix.
+		{"BenchmarkX 1 12 ns/op", "BenchmarkX", true},
+		{"--- BENCH: BenchmarkX-2", "", false},
+		{"--- FAIL: BenchmarkX-2", "", false},
+		{"BenchmarkX-2 1 12", "", false},                  // a value without unit
+		{"BenchmarkX-2 one 12 ns/op", "", false},          // no iteration count
+		{"BenchmarkX-2 1 fast ns/op", "", false},          // no number
+		{"list ratio=1.21 (target ≤ 1.15): x", "", false}, // a printout
+		{"", "", false},
+	} {
+		name, _, ok := parseLine(c.line)
+		if ok != c.ok || name != c.name {
+			t.Errorf("parseLine(%q) = %q, %v; want %q, %v", c.line, name, ok, c.name, c.ok)
+		}
+	}
+}
+
+// With go test -count, each figure is the median of the runs.
+func TestMedianOverRuns(t *testing.T) {
+	in := "BenchmarkX-2 1 1 ns/op 3 widgets\nBenchmarkX-2 1 1 ns/op 1 widgets\nBenchmarkX-2 1 1 ns/op 10 widgets\n"
+	res, err := parse(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := res.value("BenchmarkX", "widgets"); v != 3 {
+		t.Errorf("median of 3, 1, 10 = %v, want 3", v)
+	}
+}
+
+func TestRenderRealOutput(t *testing.T) {
+	var out bytes.Buffer
+	if err := render(&out, readFixture(t), rows); err != nil {
+		t.Fatalf("render: %v\n%s", err, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2+len(rows) {
+		t.Fatalf("%d lines, want a header, a separator and %d rows:\n%s", len(lines), len(rows), out.String())
+	}
+	for _, c := range []struct{ label, value, met, ref string }{
+		{"aggregated list ratio", "1.21", "NO", "coderd GET /api/v2/workspaces 93.2 ms; target ≤ 1.15"},
+		{"aggregated list rv=0 ratio", "0.14", "yes", "target ≤ 0.5"},
+		{"kubectl ratio", "1.43", "NO", "coder list --all -o json 216 ms"},
+		{"coderd requests per poll, 50 watchers", "0.90", "yes", "equal to 1 watcher's"},
+		{"MCP ratio", "0.39", "yes", "aggregated LIST 94.0 ms"},
+		{"MCP tool calls/s, 10 clients", "14.3", "—", "aggregated LIST, 10 clients: 8.5/s"},
+		{"controller steady-state writes", "0.00", "yes", "target 0 (goal)"},
+		{"RSS idle, no control plane", "83.7", "—", ""},
+		{"RSS loaded, workspaces cached", "103.0", "NO", "target ≤ 80"},
+		{"start-to-ready, no control plane", "0.49", "yes", "kubectl get --raw /readyz 0.07 s"},
+		{"start-to-ready, control plane with workspaces", "0.58", "yes", ""},
+	} {
+		cells := rowCells(t, lines, c.label)
+		if cells[1] != c.value || cells[4] != c.met || !strings.Contains(cells[3], c.ref) {
+			t.Errorf("row %q: value %q met %q reference %q; want %q, %q, containing %q", c.label, cells[1], cells[4], cells[3], c.value, c.met, c.ref)
+		}
+	}
+}
+
+// A figure missing from the output (a benchmark that failed or a unit
+// renamed) shows in its row and makes render fail after the table.
+func TestRenderMissing(t *testing.T) {
+	res := readFixture(t)
+	delete(res, "BenchmarkStartup")
+	delete(res["BenchmarkWorkspaces/Aggregated"], "coderd-req/poll-1")
+	var out bytes.Buffer
+	if err := render(&out, res, rows); !errors.Is(err, errMissing) {
+		t.Fatalf("render: %v, want errMissing", err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if cells := rowCells(t, lines, "start-to-ready, no control plane"); cells[1] != "not measured" || !strings.Contains(cells[3], "BenchmarkStartup ready-s") {
+		t.Errorf("missing benchmark: %q", cells)
+	}
+	// The 50-watcher target compares with the missing 1-watcher figure.
+	if cells := rowCells(t, lines, "coderd requests per poll, 50 watchers"); cells[4] != "?" {
+		t.Errorf("target against a missing figure: met %q, want ?", cells[4])
+	}
+}
+
+// rowCells returns the trimmed cells of the table line labelled label.
+func rowCells(t *testing.T, lines []string, label string) []string {
+	t.Helper()
+	for _, l := range lines {
+		cells := strings.Split(strings.Trim(l, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		if len(cells) == 5 && cells[0] == label {
+			return cells
+		}
+	}
+	t.Fatalf("no row %q in:\n%s", label, strings.Join(lines, "\n"))
+	return nil
+}
