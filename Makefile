@@ -21,6 +21,8 @@ export CODER_K8S_BIN_DIR := $(BIN)
 # go test flags; CI and people can add -run, -v, -count.
 TEST_FLAGS ?=
 TEST_TIMEOUT ?= 30m
+# How long `make test` runs each fuzz target after the suites (0 skips them).
+TEST_FUZZTIME ?= 5s
 
 ##@ Build
 
@@ -42,8 +44,9 @@ dev: tools build ## Run the local stack (kube-apiserver, etcd, PostgreSQL, coder
 ##@ Test
 
 .PHONY: test
-test: tools build chart-lint ## Run every test suite against the real components (the chart's Go tests in test/chart included).
+test: tools build chart-lint ## Run every test suite against the real components (the chart's Go tests in test/chart included), then each fuzz target for TEST_FUZZTIME.
 	$(GO) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+	@if [ "$(TEST_FUZZTIME)" != 0 ]; then $(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME); fi
 
 .PHONY: test-unit
 test-unit: ## Run only the tests that need no external binary.
@@ -51,22 +54,40 @@ test-unit: ## Run only the tests that need no external binary.
 
 ##@ Benchmark (figures printed as ratios against a reference measured in the same run)
 
+# Every package with a benchmark (test/e2e's share one 300-workspace stack in
+# BenchmarkWorkspaces); evaluated only when a bench target runs.
+BENCH_PKGS = $(shell grep -rlE --include='*_test.go' '^func Benchmark' . | grep -vE '^\./(hack/tools|bin|\.dev)/' | xargs -r -n1 dirname | sort -u)
+BENCH_TIMEOUT ?= 90m
+
+.PHONY: bench
+bench: tools build ## Every benchmark in one go test run (output in bin/bench/bench.txt), then the summary table (bin/bench/table.md).
+	@mkdir -p $(BIN)/bench
+	@status=0; \
+	  $(GO) test $(BENCH_PKGS) -run '^$$' -bench . -benchtime 1x -timeout $(BENCH_TIMEOUT) 2>&1 | tee $(BIN)/bench/bench.txt || status=$$?; \
+	  echo; $(GO) run ./hack/benchtable $(BIN)/bench/bench.txt | tee $(BIN)/bench/table.md || { [ $$status -ne 0 ] || status=1; }; \
+	  exit $$status
+
 .PHONY: bench-controller
 bench-controller: tools ## 100 CoderControlPlanes: time to converge vs writing the objects directly; steady-state writes.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkController$$' -benchtime 1x -timeout 20m
 
 .PHONY: bench-aggregated
 bench-aggregated: tools build ## 300 real workspaces: aggregated LIST vs coderd, kubectl vs coder CLI, watch latency and coderd load, RSS.
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkAggregated$$' -benchtime 1x -timeout 40m
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Aggregated$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-mcp
 bench-mcp: tools build ## list_workspaces over MCP vs the same LIST through the aggregated API (300 workspaces); tool calls/s with 10 clients.
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkMCP$$' -benchtime 1x -timeout 40m
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^MCP$$' -benchtime 1x -timeout 40m
+
+.PHONY: bench-startup
+bench-startup: tools build ## all mode against kube-apiserver, no control plane: process start to every /readyz OK vs kubectl get --raw /readyz; idle RSS.
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkStartup$$' -benchtime 1x -timeout 10m
 
 # Each fuzz target in turn (go test -fuzz takes one); their seeds run with
 # every `go test`.
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./internal/aggregated/storage:FuzzParseWorkspaceName ./internal/aggregated/storage:FuzzParseTemplateName \
+                ./internal/aggregated/storage:FuzzSelector \
                 ./internal/config:FuzzLoad ./internal/aggregated/templatesource:FuzzExtract
 
 .PHONY: fuzz
