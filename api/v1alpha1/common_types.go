@@ -35,7 +35,9 @@ const (
 const (
 	// ConditionAvailable: the workload serves requests.
 	ConditionAvailable = "Available"
-	// ConditionOperatorAccessReady: the operator holds a working Coder token.
+	// ConditionOperatorAccessReady: the operator holds a working Coder
+	// token. Unknown (reason CoderdUnreachable) while coderd does not
+	// answer: the last token stays in use until it does.
 	ConditionOperatorAccessReady = "OperatorAccessReady"
 	// ConditionControlPlaneReady: the referenced control plane is usable.
 	ConditionControlPlaneReady = "ControlPlaneReady"

@@ -78,7 +78,12 @@ var modes = map[config.AppMode]runFunc{
 		if err != nil {
 			return err
 		}
-		return srv.Start(ctx)
+		g, gctx := errgroup.WithContext(ctx)
+		if err := serveMetrics(gctx, g, cfg); err != nil {
+			return err
+		}
+		g.Go(func() error { return srv.Start(gctx) })
+		return g.Wait()
 	},
 }
 
@@ -112,7 +117,10 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 	if err := mgr.AddReadyzCheck("cache", cacheSynced); err != nil {
 		return fmt.Errorf("add readiness check: %w", err)
 	}
-	if err := controller.Setup(mgr, controller.Options{CoderRequestTimeout: cfg.Controller.CoderRequestTimeout.Duration}); err != nil {
+	if err := controller.Setup(mgr, controller.Options{
+		CoderRequestTimeout:         cfg.Controller.CoderRequestTimeout.Duration,
+		OperatorAccessCheckInterval: cfg.Controller.OperatorAccessCheckInterval.Duration,
+	}); err != nil {
 		return fmt.Errorf("set up controllers: %w", err)
 	}
 	if all {
@@ -193,12 +201,30 @@ func runAggregatedAPIServer(ctx context.Context, cfg *config.Configuration, kube
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
+	if err := serveMetrics(gctx, g, cfg); err != nil {
+		return err
+	}
 	g.Go(func() error { return static.Start(gctx) })
 	if rot != nil {
 		g.Go(func() error { return rot.Start(gctx) })
 	}
 	g.Go(func() error { return srv.Start(gctx) })
 	return g.Wait()
+}
+
+// serveMetrics serves /metrics at controller.metricsBindAddress in g, for
+// the modes without a manager (which serves it itself): the same registry,
+// controller-runtime's, which holds every coder-k8s metric. "0" turns it
+// off.
+func serveMetrics(ctx context.Context, g *errgroup.Group, cfg *config.Configuration) error {
+	srv, err := metricsserver.NewServer(metricsserver.Options{BindAddress: cfg.Controller.MetricsBindAddress}, nil, nil)
+	if err != nil {
+		return fmt.Errorf("metrics server: %w", err)
+	}
+	if srv != nil {
+		g.Go(func() error { return srv.Start(ctx) })
+	}
+	return nil
 }
 
 // autoTLS returns the serving certificate manager of

@@ -25,14 +25,15 @@ import (
 const DefaultTimeout = 30 * time.Second
 
 // NewClient returns a client for coderd at u that authenticates with token
-// (none when empty) and bounds every call by timeout.
-func NewClient(u *url.URL, token string, timeout time.Duration) *codersdk.Client {
+// (none when empty) and bounds every call by timeout. Its requests are
+// counted and timed under target's labels (see internal/metrics) and
+// logged with the logger of their context.
+func NewClient(u *url.URL, token string, timeout time.Duration, target Target) *codersdk.Client {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
 	c := codersdk.New(u, codersdk.WithHTTPClient(&http.Client{
-		Timeout:   timeout,
-		Transport: http.DefaultTransport.(*http.Transport).Clone(),
+		Transport: newInstrumented(u, http.DefaultTransport.(*http.Transport).Clone(), timeout, target),
 	}))
 	if token != "" {
 		c.SetSessionToken(token)
@@ -77,8 +78,8 @@ var ErrAccessNotReady = errors.New("operator access to the control plane is not 
 // status URL and the token in the Secret its status references. secrets
 // should be an uncached reader, so that Secrets are not cached
 // cluster-wide. The error wraps ErrAccessNotReady when the control plane's
-// access is disabled or not ready.
-func ForControlPlane(ctx context.Context, secrets client.Reader, ccp *coderv1alpha1.CoderControlPlane, timeout time.Duration) (*codersdk.Client, error) {
+// access is disabled or not ready. component labels the client's metrics.
+func ForControlPlane(ctx context.Context, secrets client.Reader, ccp *coderv1alpha1.CoderControlPlane, timeout time.Duration, component string) (*codersdk.Client, error) {
 	if ccp.Spec.OperatorAccess.Disabled {
 		return nil, fmt.Errorf("control plane %s/%s: operator access is disabled: %w", ccp.Namespace, ccp.Name, ErrAccessNotReady)
 	}
@@ -99,5 +100,5 @@ func ForControlPlane(ctx context.Context, secrets client.Reader, ccp *coderv1alp
 	if token == "" {
 		return nil, fmt.Errorf("control plane %s/%s: Secret %s has no key %q: %w", ccp.Namespace, ccp.Name, ref.Name, ref.Key, ErrAccessNotReady)
 	}
-	return NewClient(u, token, timeout), nil
+	return NewClient(u, token, timeout, ForControlPlaneTarget(ccp.Namespace, ccp.Name, component)), nil
 }

@@ -22,7 +22,7 @@ import (
 func TestFeatureUnavailableOnOpenSourceCoderd(t *testing.T) {
 	c := testenv.NewCoder(t, testenv.CoderOptions{})
 	ctx := t.Context()
-	cl := coderapi.NewClient(c.URL, c.SessionToken, 0)
+	cl := coderapi.NewClient(c.URL, c.SessionToken, 0, coderapi.Target{})
 
 	calls := map[string]func() error{
 		"ListProvisionerKeys": func() error {
@@ -102,7 +102,7 @@ func TestFeatureUnavailableNotEntitled(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	u, _ := url.Parse(srv.URL)
-	cl := coderapi.NewClient(u, "token", 0)
+	cl := coderapi.NewClient(u, "token", 0, coderapi.Target{})
 	for path, a := range answers {
 		res, err := cl.Request(t.Context(), http.MethodGet, path, nil)
 		if err != nil {

@@ -22,6 +22,8 @@ func Default() Configuration {
 			HealthProbeBindAddress: ":8081",
 			MetricsBindAddress:     ":8080",
 			CoderRequestTimeout:    D(30 * time.Second),
+			// A token check per control plane every five minutes.
+			OperatorAccessCheckInterval: D(5 * time.Minute),
 			LeaderElection: LeaderElection{
 				Enabled:       true,
 				LeaseName:     "coder-k8s-leader",

@@ -84,6 +84,11 @@ type Controller struct {
 	// CoderRequestTimeout bounds each call the reconcilers make to coderd,
 	// so an unreachable coderd cannot stall other control planes.
 	CoderRequestTimeout Duration `json:"coderRequestTimeout"`
+	// OperatorAccessCheckInterval is how often each control plane's coderd
+	// is asked whether it answers and still accepts the operator's token:
+	// the longest a coderd outage or a revoked token goes unnoticed in the
+	// CoderControlPlane's status.
+	OperatorAccessCheckInterval Duration `json:"operatorAccessCheckInterval"`
 	// LeaderElection makes one replica reconcile while every replica
 	// serves the aggregated API and MCP.
 	LeaderElection LeaderElection `json:"leaderElection"`

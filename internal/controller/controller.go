@@ -21,16 +21,20 @@ import (
 type Options struct {
 	// CoderRequestTimeout bounds each call to coderd.
 	CoderRequestTimeout time.Duration
+	// OperatorAccessCheckInterval is how often each control plane's coderd
+	// and operator token are checked; 0 means the access manager's default.
+	OperatorAccessCheckInterval time.Duration
 }
 
 // Setup registers every reconciler with mgr. Reconcilers run only on the
 // replica holding the leader lease.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	access := &operatoraccess.Manager{
-		Client:    mgr.GetClient(),
-		APIReader: mgr.GetAPIReader(),
-		Recorder:  mgr.GetEventRecorder("operator-access"),
-		Timeout:   opts.CoderRequestTimeout,
+		Client:        mgr.GetClient(),
+		APIReader:     mgr.GetAPIReader(),
+		Recorder:      mgr.GetEventRecorder("operator-access"),
+		Timeout:       opts.CoderRequestTimeout,
+		ValidateEvery: opts.OperatorAccessCheckInterval,
 	}
 	if err := (&controlplane.Reconciler{Access: access}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("CoderControlPlane controller: %w", err)

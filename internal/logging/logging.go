@@ -4,6 +4,7 @@
 package logging
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/go-logr/logr"
@@ -45,4 +46,24 @@ func New(cfg config.Logging) (logr.Logger, func(), error) {
 func Install(log logr.Logger) {
 	ctrl.SetLogger(log)
 	klog.SetLoggerWithOptions(log, klog.ContextualLogger(true))
+}
+
+// RequestIDKey is the log key of the ID of the request a line belongs to:
+// the Audit-ID in the aggregated API server, X-Request-Id in the MCP server.
+const RequestIDKey = "requestID"
+
+type requestIDKey struct{}
+
+// WithRequest returns ctx carrying the request's ID and log with the ID
+// (and keysAndValues) added, for logr.FromContext.
+func WithRequest(ctx context.Context, log logr.Logger, id string, keysAndValues ...any) context.Context {
+	ctx = context.WithValue(ctx, requestIDKey{}, id)
+	return logr.NewContext(ctx, log.WithValues(append([]any{RequestIDKey, id}, keysAndValues...)...))
+}
+
+// RequestID returns the ID WithRequest put in ctx, or "" outside a
+// request.
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey{}).(string)
+	return id
 }

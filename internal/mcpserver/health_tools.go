@@ -5,18 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/coder/coder/v2/codersdk"
 	"k8s.io/apimachinery/pkg/version"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 // Health checks are quick: a coderd that does not answer within
@@ -99,9 +98,6 @@ func health(ctx context.Context, c *call, in HealthInput) (HealthReport, error) 
 	}
 	out.Continue = next
 
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	defer transport.CloseIdleConnections()
-	hc := &http.Client{Timeout: coderdProbeTimeout, Transport: transport}
 	out.ControlPlanes = make([]ControlPlaneHealth, len(items))
 	sem := make(chan struct{}, coderdProbeParallelism)
 	var wg sync.WaitGroup
@@ -111,7 +107,7 @@ func health(ctx context.Context, c *call, in HealthInput) (HealthReport, error) 
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			out.ControlPlanes[i] = probeCoderd(ctx, hc, &items[i])
+			out.ControlPlanes[i] = probeCoderd(ctx, &items[i])
 		}()
 	}
 	wg.Wait()
@@ -163,7 +159,7 @@ func (c *call) kubernetesHealth(ctx context.Context) KubernetesHealth {
 }
 
 // probeCoderd asks cp's coderd for its build info; it needs no token.
-func probeCoderd(ctx context.Context, hc *http.Client, cp *coderv1alpha1.CoderControlPlane) ControlPlaneHealth {
+func probeCoderd(ctx context.Context, cp *coderv1alpha1.CoderControlPlane) ControlPlaneHealth {
 	h := ControlPlaneHealth{Namespace: cp.Namespace, Name: cp.Name, Phase: string(cp.Status.Phase), URL: redactURL(cp.Status.URL)}
 	if cp.Status.URL == "" {
 		h.Error = "no status.url yet: the operator has not reconciled this control plane (get_control_plane shows its conditions)"
@@ -177,7 +173,9 @@ func probeCoderd(ctx context.Context, hc *http.Client, cp *coderv1alpha1.CoderCo
 	ctx, cancel := context.WithTimeout(ctx, coderdProbeTimeout)
 	defer cancel()
 	start := time.Now()
-	info, err := codersdk.New(u, codersdk.WithHTTPClient(hc)).BuildInfo(ctx)
+	cl := coderapi.NewClient(u, "", coderdProbeTimeout, coderapi.ForControlPlaneTarget(cp.Namespace, cp.Name, metrics.ComponentMCP))
+	defer cl.HTTPClient.CloseIdleConnections()
+	info, err := cl.BuildInfo(ctx)
 	h.LatencyMs = time.Since(start).Milliseconds()
 	if err != nil {
 		h.Error = "GET /api/v2/buildinfo: " + coderapi.Message(err)

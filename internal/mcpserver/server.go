@@ -57,6 +57,8 @@ func New(o Options) (*Server, error) {
 	}
 	s.tools = tools
 	ms.AddReceivingMiddleware(argumentHelp(tools))
+	// Outermost, so it also sees the calls argumentHelp answers.
+	ms.AddReceivingMiddleware(s.observeToolCalls(tools))
 	// Stateless: every request stands alone, so any replica serves any
 	// request and nothing is lost when a pod goes away. The cost: no
 	// server-to-client requests and no resumable streams, which these
@@ -68,7 +70,7 @@ func New(o Options) (*Server, error) {
 	} else {
 		h = auth.RequireBearerToken(newTokenReviewer(o.Kube.Clientset).verify, &auth.RequireBearerTokenOptions{})(h)
 	}
-	s.mcp = http.MaxBytesHandler(h, s.cfg.MaxRequestBytes)
+	s.mcp = withRequestID(http.MaxBytesHandler(h, s.cfg.MaxRequestBytes), s.log)
 	return s, nil
 }
 

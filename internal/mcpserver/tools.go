@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -98,6 +97,9 @@ func define[In, Out any](s *Server, name string, meta toolMeta, h handler[In, Ou
 		mcp.AddTool(ms, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (res *mcp.CallToolResult, out Out, err error) {
 			ctx, cancel := context.WithTimeout(ctx, s.cfg.ToolTimeout.Duration)
 			defer cancel()
+			// Deferred first, so it runs last and sees a recovered panic's
+			// error; observeToolCalls logs and counts the call.
+			defer func() { recordToolCall(ctx, err) }()
 			defer func() {
 				// A bug in one tool must not kill the session.
 				if p := recover(); p != nil {
@@ -105,9 +107,7 @@ func define[In, Out any](s *Server, name string, meta toolMeta, h handler[In, Ou
 					err = fmt.Errorf("internal error in tool %s; the server log has details", name)
 				}
 			}()
-			start := time.Now()
 			out, err = h(ctx, &call{req: req, srv: s, kube: s.kube}, in)
-			s.log.V(1).Info("tool call", "tool", name, "user", callerName(req), "duration", time.Since(start), "error", errString(err))
 			if err != nil {
 				return nil, out, explain(err)
 			}
@@ -161,13 +161,6 @@ func callerName(req *mcp.CallToolRequest) string {
 		return id.User
 	}
 	return ""
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }
 
 // registerTools adds the tools the configuration allows to ms and returns

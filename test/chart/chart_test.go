@@ -100,7 +100,7 @@ func (r *rendered) runsMCP() bool {
 }
 
 func (r *rendered) servesMetrics() bool {
-	return r.runsController() && r.cfg.Controller.MetricsBindAddress != "0"
+	return r.cfg.Controller.MetricsBindAddress != "0"
 }
 
 func (r *rendered) podLabels() map[string]string { return r.deployment.Spec.Template.Labels }

@@ -57,7 +57,7 @@ func TestAdoptExistingCoderd(t *testing.T) {
 	}
 
 	t.Run("the token in the referenced Secret works", func(t *testing.T) {
-		oc, err := coderapi.ForControlPlane(ctx, c, ccp, 5*time.Second)
+		oc, err := coderapi.ForControlPlane(ctx, c, ccp, 5*time.Second, "e2e")
 		if err != nil {
 			t.Fatal(err)
 		}

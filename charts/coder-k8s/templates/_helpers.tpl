@@ -94,7 +94,7 @@ app.kubernetes.io/part-of: coder-k8s
 {{- if has .Values.mode (list "all" "mcp-http") }}true{{ end -}}
 {{- end -}}
 {{- define "coder-k8s.servesMetrics" -}}
-{{- if and (include "coder-k8s.runsController" .) .Values.metrics.enabled }}true{{ end -}}
+{{- if .Values.metrics.enabled }}true{{ end -}}
 {{- end -}}
 
 {{/* Mount paths. */}}

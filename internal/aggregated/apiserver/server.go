@@ -36,6 +36,10 @@ import (
 // other path requires an authenticated, authorized caller.
 var healthPaths = []string{"/healthz", "/readyz", "/livez"}
 
+// watchTerminationGracePeriod bounds how long shutdown waits for the
+// watches it ends to close, well inside the process's graceful shutdown.
+const watchTerminationGracePeriod = 5 * time.Second
+
 // Server runs the aggregated API server as a manager runnable.
 type Server struct {
 	cfg        config.AggregatedAPIServer
@@ -194,9 +198,16 @@ func (s *Server) build() (*genericapiserver.GenericAPIServer, error) {
 	rc.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(aggv1.GetOpenAPIDefinitions, namer)
 	rc.OpenAPIV3Config.Info.Title = rc.OpenAPIConfig.Info.Title
 	rc.OpenAPIV3Config.Info.Version = rc.OpenAPIConfig.Info.Version
+	rc.BuildHandlerChainFunc = func(api http.Handler, c *genericapiserver.Config) http.Handler {
+		return genericapiserver.DefaultBuildHandlerChain(withRequestLog(withBodyErrorsAsBadRequest(api), s.log), c)
+	}
 	rc.RequestTimeout = s.cfg.RequestTimeout.Duration
 	// Watches may stay open up to the request timeout too.
 	rc.MinRequestTimeout = int(s.cfg.RequestTimeout.Duration / time.Second)
+	// On shutdown, end open watches at once (clients re-establish them,
+	// with another replica in a cluster) instead of draining them until
+	// the graceful shutdown bound kills the process.
+	rc.ShutdownWatchTerminationGracePeriod = watchTerminationGracePeriod
 	if err := serving.ApplyTo(&rc.SecureServing, &rc.LoopbackClientConfig); err != nil {
 		return nil, fmt.Errorf("secure serving: %w", err)
 	}

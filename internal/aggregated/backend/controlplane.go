@@ -25,6 +25,7 @@ import (
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 // What the ControlPlaneProvider reads. Secrets are only those the operator
@@ -54,6 +55,9 @@ type ControlPlaneProvider struct {
 	synced  []namedInformer
 	timeout time.Duration
 	log     logr.Logger
+	// problems records events when coderd rejects the operator token or
+	// does not answer.
+	problems *problemReporter
 
 	mu      sync.Mutex
 	clients map[types.NamespacedName]*cachedClient
@@ -118,9 +122,11 @@ func NewControlPlaneProvider(mgr manager.Manager, coderTimeout time.Duration, lo
 	if err != nil {
 		return nil, fmt.Errorf("operator token Secret informer: %w", err)
 	}
-	// A cache added to the manager joins its caches, which start before
-	// and independently of leader election: every replica serves.
-	if err := mgr.Add(secrets); err != nil {
+	// Every replica serves, so the cache must run on every replica. With
+	// per-object options cache.New returns a type the manager does not
+	// recognise as a cache and would start on the leader only, leaving
+	// followers never ready.
+	if err := mgr.Add(everyReplica{secrets}); err != nil {
 		return nil, fmt.Errorf("add operator token Secret cache to the manager: %w", err)
 	}
 
@@ -132,11 +138,18 @@ func NewControlPlaneProvider(mgr manager.Manager, coderTimeout time.Duration, lo
 			{"Namespace", nsInformer},
 			{"operator token Secret", secretInformer},
 		},
-		timeout: coderTimeout,
-		log:     log.WithName("backends"),
-		clients: map[types.NamespacedName]*cachedClient{},
+		timeout:  coderTimeout,
+		log:      log.WithName("backends"),
+		problems: newProblemReporter(mgr.GetEventRecorder("coder-k8s-aggregated-apiserver")),
+		clients:  map[types.NamespacedName]*cachedClient{},
 	}, nil
 }
+
+// everyReplica makes the manager run a runnable whether or not this
+// replica is the leader.
+type everyReplica struct{ manager.Runnable }
+
+func (everyReplica) NeedLeaderElection() bool { return false }
 
 // tokenSecretSelector selects the Secrets operatoraccess writes for a
 // control plane.
@@ -249,7 +262,7 @@ func (p *ControlPlaneProvider) Backends(ctx context.Context, namespace string) (
 			Namespace:    ccp.Namespace,
 			ControlPlane: ccp.Name,
 			URL:          u,
-			Client:       p.client(key, u, &secret, token),
+			Client:       p.client(ccp, u, &secret, token),
 		})
 	}
 	p.forgetExcept(namespace, live)
@@ -295,7 +308,11 @@ func eligible(ccp *coderv1alpha1.CoderControlPlane) (*url.URL, *coderv1alpha1.Se
 		return nil, nil, "being deleted"
 	case ccp.Spec.OperatorAccess.Disabled:
 		return nil, nil, "operator access is disabled"
-	case !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady):
+	case apimeta.IsStatusConditionFalse(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) ||
+		apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) == nil:
+		// Unknown (coderd does not answer, the last token is kept) is
+		// served: requests then fail with 503 rather than the objects
+		// disappearing from lists and watches.
 		return nil, nil, "condition " + coderv1alpha1.ConditionOperatorAccessReady + " is not True"
 	case ccp.Status.URL == "":
 		return nil, nil, "status.url is not set"
@@ -327,7 +344,8 @@ func (p *ControlPlaneProvider) namespaceUsable(ctx context.Context, name string)
 
 // client returns the cached client of a control plane, rebuilt when the
 // token Secret (by UID and resourceVersion) or the URL changed.
-func (p *ControlPlaneProvider) client(key types.NamespacedName, u *url.URL, secret *corev1.Secret, token string) *codersdk.Client {
+func (p *ControlPlaneProvider) client(ccp *coderv1alpha1.CoderControlPlane, u *url.URL, secret *corev1.Secret, token string) *codersdk.Client {
+	key := types.NamespacedName{Namespace: ccp.Namespace, Name: ccp.Name}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c, ok := p.clients[key]
@@ -342,7 +360,11 @@ func (p *ControlPlaneProvider) client(key types.NamespacedName, u *url.URL, secr
 		url:           u.String(),
 		secretUID:     secret.UID,
 		secretVersion: secret.ResourceVersion,
-		client:        coderapi.NewClient(u, token, p.timeout),
+		client: coderapi.NewClient(u, token, p.timeout, coderapi.Target{
+			ControlPlane: metrics.ControlPlane(ccp.Namespace, ccp.Name),
+			Component:    metrics.ComponentAggregated,
+			Observe:      p.problems.observer(ccp, u.String()),
+		}),
 	}
 	p.clients[key] = c
 	return c.client

@@ -24,6 +24,7 @@ import (
 
 	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 // tokenFileCheckInterval is how often the session token file is checked
@@ -32,6 +33,9 @@ import (
 const tokenFileCheckInterval = time.Second
 
 const maxTokenFile = 64 << 10
+
+// staticTarget labels the static backend's requests to coderd.
+var staticTarget = coderapi.Target{ControlPlane: metrics.StaticControlPlane, Component: metrics.ComponentAggregated}
 
 // StaticProvider serves the one coderd of the configuration file
 // (aggregatedAPIServer.coder.staticBackend) in its one namespace
@@ -99,7 +103,7 @@ func NewStaticProvider(cfg config.StaticBackend, coderTimeout time.Duration, kub
 		}
 		p.token, p.fileInfo = token, info
 	}
-	p.client = coderapi.NewClient(u, p.token, coderTimeout)
+	p.client = coderapi.NewClient(u, p.token, coderTimeout, staticTarget)
 
 	// Only the one namespace is watched: its existence and deletion
 	// decide whether the backend is served, without an API call per
@@ -203,7 +207,7 @@ func (p *StaticProvider) refreshToken() {
 	}
 	old := p.client
 	p.token = token
-	p.client = coderapi.NewClient(p.url, token, p.timeout)
+	p.client = coderapi.NewClient(p.url, token, p.timeout, staticTarget)
 	closeIdle(old)
 	p.log.Info("session token file changed: using the new token", "file", p.tokenFile)
 }

@@ -92,7 +92,7 @@ func coderError(t *testing.T, path string) error {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := coderapi.NewClient(u, "token", 0).Request(t.Context(), http.MethodPost, path, nil)
+	res, err := coderapi.NewClient(u, "token", 0, coderapi.Target{}).Request(t.Context(), http.MethodPost, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +294,7 @@ func TestUnreachable(t *testing.T) {
 		}
 		u := &url.URL{Scheme: "http", Host: l.Addr().String()}
 		_ = l.Close()
-		_, err = coderapi.NewClient(u, "token", 0).BuildInfo(t.Context())
+		_, err = coderapi.NewClient(u, "token", 0, coderapi.Target{}).BuildInfo(t.Context())
 		if err == nil {
 			t.Fatal("BuildInfo on a closed port succeeded")
 		}
@@ -314,7 +314,7 @@ func TestUnreachable(t *testing.T) {
 	t.Run("deadline of the caller", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		defer cancel()
-		_, err := coderapi.NewClient(hung, "token", time.Minute).BuildInfo(ctx)
+		_, err := coderapi.NewClient(hung, "token", time.Minute, coderapi.Target{}).BuildInfo(ctx)
 		if err == nil {
 			t.Fatal("BuildInfo on a hung coderd succeeded")
 		}
@@ -324,7 +324,7 @@ func TestUnreachable(t *testing.T) {
 	})
 
 	t.Run("client timeout", func(t *testing.T) {
-		_, err := coderapi.NewClient(hung, "token", 100*time.Millisecond).BuildInfo(t.Context())
+		_, err := coderapi.NewClient(hung, "token", 100*time.Millisecond, coderapi.Target{}).BuildInfo(t.Context())
 		if err == nil {
 			t.Fatal("BuildInfo on a hung coderd succeeded")
 		}
@@ -334,7 +334,7 @@ func TestUnreachable(t *testing.T) {
 	t.Run("cancelled by the caller", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		time.AfterFunc(100*time.Millisecond, cancel)
-		_, err := coderapi.NewClient(hung, "token", time.Minute).BuildInfo(ctx)
+		_, err := coderapi.NewClient(hung, "token", time.Minute, coderapi.Target{}).BuildInfo(ctx)
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("BuildInfo = %v, want a cancellation", err)
 		}

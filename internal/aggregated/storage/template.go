@@ -45,7 +45,14 @@ type TemplateStorage struct {
 	sources  *templatesource.SourceCache
 	versions versionCache
 	orgs     orgIDs
+	// stopping ends when Run's context does: the server is shutting down,
+	// and build waits in flight stop waiting.
+	stopping context.Context
+	stop     context.CancelFunc
 }
+
+// errShuttingDown cancels build waits when the server shuts down.
+var errShuttingDown = errors.New("the aggregated API server is shutting down")
 
 var (
 	_ rest.Storage              = (*TemplateStorage)(nil)
@@ -88,6 +95,7 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 		opts:    to,
 		sources: templatesource.NewSourceCache(to.SourceCacheBytes),
 	}
+	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.listBackend = s.listTemplates
 	s.selectable = func(o watchcache.Object) (map[string]string, fields.Set) {
 		t := o.(*aggv1.CoderTemplate)
@@ -263,6 +271,15 @@ func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, create
 	return s.read(ctx, t, n, tpl.Name)
 }
 
+// Run polls coderd for the watch cache until ctx ends. Then build waits in
+// flight end at once: a build can take minutes, longer than a graceful
+// shutdown may.
+func (s *TemplateStorage) Run(ctx context.Context) {
+	unregister := context.AfterFunc(ctx, s.stop)
+	defer unregister()
+	s.resource.Run(ctx)
+}
+
 // buildVersion uploads files as a new version (of templateID, or of no
 // template yet), waits for its build and returns it.
 func (s *TemplateStorage) buildVersion(ctx context.Context, t target, orgID, templateID uuid.UUID, files map[string]string, name string) (codersdk.TemplateVersion, error) {
@@ -283,11 +300,21 @@ func (s *TemplateStorage) buildVersion(ctx context.Context, t target, orgID, tem
 	if err != nil {
 		return v, s.coderErr(t, err, name)
 	}
-	built, err := templatesource.WaitForBuild(ctx, t.Client, v.ID, s.opts.BuildWait)
+	waitCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stopWaiting := context.AfterFunc(s.stopping, func() { cancel(errShuttingDown) })
+	defer stopWaiting()
+	built, err := templatesource.WaitForBuild(waitCtx, t.Client, v.ID, s.opts.BuildWait)
 	if err != nil {
 		var failed *templatesource.BuildFailedError
 		var timeout *templatesource.BuildTimeoutError
 		switch {
+		case errors.Is(context.Cause(waitCtx), errShuttingDown):
+			// Nothing refers to the new version yet: the template is as
+			// it was, and the request can be retried as it is.
+			return built, apierrors.NewServiceUnavailable(fmt.Sprintf(
+				"%v: it stopped waiting for template version %s to build in Coder; %s was not created or changed, retry the request",
+				errShuttingDown, v.ID, name))
 		case errors.As(err, &failed):
 			return built, s.invalid(name, field.ErrorList{field.Invalid(specPath.Child("files"), "", "the template version did not build: "+failed.Error())})
 		case errors.As(err, &timeout):

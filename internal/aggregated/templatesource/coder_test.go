@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/metrics/metricstest"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -129,6 +130,20 @@ func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
 // OpenTofu provisioner; subtests share it and run in parallel.
 func TestAgainstCoderd(t *testing.T) {
 	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	// Every wait below is counted by outcome, as /metrics shows; checked
+	// once the (parallel) subtests are done.
+	before := buildWaits(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			return
+		}
+		after := buildWaits(t)
+		for outcome, want := range map[string]float64{"succeeded": 2, "failed": 1, "timeout": 1, "canceled": 2, "error": 2} {
+			if got := after[outcome] - before[outcome]; got != want {
+				t.Errorf("coder_k8s_template_build_wait_duration_seconds{outcome=%q}: %v more waits, want %v", outcome, got, want)
+			}
+		}
+	})
 
 	t.Run("BuildSucceeds", func(t *testing.T) {
 		t.Parallel()
@@ -480,4 +495,14 @@ func TestWaitForBuildRejectsUnusableConfig(t *testing.T) {
 			t.Errorf("WaitForBuild(%+v) error = %v, want a configuration error", cfg, err)
 		}
 	}
+}
+
+// buildWaits is the number of build waits by outcome, from /metrics.
+func buildWaits(t *testing.T) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, m := range metricstest.Series(t, "coder_k8s_template_build_wait_duration_seconds", nil) {
+		out[metricstest.Label(m, "outcome")] += float64(m.GetHistogram().GetSampleCount())
+	}
+	return out
 }

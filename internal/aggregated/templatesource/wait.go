@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
+	"github.com/go-logr/logr"
 	"github.com/google/uuid"
 
 	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 // WaitConfig tunes WaitForBuild: poll every InitialPollInterval until
@@ -127,8 +129,51 @@ func (realClock) Sleep(ctx context.Context, d time.Duration) error {
 // the end of ctx its error, wrapped. Transient coderd errors (5xx, 429,
 // network) are retried until the timeout; other 4xx (404, 401, ...) are
 // returned at once.
+//
+// Every wait is counted and timed by outcome (internal/metrics) and logged
+// with the logger of ctx: failures at info level.
 func WaitForBuild(ctx context.Context, client *codersdk.Client, versionID uuid.UUID, cfg WaitConfig) (codersdk.TemplateVersion, error) {
-	return waitForBuild(ctx, client, versionID, cfg, realClock{})
+	start := time.Now()
+	v, err := waitForBuild(ctx, client, versionID, cfg, realClock{})
+	d := time.Since(start)
+	outcome := buildOutcome(err)
+	metrics.ObserveBuildWait(outcome, d)
+	log := logr.FromContextOrDiscard(ctx).WithValues("templateVersion", versionID.String(), "outcome", outcome, "duration", d)
+	switch outcome {
+	case metrics.BuildSucceeded:
+		log.V(1).Info("template build finished")
+	case metrics.BuildCanceled:
+		log.Info("template build wait ended", "reason", err.Error())
+	default:
+		msg := err.Error()
+		var failed *BuildFailedError
+		if errors.As(err, &failed) {
+			// Not the build's log lines: they are the template's output,
+			// for the user who pushed it rather than for the operator log.
+			msg = failed.Message
+		}
+		log.Info("template build did not succeed", "error", msg)
+	}
+	return v, err
+}
+
+// buildOutcome is the outcome label of a wait that returned err.
+func buildOutcome(err error) string {
+	var failed *BuildFailedError
+	var timeout *BuildTimeoutError
+	switch {
+	case err == nil:
+		return metrics.BuildSucceeded
+	case errors.As(err, &failed) && failed.Status == codersdk.ProvisionerJobCanceled,
+		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// Canceled in coderd, or the request that waited went away.
+		return metrics.BuildCanceled
+	case errors.As(err, &failed):
+		return metrics.BuildFailed
+	case errors.As(err, &timeout):
+		return metrics.BuildTimeout
+	}
+	return metrics.BuildError
 }
 
 func waitForBuild(ctx context.Context, client *codersdk.Client, id uuid.UUID, cfg WaitConfig, clk clock) (codersdk.TemplateVersion, error) {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 // flight is one poll; concurrent callers share it.
@@ -28,12 +31,15 @@ type flight struct {
 // those whose List failed, and Drops every stored backend that Sources no
 // longer returns (also ones fed only through Upsert) when Sources succeeded.
 func (c *Cache) Run(ctx context.Context) {
+	// The cache's gauges are exported while its poller runs.
+	defer metrics.RegisterPoller(c.kind, c.pollerState)()
 	if c.sources == nil {
 		<-ctx.Done()
 		return
 	}
 	for {
 		if c.watcherCount() == 0 {
+			c.setPolling(false)
 			select {
 			case <-ctx.Done():
 				return
@@ -47,6 +53,7 @@ func (c *Cache) Run(ctx context.Context) {
 		case <-c.wake:
 		default:
 		}
+		c.setPolling(true)
 		// Failures are logged by poll and leave state unchanged.
 		_ = c.refresh(ctx, false)
 
@@ -163,6 +170,9 @@ func (c *Cache) poll(ctx context.Context) error {
 		keys[s.Key()] = true
 		unique = append(unique, s)
 	}
+	c.mu.Lock()
+	c.polledKeys = keys
+	c.mu.Unlock()
 
 	results := c.listAll(ctx, unique)
 
@@ -171,6 +181,7 @@ func (c *Cache) poll(ctx context.Context) error {
 		if r.err != nil {
 			if ctx.Err() == nil {
 				c.log.Error(r.err, "listing backend failed; keeping its last known state", "backend", r.key)
+				metrics.PollerRefreshFailed(controlPlaneLabel(r.key), c.kind)
 			}
 			if failed == nil {
 				failed = map[string]error{}
@@ -237,4 +248,62 @@ func (c *Cache) listOne(ctx context.Context, s Source) listResult {
 	// Fingerprinting here runs it in parallel and outside the cache lock.
 	r.objs = c.prepare(r.key, objs)
 	return r
+}
+
+// setPolling records whether the poller polls (someone watches): lag is
+// reported only then, and counted at most from when polling started.
+func (c *Cache) setPolling(on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case !on:
+		c.pollingSince = time.Time{}
+	case c.pollingSince.IsZero():
+		c.pollingSince = c.clock.Now()
+	}
+}
+
+// pollerState is the cache's state for the poller gauges: objects per
+// backend, and while polling, how old each polled backend's state is.
+func (c *Cache) pollerState() metrics.PollerState {
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := metrics.PollerState{Watchers: len(c.watchers)}
+	byKey := map[string]*metrics.PollerBackend{}
+	entry := func(key string) *metrics.PollerBackend {
+		if b, ok := byKey[key]; ok {
+			return b
+		}
+		b := &metrics.PollerBackend{ControlPlane: controlPlaneLabel(key)}
+		byKey[key] = b
+		return b
+	}
+	for key, b := range c.backends {
+		entry(key).Objects = len(b.objs)
+	}
+	if !c.pollingSince.IsZero() {
+		for key := range c.polledKeys {
+			since := c.pollingSince
+			if b := c.backends[key]; b != nil && b.lastReplaced.After(since) {
+				since = b.lastReplaced
+			}
+			e := entry(key)
+			e.Polled, e.Lag = true, max(now.Sub(since), 0)
+		}
+	}
+	for _, b := range byKey {
+		st.Backends = append(st.Backends, *b)
+	}
+	return st
+}
+
+// controlPlaneLabel is the control_plane label of a backend key: keys are
+// "<namespace>/<control plane>" (backend.Backend.Key), and the static
+// backend, which has no control plane, is "<namespace>/".
+func controlPlaneLabel(key string) string {
+	if strings.HasSuffix(key, "/") {
+		return metrics.StaticControlPlane
+	}
+	return key
 }

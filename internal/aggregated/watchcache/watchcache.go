@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -148,6 +149,8 @@ type Cache struct {
 	listConcurrency  int
 	clock            clock.WithTicker
 	log              logr.Logger
+	// kind labels the cache's metrics: the Go type name of its objects.
+	kind string
 
 	// mu guards the snapshot, the history and the watcher set together so
 	// that a watcher's initial state and its event stream are consistent.
@@ -161,6 +164,11 @@ type Cache struct {
 	droppedSeq uint64
 	events     uint64
 	watchers   map[*watcher]struct{}
+	// polledKeys are the backends the last poll listed; pollingSince is
+	// when the poller last started polling, zero while it is idle. Both
+	// feed the lag gauge.
+	polledKeys   map[string]bool
+	pollingSince time.Time
 
 	// wake tells Run that the first watcher arrived.
 	wake chan struct{}
@@ -205,6 +213,7 @@ func New(opts Options) (*Cache, error) {
 		listConcurrency:  orDefault(opts.ListConcurrency, defaultListConcurrency),
 		clock:            opts.Clock,
 		log:              opts.Logger,
+		kind:             kindOf(opts.NewObject()),
 		backends:         map[string]*backend{},
 		watchers:         map[*watcher]struct{}{},
 		wake:             make(chan struct{}, 1),
@@ -221,6 +230,18 @@ func New(opts Options) (*Cache, error) {
 	c.createdSeq = c.nowSeq()
 	c.lastSeq = c.createdSeq
 	return c, nil
+}
+
+// kindOf is the Go type name of obj, for example CoderWorkspace.
+func kindOf(obj Object) string {
+	t := reflect.TypeOf(obj)
+	if t == nil {
+		return "unknown"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.Name()
 }
 
 func orDefault[T int | time.Duration](v, def T) T {

@@ -579,10 +579,14 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 	if msg == "" {
 		msg = map[bool]string{true: "the operator holds a valid Coder token", false: "the operator holds no valid Coder token"}[res.Ready]
 	}
-	setCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, boolStatus(res.Ready), reason, msg)
+	status := boolStatus(res.Ready)
+	if res.Unverified {
+		status = metav1.ConditionUnknown
+	}
+	setCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, status, reason, msg)
 
 	st := &ccp.Status
-	st.OperatorTokenSecretRef = res.TokenSecretRef // nil unless ready, so no one uses a token known to be bad
+	st.OperatorTokenSecretRef = res.TokenSecretRef // nil unless ready or unverified, so no one uses a token known to be bad
 	switch {
 	case res.User != "":
 		st.OperatorUser = res.User

@@ -16,6 +16,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 // UndoFunc deletes in Coder what a dependent object created there.
@@ -102,7 +103,7 @@ func (b *Base) undo(ctx context.Context, namespace string, c Cleanup) (done, aba
 		}
 		return false, false, what, err.Error()
 	}
-	cl, err := coderapi.ForControlPlane(ctx, b.APIReader, &ccp, b.CoderTimeout)
+	cl, err := coderapi.ForControlPlane(ctx, b.APIReader, &ccp, b.CoderTimeout, metrics.ComponentController)
 	if err != nil {
 		return false, false, what, err.Error()
 	}

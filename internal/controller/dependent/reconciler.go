@@ -30,6 +30,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 const (
@@ -124,7 +125,7 @@ func (b *Base) ControlPlane(ctx context.Context, st *State, name string) (*coder
 		}
 		return nil, nil, ctrl.Result{}, fmt.Errorf("get CoderControlPlane %s: %w", key.Name, err)
 	}
-	sdk, err := coderapi.ForControlPlane(ctx, b.APIReader, &ccp, b.CoderTimeout)
+	sdk, err := coderapi.ForControlPlane(ctx, b.APIReader, &ccp, b.CoderTimeout, metrics.ComponentController)
 	if err != nil {
 		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, ReasonOperatorAccessNotReady,
 			err.Error(), corev1.EventTypeWarning)

@@ -24,6 +24,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 // The operator's identity in coderd. One user per coderd; each control
@@ -86,18 +87,32 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		return r, nil
 	}
 
-	anon := coderapi.NewClient(u, "", m.timeout())
+	anon := coderapi.NewClient(u, "", m.timeout(), m.target(ccp))
+	defer closeIdle(anon)
 	info, err := anon.BuildInfo(ctx)
 	if err != nil {
 		log.V(1).Info("coderd unreachable", "error", err.Error())
-		return Result{Reason: ReasonCoderdUnreachable, Message: "coderd at " + coderURL + " is unreachable: " + coderapi.Message(err), RequeueAfter: retryUnreachable}, nil
+		// Retried no later than a reachable coderd is checked, so that
+		// recovery shows as soon as an outage did.
+		res := Result{Reason: ReasonCoderdUnreachable, Message: "coderd at " + coderURL + " is unreachable: " + coderapi.Message(err),
+			RequeueAfter: min(retryUnreachable, m.validateEvery())}
+		if secret != nil && secret.Annotations[annotationCoderURL] == coderURL && len(secret.Data[TokenKey]) > 0 {
+			// An outage says nothing about the token: keep it in use, so
+			// that requests fail with 503 until coderd is back instead of
+			// the control plane's objects disappearing.
+			res.Unverified = true
+			res.TokenSecretRef = &coderv1alpha1.SecretKeyReference{Name: secret.Name, Key: TokenKey}
+			res.User = OperatorUsername
+			res.Message += "; the operator keeps its last token until coderd answers"
+		}
+		return res, nil
 	}
 	res := Result{CoderVersion: info.Version}
 
 	// A token issued by another coderd (the URL changed) is not checked
 	// against this one: it is replaced.
 	if secret != nil && secret.Annotations[annotationCoderURL] == coderURL {
-		ok, err := m.tokenUsable(ctx, u, secret)
+		ok, err := m.tokenUsable(ctx, ccp, u, secret)
 		if err != nil {
 			return m.apiError(res, "check the operator token", err), nil
 		}
@@ -117,7 +132,8 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		m.event(ccp, corev1.EventTypeNormal, "OperatorTokenIssued", "Issued an operator token for coder user "+OperatorUsername)
 	}
 
-	operator := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout())
+	operator := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
+	defer closeIdle(operator)
 	res.Ready = true
 	res.Reason = ReasonReady
 	res.Message = "the operator holds a valid token for coder user " + OperatorUsername
@@ -152,7 +168,8 @@ func (m *Manager) Revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPla
 		return err
 	}
 	if u, err := url.Parse(secret.Annotations[annotationCoderURL]); err == nil && u.Host != "" {
-		c := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout())
+		c := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
+		defer closeIdle(c)
 		err := c.DeleteAPIKey(ctx, codersdk.Me, secret.Annotations[annotationTokenID])
 		switch {
 		case err == nil:
@@ -171,8 +188,9 @@ func (m *Manager) Revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPla
 
 // tokenUsable reports whether the stored token still authenticates and is
 // not close to expiry (within a third of its lifetime).
-func (m *Manager) tokenUsable(ctx context.Context, u *url.URL, secret *corev1.Secret) (bool, error) {
-	c := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout())
+func (m *Manager) tokenUsable(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, secret *corev1.Secret) (bool, error) {
+	c := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
+	defer closeIdle(c)
 	if _, err := c.User(ctx, codersdk.Me); err != nil {
 		if coderapi.IsUnauthorized(err) {
 			return false, nil
@@ -201,6 +219,7 @@ func (m *Manager) issueToken(ctx context.Context, ccp *coderv1alpha1.CoderContro
 	if err != nil || !ok {
 		return nil, err
 	}
+	defer closeIdle(owner)
 	user, err := owner.User(ctx, OperatorUsername)
 	switch {
 	case coderapi.IsNotFound(err) || coderapi.StatusCode(err) == http.StatusBadRequest:
@@ -282,7 +301,8 @@ func (m *Manager) issueToken(ctx context.Context, ccp *coderv1alpha1.CoderContro
 // user the operator creates on a fresh coderd, or the owner token or
 // credentials the user supplied.
 func (m *Manager) ownerClient(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, res *Result) (*codersdk.Client, bool, error) {
-	anon := coderapi.NewClient(u, "", m.timeout())
+	anon := coderapi.NewClient(u, "", m.timeout(), m.target(ccp))
+	defer closeIdle(anon)
 	hasFirst, err := anon.HasFirstUser(ctx)
 	if err != nil {
 		*res = m.apiError(*res, "check for a first user", err)
@@ -303,7 +323,7 @@ func (m *Manager) ownerClient(ctx context.Context, ccp *coderv1alpha1.CoderContr
 				Message: fmt.Sprintf("Secret %s with key %q (spec.operatorAccess.ownerTokenSecretRef) not found", ref.Name, ref.Key)}
 			return nil, false, nil
 		}
-		return coderapi.NewClient(u, string(s.Data[ref.Key]), m.timeout()), true, nil
+		return coderapi.NewClient(u, string(s.Data[ref.Key]), m.timeout(), m.target(ccp)), true, nil
 	}
 
 	// Credentials: the user's, or those of the first user the operator
@@ -327,7 +347,7 @@ func (m *Manager) ownerClient(ctx context.Context, ccp *coderv1alpha1.CoderContr
 		}
 		return nil, false, nil
 	}
-	c := coderapi.NewClient(u, "", m.timeout())
+	c := coderapi.NewClient(u, "", m.timeout(), m.target(ccp))
 	login, err := c.LoginWithPassword(ctx, codersdk.LoginWithPasswordRequest{
 		Email: string(s.Data["email"]), Password: string(s.Data["password"]),
 	})
@@ -387,7 +407,7 @@ func (m *Manager) createFirstUser(ctx context.Context, ccp *coderv1alpha1.CoderC
 		*res = m.apiError(*res, "log in as the first user", err)
 		return nil, false, nil
 	}
-	c := coderapi.NewClient(u, login.SessionToken, m.timeout())
+	c := coderapi.NewClient(u, login.SessionToken, m.timeout(), m.target(ccp))
 	return c, true, nil
 }
 
@@ -466,6 +486,20 @@ func (m *Manager) event(ccp *coderv1alpha1.CoderControlPlane, typ, reason, msg s
 	if m.Recorder != nil {
 		m.Recorder.Eventf(ccp, nil, typ, reason, "OperatorAccess", "%s", msg)
 	}
+}
+
+// closeIdle drops the keep-alive connections of a client made for one
+// check: the next check comes long after they would time out, and until
+// then each holds a socket and two goroutines.
+func closeIdle(c *codersdk.Client) {
+	if c != nil && c.HTTPClient != nil {
+		c.HTTPClient.CloseIdleConnections()
+	}
+}
+
+// target labels the metrics of the clients acting on ccp.
+func (m *Manager) target(ccp *coderv1alpha1.CoderControlPlane) coderapi.Target {
+	return coderapi.ForControlPlaneTarget(ccp.Namespace, ccp.Name, metrics.ComponentController)
 }
 
 func (m *Manager) timeout() time.Duration {

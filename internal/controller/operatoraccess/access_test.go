@@ -82,7 +82,7 @@ func (f *fixture) tokenClient(t *testing.T, ccp *coderv1alpha1.CoderControlPlane
 	if s == nil {
 		t.Fatalf("token Secret %s does not exist", r.TokenSecretRef.Name)
 	}
-	return coderapi.NewClient(coderURL, string(s.Data[r.TokenSecretRef.Key]), 5*time.Second)
+	return coderapi.NewClient(coderURL, string(s.Data[r.TokenSecretRef.Key]), 5*time.Second, coderapi.Target{})
 }
 
 func mustReady(t *testing.T, r operatoraccess.Result, err error) {
@@ -110,7 +110,7 @@ func TestFreshCoderd(t *testing.T) {
 			t.Fatal("no admin credentials Secret reported")
 		}
 		admin := f.secret(t, ccp.Namespace, r.AdminCredentialsSecret)
-		c := coderapi.NewClient(coder.URL, "", 5*time.Second)
+		c := coderapi.NewClient(coder.URL, "", 5*time.Second, coderapi.Target{})
 		if _, err := c.LoginWithPassword(ctx, codersdk.LoginWithPasswordRequest{
 			Email: string(admin.Data["email"]), Password: string(admin.Data["password"]),
 		}); err != nil {
@@ -188,7 +188,7 @@ func TestFreshCoderd(t *testing.T) {
 
 	t.Run("a token near expiry is rotated and the old one revoked", func(t *testing.T) {
 		s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
-		old := coderapi.NewClient(coder.URL, string(s.Data[operatoraccess.TokenKey]), 5*time.Second)
+		old := coderapi.NewClient(coder.URL, string(s.Data[operatoraccess.TokenKey]), 5*time.Second, coderapi.Target{})
 		// Make the stored expiry say the token is about to expire.
 		patch := client.MergeFrom(s.DeepCopy())
 		s.Annotations["coder.com/token-expires-at"] = time.Now().Add(time.Minute).UTC().Format(time.RFC3339)
@@ -207,7 +207,7 @@ func TestFreshCoderd(t *testing.T) {
 
 	t.Run("disabling access revokes the token and deletes its Secret", func(t *testing.T) {
 		s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
-		tok := coderapi.NewClient(coder.URL, string(s.Data[operatoraccess.TokenKey]), 5*time.Second)
+		tok := coderapi.NewClient(coder.URL, string(s.Data[operatoraccess.TokenKey]), 5*time.Second, coderapi.Target{})
 		ccp.Spec.OperatorAccess.Disabled = true
 		r4, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
 		if err != nil {

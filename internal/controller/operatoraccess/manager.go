@@ -34,7 +34,12 @@ type Result struct {
 	// Message explain it.
 	Ready           bool
 	Reason, Message string
-	// TokenSecretRef selects the operator's token (nil unless Ready).
+	// Unverified means coderd could not be asked: the token in
+	// TokenSecretRef was valid at the last check and stays in use
+	// (OperatorAccessReady Unknown).
+	Unverified bool
+	// TokenSecretRef selects the operator's token (nil unless Ready or
+	// Unverified).
 	TokenSecretRef *coderv1alpha1.SecretKeyReference
 	// User is the Coder user the operator acts as.
 	User string
