@@ -75,6 +75,10 @@ type Coder struct {
 
 	ownsPostgres bool
 	stopOnce     sync.Once
+	// What StartServer needs to run coderd again as it ran first.
+	coderBin     string
+	env          []string
+	startTimeout time.Duration
 }
 
 // StartCoder starts PostgreSQL (unless opts supplies one) and coderd on
@@ -141,6 +145,7 @@ func (c *Coder) start(ctx context.Context, opts CoderOptions, coderBin, binDir s
 	if timeout == 0 {
 		timeout = defaultCoderStartTimeout
 	}
+	c.coderBin, c.env, c.startTimeout = coderBin, env, timeout
 	// FreePort leaves a window in which another process can take the port;
 	// on that (rare) race, try again with a new one.
 	for attempt := 1; ; attempt++ {
@@ -213,7 +218,14 @@ func (c *Coder) startServer(ctx context.Context, coderBin string, env []string, 
 	)
 	cmd.Dir = c.DataDir
 	cmd.Env = env
-	proc, err := StartProcess("coderd", cmd, filepath.Join(c.DataDir, "coderd.log"))
+	logPath := filepath.Join(c.DataDir, "coderd.log")
+	// The log is appended to on a restart: only what this run writes
+	// counts as its word that it listens.
+	var logStart int64
+	if fi, err := os.Stat(logPath); err == nil {
+		logStart = fi.Size()
+	}
+	proc, err := StartProcess("coderd", cmd, logPath)
 	if err != nil {
 		return err
 	}
@@ -223,7 +235,7 @@ func (c *Coder) startServer(ctx context.Context, coderBin string, env []string, 
 	err = proc.WaitReady(ctx, timeout, func(ctx context.Context) error {
 		// Another process could hold the port and answer the health
 		// check: require coderd's own word that it listens there.
-		if log, _ := os.ReadFile(proc.LogPath); !bytes.Contains(log, []byte(listening)) {
+		if log, _ := os.ReadFile(proc.LogPath); int64(len(log)) < logStart || !bytes.Contains(log[logStart:], []byte(listening)) {
 			return errors.New("coderd is not listening yet")
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL.JoinPath("healthz").String(), nil)
@@ -292,6 +304,46 @@ func (c *Coder) Stop() {
 			removeStackDir(c.DataDir)
 		}
 	})
+}
+
+// StopServer stops the coderd process (SIGTERM, then SIGKILL after
+// grace) and leaves its database and data directory, so that StartServer
+// can bring the same coderd back: for tests of a coderd outage.
+func (c *Coder) StopServer(grace time.Duration) {
+	if c.Process != nil {
+		c.Process.Stop(grace)
+	}
+}
+
+// StartServer starts coderd again after StopServer, on the same address
+// with the same database (users, tokens, templates and workspaces are
+// kept), and waits until it answers.
+func (c *Coder) StartServer(ctx context.Context) error {
+	if c.coderBin == "" {
+		return errors.New("start coderd: the Coder was not started by StartCoder")
+	}
+	if c.Process != nil {
+		if exited, _ := c.Process.Exited(); !exited {
+			return errors.New("start coderd: coderd is still running (call StopServer first)")
+		}
+	}
+	port, err := strconv.Atoi(c.URL.Port())
+	if err != nil {
+		return fmt.Errorf("start coderd: port of %s: %w", c.URL, err)
+	}
+	// While coderd was down, an outgoing connection of any process may
+	// have been given its port as the local end; such connections are
+	// short-lived, so a busy port is tried again for a while.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := c.startServer(ctx, c.coderBin, c.env, port, c.startTimeout)
+		if err == nil || !strings.Contains(err.Error(), "address already in use") || time.Now().After(deadline) {
+			return err
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return fmt.Errorf("start coderd on port %d: %w", port, err)
+		}
+	}
 }
 
 // NewCoder starts a Coder for a test and stops it when the test ends. It

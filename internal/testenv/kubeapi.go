@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -103,6 +104,14 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 		CRDDirectoryPaths:     crdDirs,
 		ErrorIfCRDPathMissing: len(opts.CRDDirs) > 0,
 	}
+	// A certificate directory of our own: envtest removes one it made
+	// itself when kube-apiserver stops, and a restart would then come back
+	// with new serving and service account keys.
+	certDir := filepath.Join(dir, "apiserver")
+	if err := os.Mkdir(certDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create kube-apiserver certificate directory: %w", err)
+	}
+	k.env.ControlPlane.GetAPIServer().CertDir = certDir
 	args := k.env.ControlPlane.GetAPIServer().Configure()
 	args.Set("requestheader-client-ca-file", filepath.Join(dir, "front-proxy-ca.crt"))
 	args.Set("requestheader-allowed-names", frontProxyUser)
@@ -111,6 +120,9 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 	args.Set("requestheader-extra-headers-prefix", "X-Remote-Extra-")
 	args.Set("proxy-client-cert-file", filepath.Join(dir, "front-proxy-client.crt"))
 	args.Set("proxy-client-key-file", filepath.Join(dir, "front-proxy-client.key"))
+	// On SIGTERM, end open watches (clients re-establish them elsewhere)
+	// instead of waiting for them until the one-minute request timeout.
+	args.Set("shutdown-watch-termination-grace-period", "2s")
 
 	cfg, err := k.env.Start()
 	if err != nil {
@@ -159,6 +171,57 @@ func (k *KubeAPI) Stop() {
 	}
 	if k.Dir != "" {
 		removeStackDir(k.Dir)
+	}
+}
+
+// StopAPIServer stops kube-apiserver alone: etcd keeps running, and the
+// port, certificates and service account keys stay, so StartAPIServer
+// brings back the same cluster.
+func (k *KubeAPI) StopAPIServer() error {
+	if k.env == nil {
+		return errors.New("stop kube-apiserver: the stack is not running")
+	}
+	if err := k.env.ControlPlane.APIServer.Stop(); err != nil {
+		return fmt.Errorf("stop kube-apiserver: %w", err)
+	}
+	return nil
+}
+
+// StartAPIServer starts kube-apiserver again after StopAPIServer, on the
+// same port with the same certificates, flags and etcd, and waits until
+// its /readyz answers ok.
+func (k *KubeAPI) StartAPIServer(ctx context.Context) error {
+	if k.env == nil {
+		return errors.New("start kube-apiserver: the stack is not running")
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("start kube-apiserver: %w", err)
+	}
+	// envtest's Start waits for /healthz up to its start timeout (20s by
+	// default): ctx's deadline, when it has one, bounds it instead.
+	api := k.env.ControlPlane.APIServer
+	if deadline, ok := ctx.Deadline(); ok {
+		api.StartTimeout = time.Until(deadline)
+	}
+	if err := api.Start(); err != nil {
+		return fmt.Errorf("start kube-apiserver: %w", err)
+	}
+	// /healthz can pass before the post-start hooks (RBAC bootstrap, the
+	// aggregator's controllers) have finished; /readyz waits for them.
+	var last error
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		body, err := k.Clientset.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(rctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		last = fmt.Errorf("%w: %s", err, body)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kube-apiserver not ready after a restart: %v", last)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }
 
@@ -245,12 +308,17 @@ func (k *KubeAPI) RegisterAPIService(ctx context.Context, svc APIService) error 
 	}
 	apiServices := agg.ApiregistrationV1().APIServices()
 	if _, err := apiServices.Create(ctx, apiService, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
-		existing, err := apiServices.Get(ctx, apiService.Name, metav1.GetOptions{})
+		// The aggregator writes the status meanwhile: retry on conflicts.
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			existing, err := apiServices.Get(ctx, apiService.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			existing.Spec = apiService.Spec
+			_, err = apiServices.Update(ctx, existing, metav1.UpdateOptions{})
+			return err
+		})
 		if err != nil {
-			return fmt.Errorf("get APIService %s: %w", apiService.Name, err)
-		}
-		existing.Spec = apiService.Spec
-		if _, err := apiServices.Update(ctx, existing, metav1.UpdateOptions{}); err != nil {
 			return fmt.Errorf("update APIService %s: %w", apiService.Name, err)
 		}
 	} else if err != nil {

@@ -3,6 +3,8 @@ package testenv
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -11,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -18,12 +21,15 @@ import (
 // CountingProxy is a reverse proxy on loopback in front of one server (for
 // example coderd) that counts the requests it forwards: point a client at
 // URL instead of the server to see how many calls it makes, and to which
-// endpoints.
+// endpoints. SetDelay makes it a slow server.
 type CountingProxy struct {
 	// URL is where the proxy listens (http://127.0.0.1:PORT).
 	URL *url.URL
 
 	srv *http.Server
+	// delay holds each request this long before forwarding it;
+	// abandoned counts the requests whose client left during it.
+	delay, abandoned atomic.Int64
 
 	mu    sync.Mutex
 	stats map[string]EndpointStats
@@ -73,10 +79,25 @@ func StartCountingProxy(target *url.URL) (*CountingProxy, error) {
 		// sees requests as if they came to it directly.
 		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
 		FlushInterval: -1,
+		// A stopped target is a case tests make on purpose: the client
+		// sees 502, the test log need not.
+		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	p.srv = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
+			if d := time.Duration(p.delay.Load()); d > 0 {
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-r.Context().Done():
+					// The client gave up: nothing to forward, and
+					// nothing held for it.
+					t.Stop()
+					p.abandoned.Add(1)
+					return
+				}
+			}
 			rp.ServeHTTP(w, r)
 			p.record(Request{Endpoint: r.Method + " " + Endpoint(r.URL.Path), Start: start, End: time.Now()})
 		}),
@@ -133,6 +154,16 @@ func (p *CountingProxy) Stats() ProxyStats {
 	}
 	return out
 }
+
+// SetDelay holds every request that arrives from now on for d before
+// forwarding it (0 forwards at once): coderd as a slow server. A client
+// that gives up during the delay gets no answer and the request is not
+// forwarded.
+func (p *CountingProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
+
+// Abandoned is the number of requests whose client gave up while they were
+// delayed; they are not forwarded and not in Stats or Recent.
+func (p *CountingProxy) Abandoned() int64 { return p.abandoned.Load() }
 
 // Stop closes the proxy's listener and connections.
 func (p *CountingProxy) Stop() { _ = p.srv.Close() }

@@ -67,8 +67,17 @@ type OperatorOptions struct {
 	// example `certDir: /x, watchPollInterval: 1s`.
 	Aggregated string
 	// MCP adds entries to the mcp mapping, for example `readOnly: true`.
-	MCP  string
-	Args []string
+	MCP string
+	// LeaseName, when set, is the leader Lease (replicas share one);
+	// otherwise each process gets its own.
+	LeaseName string
+	// LeaderElection adds entries to the leaderElection mapping, for
+	// example `leaseDuration: 6s, renewDeadline: 4s, retryPeriod: 1s`.
+	LeaderElection string
+	// Controller adds entries to the controller mapping, one "key: value"
+	// each, for example "coderRequestTimeout: 3s".
+	Controller []string
+	Args       []string
 }
 
 // StartOperator writes a configuration file with free ports and runs the
@@ -84,6 +93,13 @@ func StartOperator(t testing.TB, opts OperatorOptions) *Operator {
 		ports[i] = p
 	}
 	lease := "coder-k8s-" + strconv.Itoa(ports[0])
+	if opts.LeaseName != "" {
+		lease = opts.LeaseName
+	}
+	leaderElection := ""
+	if opts.LeaderElection != "" {
+		leaderElection = ", " + opts.LeaderElection
+	}
 	qps := ""
 	if opts.KubeQPS > 0 {
 		qps = fmt.Sprintf(", qps: %d, burst: %d", opts.KubeQPS, 2*opts.KubeQPS)
@@ -96,6 +112,10 @@ func StartOperator(t testing.TB, opts OperatorOptions) *Operator {
 	if opts.MCP != "" {
 		mcpExtra = ", " + opts.MCP
 	}
+	controllerExtra := ""
+	for _, e := range opts.Controller {
+		controllerExtra += "\n  " + e
+	}
 	dir := t.TempDir()
 	cfg := fmt.Sprintf(`apiVersion: config.coder.com/v1alpha1
 kind: CoderK8sConfiguration
@@ -105,10 +125,10 @@ kubernetes: {kubeconfig: %s%s}
 controller:
   healthProbeBindAddress: 127.0.0.1:%d
   metricsBindAddress: 127.0.0.1:%d
-  leaderElection: {namespace: default, leaseName: %s}
+  leaderElection: {namespace: default, leaseName: %s%s}%s
 aggregatedAPIServer: {bindAddress: 127.0.0.1, securePort: %d%s}
 mcp: {bindAddress: "127.0.0.1:%d"%s}
-%s`, opts.Mode, opts.Kubeconfig, qps, ports[0], ports[1], lease, ports[2], aggregated, ports[3], mcpExtra, opts.ExtraConfig)
+%s`, opts.Mode, opts.Kubeconfig, qps, ports[0], ports[1], lease, leaderElection, controllerExtra, ports[2], aggregated, ports[3], mcpExtra, opts.ExtraConfig)
 	file := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
