@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -117,14 +119,27 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 	if err := mgr.AddReadyzCheck("cache", cacheSynced); err != nil {
 		return fmt.Errorf("add readiness check: %w", err)
 	}
+	// The aggregated API tells the controller, in this process, when
+	// coderd rejects an operator token, so the token is replaced at once
+	// rather than at the next access check. Sends never block: a full
+	// buffer (a follower replica, whose controller does not run) drops
+	// the request and the check comes at its interval.
+	rechecks := make(chan event.TypedGenericEvent[types.NamespacedName], 64)
 	if err := controller.Setup(mgr, controller.Options{
 		CoderRequestTimeout:         cfg.Controller.CoderRequestTimeout.Duration,
 		OperatorAccessCheckInterval: cfg.Controller.OperatorAccessCheckInterval.Duration,
+		AccessRechecks:              rechecks,
 	}); err != nil {
 		return fmt.Errorf("set up controllers: %w", err)
 	}
 	if all {
-		cps, err := backend.NewControlPlaneProvider(mgr, cfg.AggregatedAPIServer.Coder.RequestTimeout.Duration, log)
+		recheck := func(key types.NamespacedName) {
+			select {
+			case rechecks <- event.TypedGenericEvent[types.NamespacedName]{Object: key}:
+			default:
+			}
+		}
+		cps, err := backend.NewControlPlaneProvider(mgr, cfg.AggregatedAPIServer.Coder.RequestTimeout.Duration, recheck, log)
 		if err != nil {
 			return fmt.Errorf("control plane discovery: %w", err)
 		}

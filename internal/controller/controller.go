@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/coder/coder-k8s/internal/controller/controlplane"
 	"github.com/coder/coder-k8s/internal/controller/dependent"
@@ -24,6 +26,9 @@ type Options struct {
 	// OperatorAccessCheckInterval is how often each control plane's coderd
 	// and operator token are checked; 0 means the access manager's default.
 	OperatorAccessCheckInterval time.Duration
+	// AccessRechecks names control planes whose operator token was seen
+	// rejected by coderd; each gets an access check at once. Optional.
+	AccessRechecks <-chan event.TypedGenericEvent[types.NamespacedName]
 }
 
 // Setup registers every reconciler with mgr. Reconcilers run only on the
@@ -36,7 +41,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Timeout:       opts.CoderRequestTimeout,
 		ValidateEvery: opts.OperatorAccessCheckInterval,
 	}
-	if err := (&controlplane.Reconciler{Access: access}).SetupWithManager(mgr); err != nil {
+	if err := (&controlplane.Reconciler{Access: access, Rechecks: opts.AccessRechecks}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("CoderControlPlane controller: %w", err)
 	}
 	// base is what the reconcilers of the kinds that reference a control

@@ -83,7 +83,11 @@ type cachedClient struct {
 // cache and adds its Secret cache to mgr, so both start and stop with mgr
 // on every replica (caches are not subject to leader election). Call it
 // before mgr.Start. coderTimeout bounds each call the clients make.
-func NewControlPlaneProvider(mgr manager.Manager, coderTimeout time.Duration, log logr.Logger) (*ControlPlaneProvider, error) {
+//
+// recheck, when not nil, is called (at most every 30s per control plane)
+// when coderd rejects a control plane's operator token, so that the
+// controller can replace it without waiting for its next access check.
+func NewControlPlaneProvider(mgr manager.Manager, coderTimeout time.Duration, recheck func(types.NamespacedName), log logr.Logger) (*ControlPlaneProvider, error) {
 	// The informers are registered now so that they start with the cache
 	// and Ready can report on them; before the cache starts this does not
 	// block.
@@ -140,7 +144,7 @@ func NewControlPlaneProvider(mgr manager.Manager, coderTimeout time.Duration, lo
 		},
 		timeout:  coderTimeout,
 		log:      log.WithName("backends"),
-		problems: newProblemReporter(mgr.GetEventRecorder("coder-k8s-aggregated-apiserver")),
+		problems: newProblemReporter(mgr.GetEventRecorder("coder-k8s-aggregated-apiserver"), recheck),
 		clients:  map[types.NamespacedName]*cachedClient{},
 	}, nil
 }

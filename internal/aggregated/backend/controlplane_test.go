@@ -105,7 +105,7 @@ func createControlPlane(t *testing.T, c client.Client, ns string, cp controlPlan
 func startProvider(t *testing.T, namespaces ...string) *ControlPlaneProvider {
 	t.Helper()
 	mgr := controllertest.NewManager(t, kube.Config, namespaces...)
-	p, err := NewControlPlaneProvider(mgr, 10*time.Second, logr.Discard())
+	p, err := NewControlPlaneProvider(mgr, 10*time.Second, nil, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}

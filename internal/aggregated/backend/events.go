@@ -24,7 +24,8 @@ import (
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 const (
 	// ReasonOperatorTokenRejected: coderd answered 401 to the operator
-	// token; the controller replaces it at its next check.
+	// token; the controller replaces it when asked (recheck) or at its
+	// next check.
 	ReasonOperatorTokenRejected = "OperatorTokenRejected"
 	// ReasonCoderdUnreachable: a request to coderd got no answer.
 	ReasonCoderdUnreachable = "CoderdUnreachable"
@@ -34,10 +35,21 @@ const (
 // for one control plane, however many requests fail.
 const problemEventInterval = 5 * time.Minute
 
-// problemReporter turns failed coderd requests into rate-limited events.
+// recheckInterval is the least time between two access rechecks asked
+// for one control plane: a burst of rejected requests asks once.
+const recheckInterval = 30 * time.Second
+
+// reasonRecheck keys the rate limit of recheck requests.
+const reasonRecheck = "recheck"
+
+// problemReporter turns failed coderd requests into rate-limited events
+// and, on a rejected token, asks for an early access check.
 type problemReporter struct {
 	recorder events.EventRecorder // nil records nothing
-	now      func() time.Time
+	// recheck, when set, asks the controller to check the control plane's
+	// operator access now instead of at its next interval.
+	recheck func(types.NamespacedName)
+	now     func() time.Time
 
 	mu   sync.Mutex
 	last map[problemKey]time.Time
@@ -48,14 +60,14 @@ type problemKey struct {
 	reason       string
 }
 
-func newProblemReporter(recorder events.EventRecorder) *problemReporter {
-	return &problemReporter{recorder: recorder, now: time.Now, last: map[problemKey]time.Time{}}
+func newProblemReporter(recorder events.EventRecorder, recheck func(types.NamespacedName)) *problemReporter {
+	return &problemReporter{recorder: recorder, recheck: recheck, now: time.Now, last: map[problemKey]time.Time{}}
 }
 
 // observer returns the coderapi.Target.Observe of the client of ccp,
 // which calls coderd at coderURL.
 func (r *problemReporter) observer(ccp *coderv1alpha1.CoderControlPlane, coderURL string) func(string, int, error) {
-	if r == nil || r.recorder == nil {
+	if r == nil || (r.recorder == nil && r.recheck == nil) {
 		return nil
 	}
 	// Only what the event needs, not the (cached, shared) object.
@@ -70,12 +82,15 @@ func (r *problemReporter) observer(ccp *coderv1alpha1.CoderControlPlane, coderUR
 				coderURL, op, coderapi.TransportError(err))
 		case status == http.StatusUnauthorized:
 			reason = ReasonOperatorTokenRejected
-			note = fmt.Sprintf("coderd at %s rejected the operator token (401 on %s); the controller issues a new one at its next access check, until then requests for this control plane's workspaces and templates fail",
+			note = fmt.Sprintf("coderd at %s rejected the operator token (401 on %s); the controller issues a new one when it next checks operator access, until then requests for this control plane's workspaces and templates fail",
 				coderURL, op)
 		default:
 			return
 		}
-		if r.allow(problemKey{key, reason}) {
+		if reason == ReasonOperatorTokenRejected && r.recheck != nil && r.allowEvery(problemKey{key, reasonRecheck}, recheckInterval) {
+			r.recheck(key)
+		}
+		if r.recorder != nil && r.allow(problemKey{key, reason}) {
 			// The note is an argument, so that a % in it prints as is.
 			r.recorder.Eventf(ref, nil, corev1.EventTypeWarning, reason, "CallCoder", "%s", note)
 		}
@@ -84,14 +99,19 @@ func (r *problemReporter) observer(ccp *coderv1alpha1.CoderControlPlane, coderUR
 
 // allow reports whether an event for k may be recorded now, and if so
 // remembers that it was.
-func (r *problemReporter) allow(k problemKey) bool {
+func (r *problemReporter) allow(k problemKey) bool { return r.allowEvery(k, problemEventInterval) }
+
+// allowEvery reports whether k may happen now, at most once per interval,
+// and if so remembers that it did.
+func (r *problemReporter) allowEvery(k problemKey, interval time.Duration) bool {
 	now := r.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if last, ok := r.last[k]; ok && now.Sub(last) < problemEventInterval {
+	if last, ok := r.last[k]; ok && now.Sub(last) < interval {
 		return false
 	}
 	for old, t := range r.last {
+		// Older than the longest interval: of no more use.
 		if now.Sub(t) >= problemEventInterval {
 			delete(r.last, old)
 		}

@@ -1,8 +1,10 @@
 package backend
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/metrics/metricstest"
 )
 
@@ -115,7 +118,7 @@ func TestProblemsBecomeEvents(t *testing.T) {
 // requests fail; other control planes and reasons are not held back.
 func TestProblemEventsAreRateLimited(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	r := newProblemReporter(nil)
+	r := newProblemReporter(nil, nil)
 	r.now = func() time.Time { return now }
 	a := problemKey{controlPlane: types.NamespacedName{Namespace: "ns", Name: "a"}, reason: ReasonCoderdUnreachable}
 	b := problemKey{controlPlane: types.NamespacedName{Namespace: "ns", Name: "b"}, reason: ReasonCoderdUnreachable}
@@ -138,5 +141,43 @@ func TestProblemEventsAreRateLimited(t *testing.T) {
 		if got := r.allow(s.key); got != s.want {
 			t.Errorf("step %d (%s %s): allow = %v, want %v", i, s.key.controlPlane, s.key.reason, got, s.want)
 		}
+	}
+}
+
+// A rejected token asks the controller for an access check at once, but
+// a burst of rejected requests asks only once per recheckInterval; other
+// failures never ask.
+func TestRejectedTokenAsksForRecheck(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	var asked []types.NamespacedName
+	r := newProblemReporter(nil, func(k types.NamespacedName) { asked = append(asked, k) })
+	r.now = func() time.Time { return now }
+	ccp := &coderv1alpha1.CoderControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}}
+	observe := r.observer(ccp, "http://coderd.example")
+	if observe == nil {
+		t.Fatal("no observer although a recheck function is set")
+	}
+	key := types.NamespacedName{Namespace: "ns", Name: "a"}
+
+	observe("GET /api/v2/workspaces", http.StatusServiceUnavailable, nil)
+	observe("GET /api/v2/workspaces", 0, errors.New("connection refused"))
+	if len(asked) != 0 {
+		t.Fatalf("recheck asked for a 503 or a transport error: %v", asked)
+	}
+	for range 5 {
+		observe("GET /api/v2/workspaces", http.StatusUnauthorized, nil)
+	}
+	if len(asked) != 1 || asked[0] != key {
+		t.Fatalf("after five 401s: rechecks %v, want one for %s", asked, key)
+	}
+	now = now.Add(recheckInterval - time.Second)
+	observe("GET /api/v2/workspaces", http.StatusUnauthorized, nil)
+	if len(asked) != 1 {
+		t.Fatalf("recheck asked again within %s: %v", recheckInterval, asked)
+	}
+	now = now.Add(time.Second)
+	observe("GET /api/v2/workspaces", http.StatusUnauthorized, nil)
+	if len(asked) != 2 {
+		t.Fatalf("no recheck after %s: %v", recheckInterval, asked)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/controller/controllertest"
@@ -23,7 +24,9 @@ import (
 // TestAdoptedControlPlaneGetsOperatorAccess runs the reconciler with the
 // real operator access manager against a real, fresh coderd: the operator
 // sets up the first user itself, holds a token coderd accepts, reports it
-// in the status, and revokes it when the control plane is deleted.
+// in the status, replaces it at once when told coderd rejected it (as the
+// aggregated API does) although its next check is minutes away, and
+// revokes it when the control plane is deleted.
 func TestAdoptedControlPlaneGetsOperatorAccess(t *testing.T) {
 	coder := testenv.NewCoder(t, testenv.CoderOptions{SkipFirstUser: true})
 	ns := controllertest.Namespace(t, "adopt")
@@ -36,7 +39,8 @@ func TestAdoptedControlPlaneGetsOperatorAccess(t *testing.T) {
 		Recorder:  mgr.GetEventRecorder("operator-access"),
 		Timeout:   15 * time.Second,
 	}
-	r := &Reconciler{Access: access}
+	rechecks := make(chan event.TypedGenericEvent[types.NamespacedName], 1)
+	r := &Reconciler{Access: access, Rechecks: rechecks}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -86,6 +90,33 @@ func TestAdoptedControlPlaneGetsOperatorAccess(t *testing.T) {
 	if me.Username != st.OperatorUser {
 		t.Errorf("token belongs to %q, status says %q", me.Username, st.OperatorUser)
 	}
+
+	// The token revoked in coderd behind the operator's back; the access
+	// manager's next own check is 5 minutes away (its default), so only
+	// the recheck request makes it notice now.
+	secretKey := types.NamespacedName{Namespace: ns, Name: st.OperatorTokenSecretRef.Name}
+	var secret corev1.Secret
+	if err := c.Get(ctx, secretKey, &secret); err != nil {
+		t.Fatal(err)
+	}
+	if err := sdk.DeleteAPIKey(ctx, codersdk.Me, secret.Annotations["coder.com/token-id"]); err != nil {
+		t.Fatalf("revoke the operator token in coderd: %v", err)
+	}
+	if _, err := sdk.User(ctx, codersdk.Me); err == nil {
+		t.Fatal("coderd still accepts the revoked token")
+	}
+	rechecks <- event.TypedGenericEvent[types.NamespacedName]{Object: types.NamespacedName{Namespace: ns, Name: "coder"}}
+	eventually(t, 60*time.Second, "a new operator token after the recheck request", func() error {
+		next := readSecretKey(t, ns, st.OperatorTokenSecretRef.Name, st.OperatorTokenSecretRef.Key)
+		if next == token {
+			return fmt.Errorf("the Secret still holds the revoked token")
+		}
+		sdk.SetSessionToken(next)
+		if _, err := sdk.User(ctx, codersdk.Me); err != nil {
+			return fmt.Errorf("coderd refuses the new token: %w", err)
+		}
+		return nil
+	})
 
 	// Deletion revokes the token.
 	if err := c.Delete(ctx, ccp); err != nil {

@@ -26,15 +26,18 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
@@ -52,6 +55,15 @@ type AccessManager interface {
 }
 
 var _ AccessManager = (*operatoraccess.Manager)(nil)
+
+// Rechecker is an AccessManager that can be told a control plane's token
+// may no longer work, so that its next Reconcile asks coderd instead of
+// trusting its last check.
+type Rechecker interface {
+	Recheck(ccp *coderv1alpha1.CoderControlPlane)
+}
+
+var _ Rechecker = (*operatoraccess.Manager)(nil)
 
 // Finalizers.
 const (
@@ -114,6 +126,10 @@ type Reconciler struct {
 	// ResyncPeriod re-checks a control plane when the access manager asks
 	// for no earlier check.
 	ResyncPeriod time.Duration
+	// Rechecks names control planes whose operator token another
+	// component saw rejected by coderd (the aggregated API in the same
+	// process): each is reconciled at once with a fresh access check.
+	Rechecks <-chan event.TypedGenericEvent[types.NamespacedName]
 	// MaxConcurrentReconciles lets control planes reconcile in parallel,
 	// so a slow coderd delays only its own.
 	MaxConcurrentReconciles int
@@ -208,6 +224,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	} else if installed {
 		b = b.Owns(newHTTPRoute())
+	}
+	if r.Rechecks != nil {
+		b = b.WatchesRawSource(source.TypedChannel(r.Rechecks, handler.TypedFuncs[types.NamespacedName, reconcile.Request]{
+			GenericFunc: r.recheck,
+		}))
 	}
 	if err := b.Complete(r); err != nil {
 		return fmt.Errorf("codercontrolplane controller: %w", err)
@@ -766,4 +787,20 @@ func ptrValue(p *int32) int32 {
 		return 0
 	}
 	return *p
+}
+
+// recheck drops the access manager's last result for the control plane
+// named by e and reconciles it, so its token is checked with coderd now.
+func (r *Reconciler) recheck(ctx context.Context, e event.TypedGenericEvent[types.NamespacedName], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	key := e.Object
+	var ccp coderv1alpha1.CoderControlPlane
+	if err := r.Client.Get(ctx, key, &ccp); err != nil {
+		// Gone, or not in the cache yet: nothing to recheck.
+		return
+	}
+	if rc, ok := r.Access.(Rechecker); ok {
+		rc.Recheck(&ccp)
+	}
+	logf.FromContext(ctx).Info("coderd rejected the operator token: checking operator access now", "controlPlane", key)
+	q.Add(reconcile.Request{NamespacedName: key})
 }

@@ -550,6 +550,10 @@ func (m *Manager) remember(ccp *coderv1alpha1.CoderControlPlane, secret *corev1.
 	m.cache()[ccp.UID] = cacheEntry{at: time.Now(), secretVersion: secret.ResourceVersion, generation: ccp.Generation, result: r}
 }
 
+// Recheck makes the next Reconcile of ccp check its token with coderd
+// instead of trusting the last check.
+func (m *Manager) Recheck(ccp *coderv1alpha1.CoderControlPlane) { m.forget(ccp) }
+
 func (m *Manager) forget(ccp *coderv1alpha1.CoderControlPlane) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
