@@ -112,20 +112,30 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 	// A token issued by another coderd (the URL changed) is not checked
 	// against this one: it is replaced.
 	if secret != nil && secret.Annotations[annotationCoderURL] == coderURL {
-		ok, err := m.tokenUsable(ctx, ccp, u, secret)
+		state, err := m.checkToken(ctx, ccp, u, secret)
 		if err != nil {
 			return m.apiError(res, "check the operator token", err), nil
 		}
-		if !ok {
-			log.Info("operator token revoked, expired or near expiry; issuing a new one")
-			secret, err = m.issueToken(ctx, ccp, u, secret, &res)
+		if state != tokenValid {
+			var self *codersdk.Client
+			if state == tokenExpiring {
+				// A token that still works renews itself (the operator
+				// user is an owner), so rotation does not depend on the
+				// owner token staying valid: coderd caps those at 168h.
+				self = coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
+				defer closeIdle(self)
+				log.Info("operator token near expiry; issuing a new one")
+			} else {
+				log.Info("operator token revoked or expired; issuing a new one")
+			}
+			secret, err = m.issueToken(ctx, ccp, u, secret, &res, self)
 			if err != nil || secret == nil {
 				return res, err
 			}
 			m.event(ccp, corev1.EventTypeNormal, "OperatorTokenRotated", "Issued a new operator token")
 		}
 	} else {
-		secret, err = m.issueToken(ctx, ccp, u, secret, &res)
+		secret, err = m.issueToken(ctx, ccp, u, secret, &res, nil)
 		if err != nil || secret == nil {
 			return res, err
 		}
@@ -186,40 +196,68 @@ func (m *Manager) Revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPla
 	return nil
 }
 
-// tokenUsable reports whether the stored token still authenticates and is
-// not close to expiry (within a third of its lifetime).
-func (m *Manager) tokenUsable(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, secret *corev1.Secret) (bool, error) {
+// tokenState is what checkToken found.
+type tokenState int
+
+const (
+	tokenValid    tokenState = iota
+	tokenExpiring            // authenticates, but within a third of its lifetime of expiry
+	tokenRejected            // coderd answers 401: revoked or expired
+)
+
+// checkToken reports whether the stored token still authenticates and is
+// not close to expiry.
+func (m *Manager) checkToken(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, secret *corev1.Secret) (tokenState, error) {
 	c := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
 	defer closeIdle(c)
 	if _, err := c.User(ctx, codersdk.Me); err != nil {
 		if coderapi.IsUnauthorized(err) {
-			return false, nil
+			return tokenRejected, nil
 		}
-		return false, err
+		return tokenRejected, err
 	}
 	expires, err := time.Parse(time.RFC3339, secret.Annotations[annotationExpiresAt])
 	if err != nil {
-		return false, nil
+		return tokenExpiring, nil
 	}
 	lifetime, err := strconv.ParseInt(secret.Annotations[annotationLifetime], 10, 64)
 	if err != nil || lifetime <= 0 {
 		lifetime = int64(defaultLifetime / time.Second)
 	}
-	return time.Until(expires) > time.Duration(lifetime)*time.Second/3, nil
+	if time.Until(expires) > time.Duration(lifetime)*time.Second/3 {
+		return tokenValid, nil
+	}
+	return tokenExpiring, nil
 }
 
 const annotationLifetime = "coder.com/token-lifetime-seconds"
 
-// issueToken gets an owner session, makes sure the operator user exists
-// with the owner role, creates a token for it, stores the token in the
-// Secret and revokes the one it replaces. When no owner session can be
-// had it fills res with the reason and returns a nil Secret.
-func (m *Manager) issueToken(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, old *corev1.Secret, res *Result) (*corev1.Secret, error) {
+// issueToken issues a new operator token with self (the operator's own,
+// still valid token) when given, else, or when that fails in coderd, with
+// an owner session. When no token can be issued it fills res with the
+// reason and returns a nil Secret.
+func (m *Manager) issueToken(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, old *corev1.Secret, res *Result, self *codersdk.Client) (*corev1.Secret, error) {
+	if self != nil {
+		before := *res
+		secret, err := m.issueWith(ctx, ccp, u, old, res, self)
+		if err != nil || secret != nil {
+			return secret, err
+		}
+		logf.FromContext(ctx).Info("the operator token could not renew itself; using an owner session", "reason", res.Message)
+		*res = before
+	}
 	owner, ok, err := m.ownerClient(ctx, ccp, u, res)
 	if err != nil || !ok {
 		return nil, err
 	}
 	defer closeIdle(owner)
+	return m.issueWith(ctx, ccp, u, old, res, owner)
+}
+
+// issueWith makes sure, acting through owner, that the operator user
+// exists with the owner role, creates a token for it, stores the token in
+// the Secret and revokes the one it replaces.
+func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, old *corev1.Secret, res *Result, owner *codersdk.Client) (*corev1.Secret, error) {
 	user, err := owner.User(ctx, OperatorUsername)
 	switch {
 	case coderapi.IsNotFound(err) || coderapi.StatusCode(err) == http.StatusBadRequest:

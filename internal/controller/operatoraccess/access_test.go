@@ -279,6 +279,33 @@ func TestExistingCoderd(t *testing.T) {
 		if r.AdminCredentialsSecret != "" {
 			t.Errorf("reports admin credentials %q although the operator created no first user", r.AdminCredentialsSecret)
 		}
+
+		// The owner token stops working (coderd caps owners' tokens at
+		// 168h by default); the operator token, near its expiry, renews
+		// itself and does not need it.
+		owner := &corev1.Secret{}
+		if err := f.c.Get(ctx, client.ObjectKey{Namespace: ccp.Namespace, Name: "owner"}, owner); err != nil {
+			t.Fatal(err)
+		}
+		owner.Data["token"] = []byte("expired-owner-token")
+		if err := f.c.Update(ctx, owner); err != nil {
+			t.Fatal(err)
+		}
+		s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
+		old := coderapi.NewClient(coder.URL, string(s.Data[operatoraccess.TokenKey]), 5*time.Second, coderapi.Target{})
+		patch := client.MergeFrom(s.DeepCopy())
+		s.Annotations["coder.com/token-expires-at"] = time.Now().Add(time.Minute).UTC().Format(time.RFC3339)
+		if err := f.c.Patch(ctx, s, patch); err != nil {
+			t.Fatal(err)
+		}
+		r2, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		mustReady(t, r2, err)
+		if me, err := f.tokenClient(t, ccp, coder.URL, r2).User(ctx, codersdk.Me); err != nil || me.Username != operatoraccess.OperatorUsername {
+			t.Fatalf("renewed operator token: %v %v", me.Username, err)
+		}
+		if _, err := old.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
+			t.Errorf("the replaced token still works after renewal: %v", err)
+		}
 	})
 
 	t.Run("a license on the open-source coderd is reported as not supported", func(t *testing.T) {
