@@ -41,6 +41,16 @@ func NewClient(u *url.URL, token string, timeout time.Duration, target Target) *
 	return c
 }
 
+// CloseIdle drops the idle keep-alive connections of a client that is
+// done with (made for one pass, or replaced), which would otherwise stay
+// open, each with two goroutines, until the transport's idle timeout.
+// Requests still using the client finish normally.
+func CloseIdle(c *codersdk.Client) {
+	if c != nil && c.HTTPClient != nil {
+		c.HTTPClient.CloseIdleConnections()
+	}
+}
+
 // StatusCode returns the HTTP status of a Coder API error, or 0 when err
 // did not come from a Coder API response (for example a network error).
 func StatusCode(err error) int {

@@ -88,12 +88,3 @@ func sortBackends(bs []Backend) {
 		return bs[i].ControlPlane < bs[j].ControlPlane
 	})
 }
-
-// closeIdle drops a replaced client's idle keep-alive connections, which
-// would otherwise stay open until the transport's idle timeout; requests
-// still using the client finish normally.
-func closeIdle(c *codersdk.Client) {
-	if c != nil && c.HTTPClient != nil {
-		c.HTTPClient.CloseIdleConnections()
-	}
-}

@@ -357,7 +357,7 @@ func (p *ControlPlaneProvider) client(ccp *coderv1alpha1.CoderControlPlane, u *u
 		return c.client
 	}
 	if ok {
-		closeIdle(c.client)
+		coderapi.CloseIdle(c.client)
 		p.log.V(1).Info("operator token or coderd URL changed: new client", "controlPlane", key, "url", u.String())
 	}
 	c = &cachedClient{
@@ -381,7 +381,7 @@ func (p *ControlPlaneProvider) forgetExcept(namespace string, live map[types.Nam
 	defer p.mu.Unlock()
 	for key, c := range p.clients {
 		if (namespace == "" || key.Namespace == namespace) && !live[key] {
-			closeIdle(c.client)
+			coderapi.CloseIdle(c.client)
 			delete(p.clients, key)
 		}
 	}

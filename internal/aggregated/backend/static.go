@@ -208,7 +208,7 @@ func (p *StaticProvider) refreshToken() {
 	old := p.client
 	p.token = token
 	p.client = coderapi.NewClient(p.url, token, p.timeout, staticTarget)
-	closeIdle(old)
+	coderapi.CloseIdle(old)
 	p.log.Info("session token file changed: using the new token", "file", p.tokenFile)
 }
 

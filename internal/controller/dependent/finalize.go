@@ -107,6 +107,7 @@ func (b *Base) undo(ctx context.Context, namespace string, c Cleanup) (done, aba
 	if err != nil {
 		return false, false, what, err.Error()
 	}
+	defer coderapi.CloseIdle(cl)
 	err = undo(ctx, cl)
 	if err == nil || coderapi.IsNotFound(err) || coderapi.IsFeatureUnavailable(err) {
 		return true, false, what, ""

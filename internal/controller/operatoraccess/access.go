@@ -88,7 +88,7 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 	}
 
 	anon := coderapi.NewClient(u, "", m.timeout(), m.target(ccp))
-	defer closeIdle(anon)
+	defer coderapi.CloseIdle(anon)
 	info, err := anon.BuildInfo(ctx)
 	if err != nil {
 		log.V(1).Info("coderd unreachable", "error", err.Error())
@@ -123,7 +123,7 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 				// user is an owner), so rotation does not depend on the
 				// owner token staying valid: coderd caps those at 168h.
 				self = coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
-				defer closeIdle(self)
+				defer coderapi.CloseIdle(self)
 				log.Info("operator token near expiry; issuing a new one")
 			} else {
 				log.Info("operator token revoked or expired; issuing a new one")
@@ -143,7 +143,7 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 	}
 
 	operator := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
-	defer closeIdle(operator)
+	defer coderapi.CloseIdle(operator)
 	res.Ready = true
 	res.Reason = ReasonReady
 	res.Message = "the operator holds a valid token for coder user " + OperatorUsername
@@ -179,7 +179,7 @@ func (m *Manager) Revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPla
 	}
 	if u, err := url.Parse(secret.Annotations[annotationCoderURL]); err == nil && u.Host != "" {
 		c := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
-		defer closeIdle(c)
+		defer coderapi.CloseIdle(c)
 		err := c.DeleteAPIKey(ctx, codersdk.Me, secret.Annotations[annotationTokenID])
 		switch {
 		case err == nil:
@@ -209,7 +209,7 @@ const (
 // not close to expiry.
 func (m *Manager) checkToken(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, secret *corev1.Secret) (tokenState, error) {
 	c := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
-	defer closeIdle(c)
+	defer coderapi.CloseIdle(c)
 	if _, err := c.User(ctx, codersdk.Me); err != nil {
 		if coderapi.IsUnauthorized(err) {
 			return tokenRejected, nil
@@ -250,7 +250,7 @@ func (m *Manager) issueToken(ctx context.Context, ccp *coderv1alpha1.CoderContro
 	if err != nil || !ok {
 		return nil, err
 	}
-	defer closeIdle(owner)
+	defer coderapi.CloseIdle(owner)
 	return m.issueWith(ctx, ccp, u, old, res, owner)
 }
 
@@ -340,7 +340,7 @@ func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControl
 // credentials the user supplied.
 func (m *Manager) ownerClient(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, res *Result) (*codersdk.Client, bool, error) {
 	anon := coderapi.NewClient(u, "", m.timeout(), m.target(ccp))
-	defer closeIdle(anon)
+	defer coderapi.CloseIdle(anon)
 	hasFirst, err := anon.HasFirstUser(ctx)
 	if err != nil {
 		*res = m.apiError(*res, "check for a first user", err)
@@ -523,15 +523,6 @@ func (m *Manager) getSecret(ctx context.Context, namespace, name string) (*corev
 func (m *Manager) event(ccp *coderv1alpha1.CoderControlPlane, typ, reason, msg string) {
 	if m.Recorder != nil {
 		m.Recorder.Eventf(ccp, nil, typ, reason, "OperatorAccess", "%s", msg)
-	}
-}
-
-// closeIdle drops the keep-alive connections of a client made for one
-// check: the next check comes long after they would time out, and until
-// then each holds a socket and two goroutines.
-func closeIdle(c *codersdk.Client) {
-	if c != nil && c.HTTPClient != nil {
-		c.HTTPClient.CloseIdleConnections()
 	}
 }
 

@@ -155,6 +155,8 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 	if cl == nil {
 		return res, err
 	}
+	// A client per pass: its connections are not reused by the next.
+	defer coderapi.CloseIdle(cl)
 
 	orgName := obj.Spec.Organization
 	if orgName == "" {

@@ -37,6 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/controller/dependent"
 )
 
@@ -166,6 +167,8 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 	if cl == nil {
 		return res, err
 	}
+	// A client per pass: its connections are not reused by the next.
+	defer coderapi.CloseIdle(cl)
 
 	proxies, err := cl.WorkspaceProxies(ctx)
 	if st.Unsupported(err, "workspace proxies") {
