@@ -85,6 +85,8 @@ var defaultKubeVersion = sync.OnceValues(func() (*chartutil.KubeVersion, error) 
 // renderOptions say which release to render and for which cluster.
 type renderOptions struct {
 	release, namespace string
+	// chart is a chart directory or package; the repository's by default.
+	chart string
 	// kubeVersion defaults to defaultKubeVersion.
 	kubeVersion *chartutil.KubeVersion
 }
@@ -108,11 +110,14 @@ func render(t testing.TB, opts renderOptions, vals map[string]any) (string, erro
 		}
 		opts.kubeVersion = kv
 	}
+	if opts.chart == "" {
+		opts.chart = chartDir(t)
+	}
 	// A fresh load every time: rendering twice must not depend on state
 	// kept in the loaded chart.
-	chrt, err := loader.Load(chartDir(t))
+	chrt, err := loader.Load(opts.chart)
 	if err != nil {
-		t.Fatalf("load chart: %v", err)
+		t.Fatalf("load chart %s: %v", opts.chart, err)
 	}
 	install := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
 	install.DryRun = true

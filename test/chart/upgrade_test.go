@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/Masterminds/semver/v3"
-	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	corev1 "k8s.io/api/core/v1"
@@ -71,26 +70,6 @@ func chartFile(t testing.TB, c *chart.Chart, name string) []byte {
 	}
 	t.Fatalf("chart %s %s has no file %s", c.Name(), c.Metadata.Version, name)
 	return nil
-}
-
-// renderChart renders a packaged or unpacked chart like render does the
-// chart in the repository.
-func renderChart(t testing.TB, path string, opts renderOptions, vals map[string]any) *manifest {
-	t.Helper()
-	install := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
-	install.DryRun = true
-	install.DryRunOption = "true"
-	install.ClientOnly = true
-	install.Replace = true
-	install.IncludeCRDs = true
-	install.ReleaseName = releaseName
-	install.Namespace = releaseNamespace
-	install.KubeVersion = opts.kubeVersion
-	rel, err := install.Run(loadChart(t, path), deepCopy(vals))
-	if err != nil {
-		t.Fatalf("render %s: %v", path, err)
-	}
-	return parseManifest(t, strings.TrimSpace(rel.Manifest)+"\n")
 }
 
 // TestChartVersionBumped: the chart in the repository is newer than the
@@ -176,7 +155,7 @@ func TestUpgrade(t *testing.T) {
 		valueArgs = append(valueArgs, "-f", f)
 		vals = merged(vals, valuesFromYAML(t, string(data)))
 	}
-	oldM := renderChart(t, prevPath, renderOptions{kubeVersion: c.kubeVersion}, vals)
+	oldM := mustRender(t, renderOptions{chart: prevPath, kubeVersion: c.kubeVersion}, vals)
 	newM := mustRender(t, renderOptions{kubeVersion: c.kubeVersion}, vals)
 
 	step := func(name string, f func(t *testing.T)) {

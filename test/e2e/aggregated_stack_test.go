@@ -156,9 +156,15 @@ func (s *aggStack) run(args ...string) (string, error) {
 
 // runIn runs kubectl with stdin.
 func (s *aggStack) runIn(stdin string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	return runKubectl(s.kubectl, s.k.KubeconfigPath, 3*time.Minute, stdin, args...)
+}
+
+// runKubectl runs the kubectl binary with kubeconfig (stdin unless
+// empty), bounded by timeout, and returns its combined output.
+func runKubectl(kubectl, kubeconfig string, timeout time.Duration, stdin string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, s.kubectl, append([]string{"--kubeconfig", s.k.KubeconfigPath}, args...)...)
+	cmd := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...)
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}

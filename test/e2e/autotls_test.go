@@ -8,7 +8,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"net"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -124,7 +123,7 @@ func TestAutoTLS(t *testing.T) {
 	})
 
 	t.Run("kubectl discovers the aggregated resources through kube-apiserver", func(t *testing.T) {
-		out, err := runKubectl(kubectl, k.KubeconfigPath, "api-resources", "--api-group", aggv1.GroupName, "-o", "name")
+		out, err := runKubectl(kubectl, k.KubeconfigPath, time.Minute, "", "api-resources", "--api-group", aggv1.GroupName, "-o", "name")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -187,7 +186,7 @@ func TestAutoTLS(t *testing.T) {
 		if !bytes.Equal(svc.Spec.CABundle, secret().Data[autotls.CABundleKey]) {
 			t.Errorf("APIService caBundle (%d bytes) not restored", len(svc.Spec.CABundle))
 		}
-		out, err := runKubectl(kubectl, k.KubeconfigPath, "get", "--raw", "/apis/"+aggv1.GroupName+"/v1alpha1")
+		out, err := runKubectl(kubectl, k.KubeconfigPath, time.Minute, "", "get", "--raw", "/apis/"+aggv1.GroupName+"/v1alpha1")
 		if err != nil || !strings.Contains(out, "coderworkspaces") {
 			t.Errorf("GET /apis/%s/v1alpha1 through kube-apiserver: %v\n%s", aggv1.GroupName, err, out)
 		}
@@ -201,16 +200,6 @@ func operatorPort(t *testing.T, op *Operator) int {
 		t.Fatal(err)
 	}
 	return port
-}
-
-func runKubectl(kubectl, kubeconfig string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
 }
 
 // pemBody is the DER of the first PEM block of b.

@@ -181,17 +181,7 @@ func (f *faultStack) waitAccess(t *testing.T) {
 
 // kubectlRun runs kubectl as the cluster admin, bounded by timeout.
 func (f *faultStack) kubectlRun(timeout time.Duration, stdin string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, f.kubectl, append([]string{"--kubeconfig", f.k.KubeconfigPath}, args...)...)
-	if stdin != "" {
-		cmd.Stdin = strings.NewReader(stdin)
-	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
+	return runKubectl(f.kubectl, f.k.KubeconfigPath, timeout, stdin, args...)
 }
 
 // A: kube-apiserver goes away and comes back on the same port with the

@@ -85,6 +85,19 @@ func (f *fixture) tokenClient(t *testing.T, ccp *coderv1alpha1.CoderControlPlane
 	return coderapi.NewClient(coderURL, string(s.Data[r.TokenSecretRef.Key]), 5*time.Second, coderapi.Target{})
 }
 
+// expireSoon makes the stored expiry of the operator token in r say it
+// is about to expire, and returns a client with that token.
+func (f *fixture) expireSoon(t *testing.T, ccp *coderv1alpha1.CoderControlPlane, coderURL *url.URL, r operatoraccess.Result) *codersdk.Client {
+	t.Helper()
+	s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
+	patch := client.MergeFrom(s.DeepCopy())
+	s.Annotations["coder.com/token-expires-at"] = time.Now().Add(time.Minute).UTC().Format(time.RFC3339)
+	if err := f.c.Patch(context.Background(), s, patch); err != nil {
+		t.Fatal(err)
+	}
+	return f.tokenClient(t, ccp, coderURL, r)
+}
+
 func mustReady(t *testing.T, r operatoraccess.Result, err error) {
 	t.Helper()
 	if err != nil {
@@ -187,14 +200,7 @@ func TestFreshCoderd(t *testing.T) {
 	})
 
 	t.Run("a token near expiry is rotated and the old one revoked", func(t *testing.T) {
-		s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
-		old := coderapi.NewClient(coder.URL, string(s.Data[operatoraccess.TokenKey]), 5*time.Second, coderapi.Target{})
-		// Make the stored expiry say the token is about to expire.
-		patch := client.MergeFrom(s.DeepCopy())
-		s.Annotations["coder.com/token-expires-at"] = time.Now().Add(time.Minute).UTC().Format(time.RFC3339)
-		if err := f.c.Patch(ctx, s, patch); err != nil {
-			t.Fatal(err)
-		}
+		old := f.expireSoon(t, ccp, coder.URL, r)
 		r3, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
 		mustReady(t, r3, err)
 		if _, err := f.tokenClient(t, ccp, coder.URL, r3).User(ctx, codersdk.Me); err != nil {
@@ -291,13 +297,7 @@ func TestExistingCoderd(t *testing.T) {
 		if err := f.c.Update(ctx, owner); err != nil {
 			t.Fatal(err)
 		}
-		s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
-		old := coderapi.NewClient(coder.URL, string(s.Data[operatoraccess.TokenKey]), 5*time.Second, coderapi.Target{})
-		patch := client.MergeFrom(s.DeepCopy())
-		s.Annotations["coder.com/token-expires-at"] = time.Now().Add(time.Minute).UTC().Format(time.RFC3339)
-		if err := f.c.Patch(ctx, s, patch); err != nil {
-			t.Fatal(err)
-		}
+		old := f.expireSoon(t, ccp, coder.URL, r)
 		r2, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
 		mustReady(t, r2, err)
 		if me, err := f.tokenClient(t, ccp, coder.URL, r2).User(ctx, codersdk.Me); err != nil || me.Username != operatoraccess.OperatorUsername {
