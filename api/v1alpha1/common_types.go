@@ -31,32 +31,6 @@ const (
 	PhaseUnsupported Phase = "Unsupported"
 )
 
-// Condition types.
-const (
-	// ConditionAvailable: the workload serves requests.
-	ConditionAvailable = "Available"
-	// ConditionOperatorAccessReady: the operator holds a working Coder
-	// token. Unknown (reason CoderdUnreachable) while coderd does not
-	// answer: the last token stays in use until it does.
-	ConditionOperatorAccessReady = "OperatorAccessReady"
-	// ConditionControlPlaneReady: the referenced control plane is usable.
-	ConditionControlPlaneReady = "ControlPlaneReady"
-	// ConditionFeatureSupported: the coderd offers the feature this
-	// object needs.
-	ConditionFeatureSupported = "FeatureSupported"
-	// ConditionCredentialsReady: the key or token this object runs with is
-	// issued and stored in its Secret.
-	ConditionCredentialsReady = "CredentialsReady"
-	// ConditionLicenseApplied: the referenced license was uploaded.
-	ConditionLicenseApplied = "LicenseApplied"
-	// ConditionReconciled: the operator wrote every child of a deployed
-	// control plane and every Secret the pods mount exists.
-	ConditionReconciled = "Reconciled"
-	// ConditionExposed: the Ingress or HTTPRoute of spec.expose is in
-	// place. Present only when spec.expose is set.
-	ConditionExposed = "Exposed"
-)
-
 // ControlPlaneReference names a CoderControlPlane in the same namespace.
 type ControlPlaneReference struct {
 	// Name of the CoderControlPlane.

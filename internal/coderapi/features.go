@@ -1,19 +1,9 @@
 package coderapi
 
 import (
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"net/http"
 	"strings"
-)
-
-// Reasons a coderd does not offer an Enterprise/Premium feature, usable as
-// condition reasons.
-const (
-	// ReasonNotSupported: the coderd is the open-source (AGPL) build, which
-	// does not have the feature's routes at all.
-	ReasonNotSupported = "NotSupported"
-	// ReasonNotEntitled: the coderd is the Enterprise build but its license
-	// does not entitle the feature.
-	ReasonNotEntitled = "NotEntitled"
 )
 
 // entitlementHints are fragments of the messages an Enterprise coderd
@@ -30,8 +20,8 @@ var entitlementHints = []string{
 }
 
 // FeatureUnavailable reports whether err means coderd does not offer the
-// feature the request belongs to, and why (ReasonNotSupported or
-// ReasonNotEntitled). Coder's own message is available from Message(err).
+// feature the request belongs to, and why (coderv1alpha1.ReasonNotSupported or
+// coderv1alpha1.ReasonNotEntitled). Coder's own message is available from Message(err).
 //
 // What coderd v2.30.0 answers (checked against the real servers' code and
 // the open-source build):
@@ -50,13 +40,13 @@ func FeatureUnavailable(err error) (reason string, ok bool) {
 	switch StatusCode(err) {
 	case http.StatusNotFound:
 		if isRouteNotFound(err) {
-			return ReasonNotSupported, true
+			return coderv1alpha1.ReasonNotSupported, true
 		}
 	case http.StatusForbidden:
 		msg := strings.ToLower(Message(err))
 		for _, hint := range entitlementHints {
 			if strings.Contains(msg, hint) {
-				return ReasonNotEntitled, true
+				return coderv1alpha1.ReasonNotEntitled, true
 			}
 		}
 	}

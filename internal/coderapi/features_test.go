@@ -2,6 +2,7 @@ package coderapi_test
 
 import (
 	"encoding/json"
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -51,8 +52,8 @@ func TestFeatureUnavailableOnOpenSourceCoderd(t *testing.T) {
 	for name, call := range calls {
 		err := call()
 		reason, ok := coderapi.FeatureUnavailable(err)
-		if !ok || reason != coderapi.ReasonNotSupported {
-			t.Errorf("%s: FeatureUnavailable(%v) = %q, %v; want %s", name, err, reason, ok, coderapi.ReasonNotSupported)
+		if !ok || reason != coderv1alpha1.ReasonNotSupported {
+			t.Errorf("%s: FeatureUnavailable(%v) = %q, %v; want %s", name, err, reason, ok, coderv1alpha1.ReasonNotSupported)
 			continue
 		}
 		if code, msg := coderapi.StatusCode(err), coderapi.Message(err); code != http.StatusNotFound || msg != "Route not found." {
@@ -86,8 +87,8 @@ func TestFeatureUnavailableNotEntitled(t *testing.T) {
 		unavailable bool
 		reason      string
 	}{
-		"/api/v2/workspaceproxies":                                        {http.StatusForbidden, "Workspace Proxy is a Premium feature. Contact sales!", true, coderapi.ReasonNotEntitled},
-		"/api/v2/organizations/" + uuid.Nil.String() + "/provisionerkeys": {http.StatusForbidden, "External Provisioner Daemons is a Premium feature. Contact sales!", true, coderapi.ReasonNotEntitled},
+		"/api/v2/workspaceproxies":                                        {http.StatusForbidden, "Workspace Proxy is a Premium feature. Contact sales!", true, coderv1alpha1.ReasonNotEntitled},
+		"/api/v2/organizations/" + uuid.Nil.String() + "/provisionerkeys": {http.StatusForbidden, "External Provisioner Daemons is a Premium feature. Contact sales!", true, coderv1alpha1.ReasonNotEntitled},
 		"/api/v2/users/me":                                                {http.StatusForbidden, "Forbidden.", false, ""},
 		"/api/v2/templates":                                               {http.StatusInternalServerError, "Internal error.", false, ""},
 	}

@@ -627,8 +627,8 @@ func cfWaitAccess(t *testing.T, s *aggStack, ns string, timeout time.Duration, a
 				return errNotYet(fmt.Sprintf("%s/coder: %s is not %s: %s", ns, typ, want, conditionSummary(ccp.Status.Conditions)))
 			case c.ObservedGeneration != ccp.Generation:
 				return errNotYet(fmt.Sprintf("%s/coder: %s observed generation %d of %d", ns, typ, c.ObservedGeneration, ccp.Generation))
-			case want != metav1.ConditionTrue && (c.Reason != operatoraccess.ReasonCoderdUnreachable || !strings.Contains(c.Message, "unreachable")):
-				return fmt.Errorf("%s/coder: %s=%s with reason %s: %s; want reason %s", ns, typ, c.Status, c.Reason, c.Message, operatoraccess.ReasonCoderdUnreachable)
+			case want != metav1.ConditionTrue && (c.Reason != coderv1alpha1.ReasonCoderdUnreachable || !strings.Contains(c.Message, "unreachable")):
+				return fmt.Errorf("%s/coder: %s=%s with reason %s: %s; want reason %s", ns, typ, c.Status, c.Reason, c.Message, coderv1alpha1.ReasonCoderdUnreachable)
 			}
 		}
 		if ccp.Status.OperatorTokenSecretRef == nil {

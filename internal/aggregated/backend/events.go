@@ -28,7 +28,7 @@ const (
 	// next check.
 	ReasonOperatorTokenRejected = "OperatorTokenRejected"
 	// ReasonCoderdUnreachable: a request to coderd got no answer.
-	ReasonCoderdUnreachable = "CoderdUnreachable"
+	ReasonCoderdUnreachable = coderv1alpha1.ReasonCoderdUnreachable
 )
 
 // problemEventInterval is the least time between two events of one reason

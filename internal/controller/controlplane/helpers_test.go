@@ -73,7 +73,7 @@ func (f *fakeAccess) calls() (urls []string, revokes int) {
 func readyAccess() operatoraccess.Result {
 	return operatoraccess.Result{
 		Ready:          true,
-		Reason:         operatoraccess.ReasonReady,
+		Reason:         coderv1alpha1.ReasonTokenValid,
 		Message:        "the operator's token is valid",
 		TokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "coder-operator-token", Key: "token"},
 		User:           "coder-k8s",

@@ -80,11 +80,11 @@ func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
 	ccp.Spec.Expose = &coderv1alpha1.ExposeSpec{Ingress: &coderv1alpha1.IngressSpec{Host: "coder.example.com"}}
 	create(t, admin, ccp)
 
-	waitCondition(t, admin, ns, "coder", ConditionReconciled, metav1.ConditionFalse, ReasonSecretNotFound)
-	waitEvent(t, ns, "coder", corev1.EventTypeWarning, ReasonSecretNotFound)
+	waitCondition(t, admin, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonSecretNotFound)
+	waitEvent(t, ns, "coder", corev1.EventTypeWarning, coderv1alpha1.ReasonSecretNotFound)
 	create(t, admin, tlsSecret(t, ns, "coder-tls", "coder."+ns+".svc.cluster.local"))
-	waitCondition(t, admin, ns, "coder", ConditionReconciled, metav1.ConditionTrue, ReasonApplied)
-	waitCondition(t, admin, ns, "coder", ConditionExposed, metav1.ConditionTrue, ReasonIngressApplied)
+	waitCondition(t, admin, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied)
+	waitCondition(t, admin, ns, "coder", coderv1alpha1.ConditionExposed, metav1.ConditionTrue, coderv1alpha1.ReasonIngressApplied)
 	if err := admin.Get(ctx, types.NamespacedName{Namespace: extra, Name: "coder-workspace-perms"}, &rbacv1.RoleBinding{}); err != nil {
 		t.Errorf("workspace RoleBinding in %s: %v", extra, err)
 	}
@@ -152,8 +152,8 @@ func TestAdoptedUnreachableCoderd(t *testing.T) {
 	ccp := newControlPlane(ns, "coder")
 	ccp.Spec.ExternalURL = "http://" + addr
 	create(t, c, ccp)
-	ccp = waitCondition(t, c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, operatoraccess.ReasonCoderdUnreachable)
-	waitCondition(t, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, operatoraccess.ReasonCoderdUnreachable)
+	ccp = waitCondition(t, c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonCoderdUnreachable)
+	waitCondition(t, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, coderv1alpha1.ReasonCoderdUnreachable)
 	if ccp.Status.Phase != coderv1alpha1.PhaseProvisioning || ccp.Status.URL != "http://"+addr || ccp.Status.OperatorTokenSecretRef != nil {
 		t.Errorf("status = %+v", ccp.Status)
 	}

@@ -360,8 +360,8 @@ func (r *Reconciler) patchFinalizers(ctx context.Context, ccp *coderv1alpha1.Cod
 func (r *Reconciler) adopt(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) error {
 	ccp.Status.URL = ccp.Spec.ExternalURL
 	ccp.Status.Replicas, ccp.Status.ReadyReplicas = 0, 0
-	apimeta.RemoveStatusCondition(&ccp.Status.Conditions, ConditionReconciled)
-	apimeta.RemoveStatusCondition(&ccp.Status.Conditions, ConditionExposed)
+	apimeta.RemoveStatusCondition(&ccp.Status.Conditions, coderv1alpha1.ConditionReconciled)
+	apimeta.RemoveStatusCondition(&ccp.Status.Conditions, coderv1alpha1.ConditionExposed)
 	if err := r.prune(ctx, ccp, keepSet{}); err != nil {
 		return err
 	}
@@ -411,23 +411,23 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 	workloadErrs := len(errs)
 	var requeue time.Duration
 	if exp := ccp.Spec.Expose; exp == nil || (exp.Ingress == nil && exp.HTTPRoute == nil) {
-		apimeta.RemoveStatusCondition(&ccp.Status.Conditions, ConditionExposed)
+		apimeta.RemoveStatusCondition(&ccp.Status.Conditions, coderv1alpha1.ConditionExposed)
 	} else if exp.Ingress != nil {
 		apply(desiredIngress(ccp), true)
-		r.setExposed(ccp, errs[workloadErrs:], ReasonIngressApplied, fmt.Sprintf("Ingress %s routes %s to coderd", ccp.Name, exp.Ingress.Host))
+		r.setExposed(ccp, errs[workloadErrs:], coderv1alpha1.ReasonIngressApplied, fmt.Sprintf("Ingress %s routes %s to coderd", ccp.Name, exp.Ingress.Host))
 	} else {
 		installed, err := r.httpRouteInstalled()
 		switch {
 		case err != nil:
-			setCondition(ccp, ConditionExposed, metav1.ConditionUnknown, ReasonApplyError, err.Error())
+			setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionUnknown, coderv1alpha1.ReasonApplyError, err.Error())
 			requeue = valueOr(r.GatewayAPIRecheckPeriod, gatewayAPIRecheck)
 		case !installed:
-			setCondition(ccp, ConditionExposed, metav1.ConditionFalse, ReasonGatewayAPINotInstalled,
+			setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, coderv1alpha1.ReasonGatewayAPINotInstalled,
 				"spec.expose.httpRoute needs the Gateway API: the HTTPRoute kind (gateway.networking.k8s.io/v1) is not installed in the cluster; install the Gateway API CRDs or use spec.expose.ingress")
 			requeue = valueOr(r.GatewayAPIRecheckPeriod, gatewayAPIRecheck)
 		default:
 			apply(desiredHTTPRoute(ccp), true)
-			r.setExposed(ccp, errs[workloadErrs:], ReasonHTTPRouteApplied, fmt.Sprintf("HTTPRoute %s attaches coderd to %d Gateway(s)", ccp.Name, len(exp.HTTPRoute.ParentRefs)))
+			r.setExposed(ccp, errs[workloadErrs:], coderv1alpha1.ReasonHTTPRouteApplied, fmt.Sprintf("HTTPRoute %s attaches coderd to %d Gateway(s)", ccp.Name, len(exp.HTTPRoute.ParentRefs)))
 		}
 	}
 	var cleanupErrs []error
@@ -452,14 +452,14 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 // Ingress or HTTPRoute.
 func (r *Reconciler) setExposed(ccp *coderv1alpha1.CoderControlPlane, errs []error, okReason, okMessage string) {
 	if len(errs) == 0 {
-		setCondition(ccp, ConditionExposed, metav1.ConditionTrue, okReason, okMessage)
+		setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionTrue, okReason, okMessage)
 		return
 	}
-	reason := ReasonApplyError
+	reason := coderv1alpha1.ReasonApplyError
 	if permanent(errs...) {
-		reason = ReasonApplyFailed
+		reason = coderv1alpha1.ReasonApplyFailed
 	}
-	setCondition(ccp, ConditionExposed, metav1.ConditionFalse, reason, errors.Join(errs...).Error())
+	setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, reason, errors.Join(errs...).Error())
 }
 
 // setReconciled sets the Reconciled condition: refused children first
@@ -472,19 +472,19 @@ func (r *Reconciler) setReconciled(ccp *coderv1alpha1.CoderControlPlane, errs []
 	}
 	switch {
 	case len(errs) > 0:
-		reason := ReasonApplyError
+		reason := coderv1alpha1.ReasonApplyError
 		if permanent(errs...) {
-			reason = ReasonApplyFailed
+			reason = coderv1alpha1.ReasonApplyFailed
 		}
 		msg := errors.Join(errs...).Error()
 		if missingMsg != "" {
 			msg += "; " + missingMsg
 		}
-		setCondition(ccp, ConditionReconciled, metav1.ConditionFalse, reason, msg)
+		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, reason, msg)
 	case len(missing) > 0:
-		setCondition(ccp, ConditionReconciled, metav1.ConditionFalse, ReasonSecretNotFound, missingMsg)
+		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonSecretNotFound, missingMsg)
 	default:
-		setCondition(ccp, ConditionReconciled, metav1.ConditionTrue, ReasonApplied, "all children are up to date")
+		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied, "all children are up to date")
 	}
 }
 
@@ -509,7 +509,7 @@ func (r *Reconciler) setAvailableFromDeployment(ctx context.Context, ccp *coderv
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ccp.Namespace, Name: ccp.Name}, &dep)
 	if apierrors.IsNotFound(err) {
 		ccp.Status.Replicas, ccp.Status.ReadyReplicas = 0, 0
-		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, ReasonDeploymentUnavailable,
+		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
 			fmt.Sprintf("Deployment %s does not exist yet", ccp.Name))
 		return nil
 	}
@@ -523,15 +523,15 @@ func (r *Reconciler) setAvailableFromDeployment(ctx context.Context, ccp *coderv
 			continue
 		}
 		if c.Status == corev1.ConditionTrue {
-			setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, ReasonDeploymentAvailable,
+			setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonDeploymentAvailable,
 				fmt.Sprintf("Deployment %s is available: %d of %d replicas ready", dep.Name, dep.Status.ReadyReplicas, ptrValue(dep.Spec.Replicas)))
 			return nil
 		}
-		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, ReasonDeploymentUnavailable,
+		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
 			fmt.Sprintf("Deployment %s is not available (%s): %s", dep.Name, c.Reason, c.Message))
 		return nil
 	}
-	setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, ReasonDeploymentUnavailable,
+	setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
 		fmt.Sprintf("Deployment %s has not reported availability yet: %d of %d replicas ready", dep.Name, dep.Status.ReadyReplicas, ptrValue(dep.Spec.Replicas)))
 	return nil
 }
@@ -566,7 +566,7 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 		// Not a crash: the condition says what failed, and the check
 		// is repeated with a backoff that grows while it keeps failing.
 		reason := classifyAccessError(err)
-		if res.Reason != "" && res.Reason != operatoraccess.ReasonReady {
+		if res.Reason != "" && res.Reason != coderv1alpha1.ReasonTokenValid {
 			// The manager classified the failure itself.
 			reason = res.Reason
 		}
@@ -578,13 +578,13 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 		if adopted {
 			switch {
 			case res.CoderVersion != "":
-				setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, ReasonCoderdReachable,
+				setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonCoderdReachable,
 					fmt.Sprintf("coderd %s answers at %s", res.CoderVersion, ccp.Status.URL))
-			case reason == operatoraccess.ReasonCoderdUnreachable:
-				setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, operatoraccess.ReasonCoderdUnreachable,
+			case reason == coderv1alpha1.ReasonCoderdUnreachable:
+				setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonCoderdUnreachable,
 					fmt.Sprintf("coderd at %s is unreachable: %v", ccp.Status.URL, err))
 			default:
-				setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionUnknown, ReasonReachabilityUnknown,
+				setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionUnknown, coderv1alpha1.ReasonReachabilityUnknown,
 					"operator access failed before it reached coderd: "+err.Error())
 			}
 		}
@@ -595,7 +595,7 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 
 	reason, msg := res.Reason, res.Message
 	if reason == "" {
-		reason = map[bool]string{true: operatoraccess.ReasonReady, false: ReasonAccessError}[res.Ready]
+		reason = map[bool]string{true: coderv1alpha1.ReasonTokenValid, false: coderv1alpha1.ReasonAccessError}[res.Ready]
 	}
 	if msg == "" {
 		msg = map[bool]string{true: "the operator holds a valid Coder token", false: "the operator holds no valid Coder token"}[res.Ready]
@@ -611,7 +611,7 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 	switch {
 	case res.User != "":
 		st.OperatorUser = res.User
-	case reason == operatoraccess.ReasonDisabled:
+	case reason == coderv1alpha1.ReasonDisabled:
 		st.OperatorUser = ""
 	}
 	if res.AdminCredentialsSecret != "" {
@@ -626,12 +626,12 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 	if adopted {
 		switch {
 		case res.CoderVersion != "":
-			setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, ReasonCoderdReachable,
+			setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonCoderdReachable,
 				fmt.Sprintf("coderd %s answers at %s", res.CoderVersion, st.URL))
-		case reason == operatoraccess.ReasonCoderdUnreachable:
-			setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, operatoraccess.ReasonCoderdUnreachable, msg)
+		case reason == coderv1alpha1.ReasonCoderdUnreachable:
+			setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonCoderdUnreachable, msg)
 		default:
-			setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionUnknown, ReasonReachabilityUnknown,
+			setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionUnknown, coderv1alpha1.ReasonReachabilityUnknown,
 				"operator access did not report coderd's version ("+reason+")")
 		}
 	}
@@ -653,13 +653,13 @@ func (r *Reconciler) setLicense(ccp *coderv1alpha1.CoderControlPlane, lic *opera
 	if lic != nil {
 		reason := lic.Reason
 		if reason == "" {
-			reason = map[bool]string{true: "Applied", false: "NotApplied"}[lic.Applied]
+			reason = map[bool]string{true: coderv1alpha1.ReasonApplied, false: coderv1alpha1.ReasonLicenseNotApplied}[lic.Applied]
 		}
 		setCondition(ccp, coderv1alpha1.ConditionLicenseApplied, boolStatus(lic.Applied), reason, lic.Message)
 		return
 	}
 	if apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionLicenseApplied) == nil {
-		setCondition(ccp, coderv1alpha1.ConditionLicenseApplied, metav1.ConditionUnknown, ReasonWaitingForAccess,
+		setCondition(ccp, coderv1alpha1.ConditionLicenseApplied, metav1.ConditionUnknown, coderv1alpha1.ReasonWaitingForAccess,
 			"the license is uploaded once the operator has access to coderd")
 	}
 }
@@ -671,11 +671,11 @@ func classifyAccessError(err error) string {
 	var urlErr *url.Error
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr), errors.As(err, &urlErr):
-		return operatoraccess.ReasonCoderdUnreachable
+		return coderv1alpha1.ReasonCoderdUnreachable
 	case coderapi.StatusCode(err) != 0:
-		return operatoraccess.ReasonCoderAPIError
+		return coderv1alpha1.ReasonCoderAPIError
 	default:
-		return ReasonAccessError
+		return coderv1alpha1.ReasonAccessError
 	}
 }
 

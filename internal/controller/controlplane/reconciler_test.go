@@ -200,14 +200,14 @@ func TestDeployedControlPlaneCreatesChildren(t *testing.T) {
 
 	// Status: the in-cluster URL; not available while no pod runs; access
 	// (the double) ready.
-	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, ReasonDeploymentUnavailable)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable)
 	if ccp.Status.URL != wantURL {
 		t.Errorf("status.url = %q, want %q", ccp.Status.URL, wantURL)
 	}
 	if ccp.Status.Phase != coderv1alpha1.PhaseProvisioning {
 		t.Errorf("phase = %s, want Provisioning", ccp.Status.Phase)
 	}
-	for _, typ := range []string{ConditionReconciled, coderv1alpha1.ConditionOperatorAccessReady} {
+	for _, typ := range []string{coderv1alpha1.ConditionReconciled, coderv1alpha1.ConditionOperatorAccessReady} {
 		if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, typ) {
 			t.Errorf("condition %s not True: %+v", typ, ccp.Status.Conditions)
 		}
@@ -276,7 +276,7 @@ expose: {ingress: {host: coder.example.com, className: nginx}}
 	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, "")
 
 	markDeploymentAvailable(t, h.c, ns, "coder")
-	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, ReasonDeploymentAvailable)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonDeploymentAvailable)
 	eventually(t, 10*time.Second, "phase Ready", func() error {
 		ccp = getCCP(t, h.c, ns, "coder")
 		if ccp.Status.Phase != coderv1alpha1.PhaseReady {
@@ -407,7 +407,7 @@ func TestSpecChangeUpdatesDeployment(t *testing.T) {
 		}
 		return nil
 	})
-	ccp = waitCondition(t, h.c, ns, "coder", ConditionReconciled, metav1.ConditionTrue, ReasonApplied)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied)
 	if want := "http://coder." + ns + ".svc.cluster.local:8080"; ccp.Status.URL != want {
 		t.Errorf("status.url = %q, want %q", ccp.Status.URL, want)
 	}
@@ -542,7 +542,7 @@ func TestExposeIngress(t *testing.T) {
 	if len(ing.Spec.TLS) != 1 || ing.Spec.TLS[0].SecretName != "coder-ingress-tls" || len(ing.Spec.TLS[0].Hosts) != 2 {
 		t.Errorf("Ingress TLS = %+v", ing.Spec.TLS)
 	}
-	waitCondition(t, h.c, ns, "coder", ConditionExposed, metav1.ConditionTrue, ReasonIngressApplied)
+	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionExposed, metav1.ConditionTrue, coderv1alpha1.ReasonIngressApplied)
 
 	updateCCP(t, h.c, ns, "coder", func(ccp *coderv1alpha1.CoderControlPlane) { ccp.Spec.Expose = nil })
 	eventually(t, 30*time.Second, "Ingress removed", func() error {
@@ -552,8 +552,8 @@ func TestExposeIngress(t *testing.T) {
 		}
 		return nil
 	})
-	ccp = waitCondition(t, h.c, ns, "coder", ConditionReconciled, metav1.ConditionTrue, "")
-	if c := apimeta.FindStatusCondition(ccp.Status.Conditions, ConditionExposed); c != nil {
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, "")
+	if c := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionExposed); c != nil {
 		t.Errorf("condition Exposed %+v remains without spec.expose", c)
 	}
 }
@@ -596,12 +596,12 @@ func TestExposeHTTPRouteWithoutAndWithGatewayAPI(t *testing.T) {
 
 	// Without the Gateway API the rest is deployed and the condition says
 	// why there is no route.
-	ccp = waitCondition(t, h.c, ns, "coder", ConditionExposed, metav1.ConditionFalse, ReasonGatewayAPINotInstalled)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionExposed, metav1.ConditionFalse, coderv1alpha1.ReasonGatewayAPINotInstalled)
 	getDeployment(t, h.c, ns, "coder")
-	if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, ConditionReconciled) {
+	if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, coderv1alpha1.ConditionReconciled) {
 		t.Errorf("Reconciled not True: %+v", ccp.Status.Conditions)
 	}
-	waitEvent(t, ns, "coder", corev1.EventTypeWarning, ReasonGatewayAPINotInstalled)
+	waitEvent(t, ns, "coder", corev1.EventTypeWarning, coderv1alpha1.ReasonGatewayAPINotInstalled)
 
 	// Installing the Gateway API later is noticed without a spec change.
 	crd := httpRouteCRD()
@@ -618,7 +618,7 @@ func TestExposeHTTPRouteWithoutAndWithGatewayAPI(t *testing.T) {
 			return nil
 		})
 	})
-	waitCondition(t, h.c, ns, "coder", ConditionExposed, metav1.ConditionTrue, ReasonHTTPRouteApplied)
+	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionExposed, metav1.ConditionTrue, coderv1alpha1.ReasonHTTPRouteApplied)
 	route := newHTTPRoute()
 	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, route); err != nil {
 		t.Fatalf("HTTPRoute: %v", err)
@@ -699,11 +699,11 @@ func TestSwitchToExternalURLRemovesChildren(t *testing.T) {
 	if err := h.c.Get(ctx, client.ObjectKeyFromObject(userSA), &corev1.ServiceAccount{}); err != nil {
 		t.Errorf("the user's service account: %v", err)
 	}
-	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, ReasonCoderdReachable)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonCoderdReachable)
 	if ccp.Status.URL != "https://coder.example.com" {
 		t.Errorf("status.url = %q, want the external URL", ccp.Status.URL)
 	}
-	if c := apimeta.FindStatusCondition(ccp.Status.Conditions, ConditionReconciled); c != nil {
+	if c := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionReconciled); c != nil {
 		t.Errorf("Reconciled %+v remains in adopt mode", c)
 	}
 	if slices.Contains(ccp.Finalizers, FinalizerWorkspaceRBAC) {
@@ -723,11 +723,11 @@ func TestMissingTLSSecretRecoversWhenCreated(t *testing.T) {
 	ccp.Spec.TLS = &coderv1alpha1.TLSSpec{SecretNames: []string{"coder-tls"}}
 	create(t, h.c, ccp)
 
-	ccp = waitCondition(t, h.c, ns, "coder", ConditionReconciled, metav1.ConditionFalse, ReasonSecretNotFound)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonSecretNotFound)
 	if ccp.Status.Phase != coderv1alpha1.PhasePending {
 		t.Errorf("phase = %s, want Pending", ccp.Status.Phase)
 	}
-	ev := waitEvent(t, ns, "coder", corev1.EventTypeWarning, ReasonSecretNotFound)
+	ev := waitEvent(t, ns, "coder", corev1.EventTypeWarning, coderv1alpha1.ReasonSecretNotFound)
 	if !containsAll(ev.Note, "coder-tls") {
 		t.Errorf("event note %q does not name the Secret", ev.Note)
 	}
@@ -751,7 +751,7 @@ func TestMissingTLSSecretRecoversWhenCreated(t *testing.T) {
 
 	generation := ccp.Generation
 	create(t, h.c, tlsSecret(t, ns, "coder-tls", "coder."+ns+".svc.cluster.local"))
-	ccp = waitCondition(t, h.c, ns, "coder", ConditionReconciled, metav1.ConditionTrue, ReasonApplied)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied)
 	if ccp.Generation != generation {
 		t.Errorf("generation %d -> %d: the control plane was changed", generation, ccp.Generation)
 	}
@@ -787,7 +787,7 @@ func TestAccessErrorIsAConditionNotACrash(t *testing.T) {
 	ccp := newControlPlane(ns, "coder")
 	ccp.Spec.ExternalURL = "https://coder.example.com"
 	create(t, h.c, ccp)
-	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, ReasonAccessError)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, coderv1alpha1.ReasonAccessError)
 	cond := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady)
 	if !contains(cond.Message, "implementation in progress") {
 		t.Errorf("message %q does not carry the error", cond.Message)
@@ -802,7 +802,7 @@ func TestAccessErrorIsAConditionNotACrash(t *testing.T) {
 	// The access manager recovers: so does the control plane, without a
 	// spec change (the failure is retried with backoff).
 	access.set(readyAccess(), nil)
-	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, operatoraccess.ReasonReady)
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, coderv1alpha1.ReasonTokenValid)
 	if ccp.Status.Phase != coderv1alpha1.PhaseReady {
 		t.Errorf("phase = %s, want Ready", ccp.Status.Phase)
 	}
@@ -873,11 +873,11 @@ func TestNameTakenByUnmanagedObjectFails(t *testing.T) {
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 5432}}},
 	})
 	create(t, h.c, newControlPlane(ns, "coder"))
-	ccp := waitCondition(t, h.c, ns, "coder", ConditionReconciled, metav1.ConditionFalse, ReasonApplyFailed)
+	ccp := waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonApplyFailed)
 	if ccp.Status.Phase != coderv1alpha1.PhaseFailed {
 		t.Errorf("phase = %s, want Failed", ccp.Status.Phase)
 	}
-	waitEvent(t, ns, "coder", corev1.EventTypeWarning, ReasonApplyFailed)
+	waitEvent(t, ns, "coder", corev1.EventTypeWarning, coderv1alpha1.ReasonApplyFailed)
 	var svc corev1.Service
 	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &svc); err != nil {
 		t.Fatal(err)

@@ -11,42 +11,6 @@ import (
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 )
 
-// Condition types this reconciler adds to the API's (Available,
-// OperatorAccessReady, LicenseApplied).
-const (
-	ConditionReconciled = coderv1alpha1.ConditionReconciled
-	ConditionExposed    = coderv1alpha1.ConditionExposed
-)
-
-// Condition reasons.
-const (
-	ReasonApplied        = "Applied"
-	ReasonSecretNotFound = "SecretNotFound"
-	// ReasonApplyFailed: a child was refused in a way that needs a change
-	// to the spec or to the cluster (invalid, forbidden, name taken,
-	// namespace missing).
-	ReasonApplyFailed = "ApplyFailed"
-	// ReasonApplyError: a child could not be written for a reason that
-	// may go away by itself (API errors, timeouts); it is retried.
-	ReasonApplyError = "ApplyError"
-
-	ReasonIngressApplied         = "IngressApplied"
-	ReasonHTTPRouteApplied       = "HTTPRouteApplied"
-	ReasonGatewayAPINotInstalled = "GatewayAPINotInstalled"
-
-	ReasonDeploymentAvailable   = "DeploymentAvailable"
-	ReasonDeploymentUnavailable = "DeploymentUnavailable"
-	ReasonCoderdReachable       = "CoderdReachable"
-	ReasonReachabilityUnknown   = "ReachabilityUnknown"
-
-	// ReasonAccessError: the access manager failed in a way it did not
-	// classify itself.
-	ReasonAccessError = "AccessReconcileFailed"
-	// ReasonWaitingForAccess: the license is uploaded once operator
-	// access works.
-	ReasonWaitingForAccess = "WaitingForOperatorAccess"
-)
-
 // Limits of the API: condition messages and event notes.
 const (
 	maxConditionMessage = 32768
@@ -115,15 +79,15 @@ func computePhase(prev coderv1alpha1.Phase, conds []metav1.Condition) coderv1alp
 	}
 	available := apimeta.IsStatusConditionTrue(conds, coderv1alpha1.ConditionAvailable)
 	accessOK := apimeta.IsStatusConditionTrue(conds, coderv1alpha1.ConditionOperatorAccessReady) ||
-		falseWith(coderv1alpha1.ConditionOperatorAccessReady, operatoraccess.ReasonDisabled)
-	restOK := trueOrAbsent(ConditionReconciled) && trueOrAbsent(ConditionExposed) && trueOrAbsent(coderv1alpha1.ConditionLicenseApplied)
+		falseWith(coderv1alpha1.ConditionOperatorAccessReady, coderv1alpha1.ReasonDisabled)
+	restOK := trueOrAbsent(coderv1alpha1.ConditionReconciled) && trueOrAbsent(coderv1alpha1.ConditionExposed) && trueOrAbsent(coderv1alpha1.ConditionLicenseApplied)
 
 	switch {
-	case falseWith(ConditionReconciled, ReasonApplyFailed),
-		falseWith(coderv1alpha1.ConditionOperatorAccessReady, operatoraccess.ReasonOwnerCredentialsRequired, operatoraccess.ReasonOwnerCredentialsRejected):
+	case falseWith(coderv1alpha1.ConditionReconciled, coderv1alpha1.ReasonApplyFailed),
+		falseWith(coderv1alpha1.ConditionOperatorAccessReady, coderv1alpha1.ReasonOwnerCredentialsRequired, coderv1alpha1.ReasonOwnerCredentialsRejected):
 		return coderv1alpha1.PhaseFailed
-	case falseWith(coderv1alpha1.ConditionOperatorAccessReady, operatoraccess.ReasonOwnerSecretMissing),
-		!available && falseWith(ConditionReconciled, ReasonSecretNotFound):
+	case falseWith(coderv1alpha1.ConditionOperatorAccessReady, coderv1alpha1.ReasonOwnerSecretMissing),
+		!available && falseWith(coderv1alpha1.ConditionReconciled, coderv1alpha1.ReasonSecretNotFound):
 		return coderv1alpha1.PhasePending
 	case available && accessOK && restOK:
 		return coderv1alpha1.PhaseReady
@@ -138,12 +102,12 @@ func computePhase(prev coderv1alpha1.Phase, conds []metav1.Condition) coderv1alp
 // problemReasons are False reasons worth a Warning event even when the
 // condition was never True: the user has something to fix.
 var problemReasons = map[string]bool{
-	ReasonSecretNotFound:                          true,
-	ReasonApplyFailed:                             true,
-	ReasonGatewayAPINotInstalled:                  true,
-	operatoraccess.ReasonOwnerCredentialsRequired: true,
-	operatoraccess.ReasonOwnerSecretMissing:       true,
-	operatoraccess.ReasonOwnerCredentialsRejected: true,
+	coderv1alpha1.ReasonSecretNotFound:           true,
+	coderv1alpha1.ReasonApplyFailed:              true,
+	coderv1alpha1.ReasonGatewayAPINotInstalled:   true,
+	coderv1alpha1.ReasonOwnerCredentialsRequired: true,
+	coderv1alpha1.ReasonOwnerSecretMissing:       true,
+	coderv1alpha1.ReasonOwnerCredentialsRejected: true,
 }
 
 // transitionEvents lists, per condition type, the event reasons for
@@ -154,8 +118,8 @@ var transitionEvents = []struct {
 	becameTrue, lost   string
 	trueOnlyAfterFalse bool
 }{
-	{typ: ConditionReconciled, becameTrue: "Reconciled", trueOnlyAfterFalse: true},
-	{typ: ConditionExposed, becameTrue: "Exposed", trueOnlyAfterFalse: true},
+	{typ: coderv1alpha1.ConditionReconciled, becameTrue: "Reconciled", trueOnlyAfterFalse: true},
+	{typ: coderv1alpha1.ConditionExposed, becameTrue: "Exposed", trueOnlyAfterFalse: true},
 	{typ: coderv1alpha1.ConditionAvailable, becameTrue: "Available", lost: "Unavailable"},
 	{typ: coderv1alpha1.ConditionOperatorAccessReady, becameTrue: "OperatorAccessReady", lost: "OperatorAccessLost"},
 	{typ: coderv1alpha1.ConditionLicenseApplied, becameTrue: "LicenseApplied"},

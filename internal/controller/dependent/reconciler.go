@@ -52,24 +52,6 @@ const (
 	cleanupRetry = 10 * time.Second
 )
 
-// Condition reasons every dependent kind reports.
-const (
-	ReasonReady                  = "Ready"
-	ReasonControlPlaneNotFound   = "ControlPlaneNotFound"
-	ReasonOperatorAccessNotReady = "OperatorAccessNotReady"
-	ReasonCoderdUnreachable      = "CoderdUnreachable"
-	ReasonCoderAPIError          = "CoderAPIError"
-	ReasonSupported              = "Supported"
-	ReasonNotSupported           = coderapi.ReasonNotSupported
-	ReasonNotEntitled            = coderapi.ReasonNotEntitled
-	ReasonSecretConflict         = "SecretConflict"
-	ReasonDeploymentConflict     = "DeploymentConflict"
-	ReasonReplicasReady          = "ReplicasReady"
-	ReasonReplicasNotReady       = "ReplicasNotReady"
-	ReasonScaledToZero           = "ScaledToZero"
-	ReasonReconciling            = "Reconciling"
-)
-
 // Base is what a dependent kind's reconciler is given: its clients, its
 // events recorder and its tunables. The reconcilers embed it.
 type Base struct {
@@ -118,7 +100,7 @@ func (b *Base) ControlPlane(ctx context.Context, st *State, name string) (*coder
 	key := types.NamespacedName{Namespace: st.obj.GetNamespace(), Name: name}
 	if err := b.Client.Get(ctx, key, &ccp); err != nil {
 		if apierrors.IsNotFound(err) {
-			st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, ReasonControlPlaneNotFound,
+			st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, coderv1alpha1.ReasonControlPlaneNotFound,
 				fmt.Sprintf("CoderControlPlane %q not found in namespace %s", key.Name, key.Namespace), corev1.EventTypeWarning)
 			st.setWaiting()
 			return nil, nil, ctrl.Result{RequeueAfter: ControlPlaneMissingRequeue}, nil
@@ -127,7 +109,7 @@ func (b *Base) ControlPlane(ctx context.Context, st *State, name string) (*coder
 	}
 	sdk, err := coderapi.ForControlPlane(ctx, b.APIReader, &ccp, b.CoderTimeout, metrics.ComponentController)
 	if err != nil {
-		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, ReasonOperatorAccessNotReady,
+		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, coderv1alpha1.ReasonOperatorAccessNotReady,
 			err.Error(), corev1.EventTypeWarning)
 		st.setWaiting()
 		if errors.Is(err, coderapi.ErrAccessNotReady) {

@@ -81,7 +81,7 @@ func NewState[S any](obj client.Object, live, built *S, fields Status) *State {
 	} {
 		if apimeta.FindStatusCondition(*fields.Conditions, t) == nil {
 			apimeta.SetStatusCondition(fields.Conditions, metav1.Condition{
-				Type: t, Status: metav1.ConditionUnknown, Reason: ReasonReconciling,
+				Type: t, Status: metav1.ConditionUnknown, Reason: coderv1alpha1.ReasonReconciling,
 				Message: "not evaluated yet", ObservedGeneration: obj.GetGeneration(),
 			})
 		}
@@ -146,7 +146,7 @@ func (st *State) setWaiting() { *st.status.Phase = st.WaitingPhase() }
 
 // SetControlPlaneReady records that the operator reaches ccp's coderd.
 func (st *State) SetControlPlaneReady(ccp *coderv1alpha1.CoderControlPlane) {
-	st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionTrue, ReasonReady, "the operator reaches coderd at "+ccp.Status.URL, "")
+	st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionTrue, coderv1alpha1.ReasonReady, "the operator reaches coderd at "+ccp.Status.URL, "")
 }
 
 // Unsupported reports whether err says that coderd lacks the feature
@@ -166,7 +166,7 @@ func (st *State) Unsupported(err error, what string) bool {
 
 // Supported sets FeatureSupported True; what names the feature.
 func (st *State) Supported(what string) {
-	st.SetCondition(coderv1alpha1.ConditionFeatureSupported, metav1.ConditionTrue, ReasonSupported, "coderd offers "+what, "")
+	st.SetCondition(coderv1alpha1.ConditionFeatureSupported, metav1.ConditionTrue, coderv1alpha1.ReasonSupported, "coderd offers "+what, "")
 }
 
 // Failed sets condType False with reason and message (and a Warning
@@ -197,15 +197,15 @@ func (st *State) CoderError(what string, err error) error {
 	var netErr net.Error
 	switch {
 	case errors.As(err, &sdkErr) && coderapi.IsUnauthorized(err):
-		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, ReasonOperatorAccessNotReady,
+		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, coderv1alpha1.ReasonOperatorAccessNotReady,
 			what+": coderd rejected the operator's token: "+coderapi.Message(err), corev1.EventTypeWarning)
 		st.setWaiting()
 	case errors.As(err, &sdkErr):
-		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, ReasonCoderAPIError,
+		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, coderv1alpha1.ReasonCoderAPIError,
 			what+": "+coderapi.Message(err), corev1.EventTypeWarning)
 		st.setWaiting()
 	case errors.As(err, &urlErr) || errors.As(err, &netErr):
-		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, ReasonCoderdUnreachable,
+		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, coderv1alpha1.ReasonCoderdUnreachable,
 			err.Error(), corev1.EventTypeWarning)
 		st.setWaiting()
 	}
@@ -225,14 +225,14 @@ func (st *State) SetAvailability(dep *appsv1.Deployment) {
 	ready := dep.Status.ReadyReplicas
 	switch {
 	case desired == 0:
-		st.SetCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, ReasonScaledToZero, "the Deployment is scaled to zero replicas", "")
+		st.SetCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonScaledToZero, "the Deployment is scaled to zero replicas", "")
 		*st.status.Phase = coderv1alpha1.PhaseReady
 	case ready >= desired && dep.Status.ObservedGeneration >= dep.Generation:
-		st.SetCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, ReasonReplicasReady,
+		st.SetCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonReplicasReady,
 			fmt.Sprintf("%d/%d replicas ready", ready, desired), corev1.EventTypeNormal)
 		*st.status.Phase = coderv1alpha1.PhaseReady
 	default:
-		st.SetCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, ReasonReplicasNotReady,
+		st.SetCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonReplicasNotReady,
 			fmt.Sprintf("%d/%d replicas ready", ready, desired), "")
 		if st.prevPhase == coderv1alpha1.PhaseReady || st.prevPhase == coderv1alpha1.PhaseDegraded {
 			*st.status.Phase = coderv1alpha1.PhaseDegraded

@@ -72,11 +72,11 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 			return Result{}, fmt.Errorf("revoke disabled operator access: %w", err)
 		}
 		m.forget(ccp)
-		return Result{Reason: ReasonDisabled, Message: "operator access is disabled (spec.operatorAccess.disabled)"}, nil
+		return Result{Reason: coderv1alpha1.ReasonDisabled, Message: "operator access is disabled (spec.operatorAccess.disabled)"}, nil
 	}
 	u, err := url.Parse(coderURL)
 	if err != nil || u.Host == "" {
-		return Result{Reason: ReasonCoderdUnreachable, Message: fmt.Sprintf("invalid coderd URL %q", coderURL)}, nil
+		return Result{Reason: coderv1alpha1.ReasonCoderdUnreachable, Message: fmt.Sprintf("invalid coderd URL %q", coderURL)}, nil
 	}
 
 	secret, err := m.getSecret(ctx, ccp.Namespace, TokenSecretName(ccp))
@@ -94,7 +94,7 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		log.V(1).Info("coderd unreachable", "error", err.Error())
 		// Retried no later than a reachable coderd is checked, so that
 		// recovery shows as soon as an outage did.
-		res := Result{Reason: ReasonCoderdUnreachable, Message: "coderd at " + coderURL + " is unreachable: " + coderapi.Message(err),
+		res := Result{Reason: coderv1alpha1.ReasonCoderdUnreachable, Message: "coderd at " + coderURL + " is unreachable: " + coderapi.Message(err),
 			RequeueAfter: min(retryUnreachable, m.validateEvery())}
 		if secret != nil && secret.Annotations[annotationCoderURL] == coderURL && len(secret.Data[TokenKey]) > 0 {
 			// An outage says nothing about the token: keep it in use, so
@@ -145,7 +145,7 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 	operator := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
 	defer coderapi.CloseIdle(operator)
 	res.Ready = true
-	res.Reason = ReasonReady
+	res.Reason = coderv1alpha1.ReasonTokenValid
 	res.Message = "the operator holds a valid token for coder user " + OperatorUsername
 	res.User = OperatorUsername
 	res.TokenSecretRef = &coderv1alpha1.SecretKeyReference{Name: secret.Name, Key: TokenKey}
@@ -357,7 +357,7 @@ func (m *Manager) ownerClient(ctx context.Context, ccp *coderv1alpha1.CoderContr
 			return nil, false, err
 		}
 		if s == nil || len(s.Data[ref.Key]) == 0 {
-			*res = Result{CoderVersion: res.CoderVersion, Reason: ReasonOwnerSecretMissing,
+			*res = Result{CoderVersion: res.CoderVersion, Reason: coderv1alpha1.ReasonOwnerSecretMissing,
 				Message: fmt.Sprintf("Secret %s with key %q (spec.operatorAccess.ownerTokenSecretRef) not found", ref.Name, ref.Key)}
 			return nil, false, nil
 		}
@@ -377,10 +377,10 @@ func (m *Manager) ownerClient(ctx context.Context, ccp *coderv1alpha1.CoderContr
 	}
 	if s == nil {
 		if access.OwnerCredentialsSecretRef != nil {
-			*res = Result{CoderVersion: res.CoderVersion, Reason: ReasonOwnerSecretMissing,
+			*res = Result{CoderVersion: res.CoderVersion, Reason: coderv1alpha1.ReasonOwnerSecretMissing,
 				Message: fmt.Sprintf("Secret %s (%s) not found", name, field)}
 		} else {
-			*res = Result{CoderVersion: res.CoderVersion, Reason: ReasonOwnerCredentialsRequired,
+			*res = Result{CoderVersion: res.CoderVersion, Reason: coderv1alpha1.ReasonOwnerCredentialsRequired,
 				Message: "coderd already has users: set spec.operatorAccess.ownerTokenSecretRef or ownerCredentialsSecretRef"}
 		}
 		return nil, false, nil
@@ -391,7 +391,7 @@ func (m *Manager) ownerClient(ctx context.Context, ccp *coderv1alpha1.CoderContr
 	})
 	if err != nil {
 		if code := coderapi.StatusCode(err); code == http.StatusUnauthorized || code == http.StatusBadRequest {
-			*res = Result{CoderVersion: res.CoderVersion, Reason: ReasonOwnerCredentialsRejected,
+			*res = Result{CoderVersion: res.CoderVersion, Reason: coderv1alpha1.ReasonOwnerCredentialsRejected,
 				Message: fmt.Sprintf("coderd rejected the credentials in Secret %s (%s): %s", name, field, coderapi.Message(err))}
 			return nil, false, nil
 		}
@@ -457,18 +457,18 @@ func (m *Manager) applyLicense(ctx context.Context, ccp *coderv1alpha1.CoderCont
 		return nil, err
 	}
 	if s == nil || len(s.Data[ref.Key]) == 0 {
-		return &LicenseResult{Reason: "LicenseSecretMissing", Message: fmt.Sprintf("Secret %s with key %q (spec.license.secretRef) not found", ref.Name, ref.Key)}, nil
+		return &LicenseResult{Reason: coderv1alpha1.ReasonLicenseSecretMissing, Message: fmt.Sprintf("Secret %s with key %q (spec.license.secretRef) not found", ref.Name, ref.Key)}, nil
 	}
 	sum := sha256.Sum256(s.Data[ref.Key])
 	digest := hex.EncodeToString(sum[:])
 	if tokenSecret.Annotations[annotationLicense] == digest {
-		return &LicenseResult{Applied: true, Reason: "Uploaded", Message: "the license is installed"}, nil
+		return &LicenseResult{Applied: true, Reason: coderv1alpha1.ReasonLicenseUploaded, Message: "the license is installed"}, nil
 	}
 	if _, err := c.AddLicense(ctx, codersdk.AddLicenseRequest{License: string(s.Data[ref.Key])}); err != nil {
 		if reason, ok := coderapi.FeatureUnavailable(err); ok {
 			return &LicenseResult{Reason: reason, Message: "coderd cannot take a license: " + coderapi.Message(err)}, nil
 		}
-		return &LicenseResult{Reason: "Rejected", Message: "coderd rejected the license: " + coderapi.Message(err)}, nil
+		return &LicenseResult{Reason: coderv1alpha1.ReasonLicenseRejected, Message: "coderd rejected the license: " + coderapi.Message(err)}, nil
 	}
 	patch := client.MergeFrom(tokenSecret.DeepCopy())
 	if tokenSecret.Annotations == nil {
@@ -479,7 +479,7 @@ func (m *Manager) applyLicense(ctx context.Context, ccp *coderv1alpha1.CoderCont
 		return nil, fmt.Errorf("record the uploaded license: %w", err)
 	}
 	m.event(ccp, corev1.EventTypeNormal, "LicenseUploaded", "Uploaded the license from Secret "+ref.Name)
-	return &LicenseResult{Applied: true, Reason: "Uploaded", Message: "the license is installed"}, nil
+	return &LicenseResult{Applied: true, Reason: coderv1alpha1.ReasonLicenseUploaded, Message: "the license is installed"}, nil
 }
 
 func entitlements(ctx context.Context, c *codersdk.Client) *coderv1alpha1.EntitlementsStatus {
@@ -502,7 +502,7 @@ func (m *Manager) apiError(res Result, action string, err error) Result {
 	if code := coderapi.StatusCode(err); code != 0 {
 		msg = fmt.Sprintf("%s (HTTP %d)", msg, code)
 	}
-	return Result{CoderVersion: res.CoderVersion, Reason: ReasonCoderAPIError, Message: msg, RequeueAfter: retryUnreachable}
+	return Result{CoderVersion: res.CoderVersion, Reason: coderv1alpha1.ReasonCoderAPIError, Message: msg, RequeueAfter: retryUnreachable}
 }
 
 func (m *Manager) getSecret(ctx context.Context, namespace, name string) (*corev1.Secret, error) {

@@ -219,7 +219,7 @@ func TestFreshCoderd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r4.Ready || r4.Reason != operatoraccess.ReasonDisabled || r4.TokenSecretRef != nil {
+		if r4.Ready || r4.Reason != coderv1alpha1.ReasonDisabled || r4.TokenSecretRef != nil {
 			t.Errorf("result = %+v, want not ready, reason Disabled, no token", r4)
 		}
 		if f.secret(t, ccp.Namespace, r.TokenSecretRef.Name) != nil {
@@ -256,7 +256,7 @@ func TestExistingCoderd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Ready || r.Reason != operatoraccess.ReasonOwnerCredentialsRequired || !strings.Contains(r.Message, "ownerTokenSecretRef") {
+		if r.Ready || r.Reason != coderv1alpha1.ReasonOwnerCredentialsRequired || !strings.Contains(r.Message, "ownerTokenSecretRef") {
 			t.Errorf("result = %+v", r)
 		}
 	})
@@ -268,7 +268,7 @@ func TestExistingCoderd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Ready || r.Reason != operatoraccess.ReasonOwnerSecretMissing {
+		if r.Ready || r.Reason != coderv1alpha1.ReasonOwnerSecretMissing {
 			t.Fatalf("result without the Secret = %+v", r)
 		}
 		if err := f.c.Create(ctx, &corev1.Secret{
@@ -323,7 +323,7 @@ func TestExistingCoderd(t *testing.T) {
 		}
 		r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
 		mustReady(t, r, err)
-		if r.License == nil || r.License.Applied || r.License.Reason != coderapi.ReasonNotSupported || !strings.Contains(r.License.Message, "Route not found") {
+		if r.License == nil || r.License.Applied || r.License.Reason != coderv1alpha1.ReasonNotSupported || !strings.Contains(r.License.Message, "Route not found") {
 			t.Errorf("license result = %+v, want not applied, NotSupported with Coder's message", r.License)
 		}
 		if r.Entitlements != nil {
@@ -345,7 +345,7 @@ func TestExistingCoderd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Ready || r.Reason != operatoraccess.ReasonOwnerCredentialsRejected || !strings.Contains(r.Message, "creds") {
+		if r.Ready || r.Reason != coderv1alpha1.ReasonOwnerCredentialsRejected || !strings.Contains(r.Message, "creds") {
 			t.Errorf("result = %+v", r)
 		}
 	})
@@ -376,7 +376,7 @@ func TestExistingCoderd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Ready || r.Reason != operatoraccess.ReasonCoderdUnreachable || r.RequeueAfter == 0 {
+		if r.Ready || r.Reason != coderv1alpha1.ReasonCoderdUnreachable || r.RequeueAfter == 0 {
 			t.Errorf("result = %+v", r)
 		}
 		if d := time.Since(start); d > 6*time.Second {

@@ -17,17 +17,6 @@ import (
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 )
 
-// Reasons of the OperatorAccessReady condition.
-const (
-	ReasonReady                    = "TokenValid"
-	ReasonDisabled                 = "Disabled"
-	ReasonCoderdUnreachable        = "CoderdUnreachable"
-	ReasonOwnerCredentialsRequired = "OwnerCredentialsRequired"
-	ReasonOwnerSecretMissing       = "OwnerSecretMissing"
-	ReasonOwnerCredentialsRejected = "OwnerCredentialsRejected"
-	ReasonCoderAPIError            = "CoderAPIError"
-)
-
 // Result is what the control plane reconciler writes into status.
 type Result struct {
 	// Ready is the OperatorAccessReady condition's status; Reason and

@@ -67,26 +67,6 @@ const (
 	controllerName = "coderprovisioner"
 )
 
-// Condition reasons.
-const (
-	ReasonReady                  = dependent.ReasonReady
-	ReasonControlPlaneNotFound   = dependent.ReasonControlPlaneNotFound
-	ReasonOperatorAccessNotReady = dependent.ReasonOperatorAccessNotReady
-	ReasonCoderdUnreachable      = dependent.ReasonCoderdUnreachable
-	ReasonCoderAPIError          = dependent.ReasonCoderAPIError
-	ReasonSupported              = dependent.ReasonSupported
-	ReasonNotSupported           = dependent.ReasonNotSupported
-	ReasonNotEntitled            = dependent.ReasonNotEntitled
-	ReasonKeyReady               = "KeyReady"
-	ReasonOrganizationNotFound   = "OrganizationNotFound"
-	ReasonSecretConflict         = dependent.ReasonSecretConflict
-	ReasonDeploymentConflict     = dependent.ReasonDeploymentConflict
-	ReasonReplicasReady          = dependent.ReasonReplicasReady
-	ReasonReplicasNotReady       = dependent.ReasonReplicasNotReady
-	ReasonScaledToZero           = dependent.ReasonScaledToZero
-	ReasonReconciling            = dependent.ReasonReconciling
-)
-
 // Event reasons that are not condition reasons.
 const (
 	EventKeyIssued           = "KeyIssued"
@@ -166,7 +146,7 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 	if err != nil {
 		if coderapi.IsNotFound(err) {
 			st.SetControlPlaneReady(ccp)
-			st.Failed(coderv1alpha1.ConditionCredentialsReady, ReasonOrganizationNotFound,
+			st.Failed(coderv1alpha1.ConditionCredentialsReady, coderv1alpha1.ReasonOrganizationNotFound,
 				fmt.Sprintf("organization %q: %s", orgName, coderapi.Message(err)))
 			return ctrl.Result{RequeueAfter: dependent.FailedRequeue}, nil
 		}
@@ -199,7 +179,7 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 	}
 	st.status.KeyName = id.Name
 	st.status.KeySecretRef = &coderv1alpha1.SecretKeyReference{Name: keySecretName(obj), Key: KeySecretKey}
-	st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, ReasonKeyReady,
+	st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, coderv1alpha1.ReasonKeyReady,
 		fmt.Sprintf("provisioner key %q is stored in Secret %s", id.Name, keySecretName(obj)), "")
 
 	dep, err := r.applyDeployment(ctx, obj, ccp, id)

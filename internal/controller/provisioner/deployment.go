@@ -74,7 +74,7 @@ func (r *Reconciler) desiredDeployment(obj *coderv1alpha1.CoderProvisioner, ccp 
 // refusing to take over one this object does not own.
 func (r *Reconciler) applyDeployment(ctx context.Context, obj *coderv1alpha1.CoderProvisioner, ccp *coderv1alpha1.CoderControlPlane, id keyIdentity) (*appsv1.Deployment, error) {
 	key := types.NamespacedName{Namespace: obj.Namespace, Name: deploymentName(obj)}
-	if err := dependent.CheckOwned(ctx, r.Client, obj, "CoderProvisioner", key, &appsv1.Deployment{}, "Deployment", ReasonDeploymentConflict); err != nil {
+	if err := dependent.CheckOwned(ctx, r.Client, obj, "CoderProvisioner", key, &appsv1.Deployment{}, "Deployment", coderv1alpha1.ReasonDeploymentConflict); err != nil {
 		return nil, err
 	}
 	desired, err := r.desiredDeployment(obj, ccp, id)

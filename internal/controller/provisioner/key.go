@@ -104,7 +104,7 @@ func (r *Reconciler) ensureKey(ctx context.Context, st *state, cl *codersdk.Clie
 		exists = false
 	}
 	if exists && !metav1.IsControlledBy(&secret, obj) {
-		return keyIdentity{}, &dependent.ConflictError{Reason: ReasonSecretConflict,
+		return keyIdentity{}, &dependent.ConflictError{Reason: coderv1alpha1.ReasonSecretConflict,
 			Msg: fmt.Sprintf("Secret %s exists and is not owned by this CoderProvisioner", secretKey.Name)}
 	}
 

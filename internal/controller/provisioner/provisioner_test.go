@@ -61,7 +61,7 @@ func TestProvisionerLifecycle(t *testing.T) {
 	eventually(t, waitTimeout, "provisioner ready", func() (bool, string) {
 		p = h.get("eu")
 		c := condition(p, coderv1alpha1.ConditionAvailable)
-		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == provisioner.ReasonReplicasNotReady, describeConditions(p)
+		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == coderv1alpha1.ReasonReplicasNotReady, describeConditions(p)
 	})
 	for _, ct := range []string{coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ConditionFeatureSupported, coderv1alpha1.ConditionCredentialsReady} {
 		c := condition(p, ct)
@@ -276,15 +276,15 @@ func TestProvisionerMissingControlPlane(t *testing.T) {
 	eventually(t, waitTimeout, "ControlPlaneNotFound reported", func() (bool, string) {
 		p = h.get("late")
 		c := condition(p, coderv1alpha1.ConditionControlPlaneReady)
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == provisioner.ReasonControlPlaneNotFound, describeConditions(p)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == coderv1alpha1.ReasonControlPlaneNotFound, describeConditions(p)
 	})
 	if p.Status.Phase != coderv1alpha1.PhasePending {
 		t.Errorf("phase = %s, want Pending", p.Status.Phase)
 	}
 	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
-		return len(h.APIEvents("late", corev1.EventTypeWarning, provisioner.ReasonControlPlaneNotFound)) == 1, "no event yet"
+		return len(h.APIEvents("late", corev1.EventTypeWarning, coderv1alpha1.ReasonControlPlaneNotFound)) == 1, "no event yet"
 	})
-	if n := h.Recorder.Count("late", corev1.EventTypeWarning, provisioner.ReasonControlPlaneNotFound); n != 1 {
+	if n := h.Recorder.Count("late", corev1.EventTypeWarning, coderv1alpha1.ReasonControlPlaneNotFound); n != 1 {
 		t.Errorf("ControlPlaneNotFound events emitted = %d, want 1", n)
 	}
 	generation := p.Generation
@@ -370,7 +370,7 @@ func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
 		return c != nil && c.Status == metav1.ConditionFalse, describeConditions(p)
 	})
 	c := condition(p, coderv1alpha1.ConditionFeatureSupported)
-	if c.Reason != provisioner.ReasonNotSupported || !strings.Contains(c.Message, "Route not found.") {
+	if c.Reason != coderv1alpha1.ReasonNotSupported || !strings.Contains(c.Message, "Route not found.") {
 		t.Errorf("FeatureSupported = %s %q, want NotSupported with coderd's message (Route not found.)", c.Reason, c.Message)
 	}
 	if p.Status.Phase != coderv1alpha1.PhaseUnsupported {
@@ -386,9 +386,9 @@ func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
 		t.Errorf("finalizers = %v, want none: nothing was issued in Coder", p.Finalizers)
 	}
 	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
-		return len(h.APIEvents("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported)) == 1, "no event yet"
+		return len(h.APIEvents("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported)) == 1, "no event yet"
 	})
-	if ev := h.APIEvents("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported)[0]; !strings.Contains(ev.Note, "Route not found.") {
+	if ev := h.APIEvents("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported)[0]; !strings.Contains(ev.Note, "Route not found.") {
 		t.Errorf("event note = %q, want coderd's message", ev.Note)
 	}
 
@@ -402,7 +402,7 @@ func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
 	if got := reconciles(t); got != settled || got-start > 3 {
 		t.Errorf("reconciles: %v before settling, %v after 5s idle (started at %v): want no further reconciles and at most 3 in all", settled, got, start)
 	}
-	if n := h.Recorder.Count("oss", corev1.EventTypeWarning, provisioner.ReasonNotSupported); n != 1 {
+	if n := h.Recorder.Count("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported); n != 1 {
 		t.Errorf("NotSupported events emitted = %d, want exactly 1", n)
 	}
 	var deps appsv1.DeploymentList

@@ -67,29 +67,6 @@ const (
 	controllerName = "coderworkspaceproxy"
 )
 
-// Condition reasons.
-const (
-	ReasonReady                  = dependent.ReasonReady
-	ReasonControlPlaneNotFound   = dependent.ReasonControlPlaneNotFound
-	ReasonOperatorAccessNotReady = dependent.ReasonOperatorAccessNotReady
-	ReasonCoderdUnreachable      = dependent.ReasonCoderdUnreachable
-	ReasonCoderAPIError          = dependent.ReasonCoderAPIError
-	ReasonSupported              = dependent.ReasonSupported
-	ReasonNotSupported           = dependent.ReasonNotSupported
-	ReasonNotEntitled            = dependent.ReasonNotEntitled
-	ReasonRegistered             = "Registered"
-	ReasonTokenSupplied          = "TokenSupplied"
-	ReasonTokenSecretNotFound    = "TokenSecretNotFound"
-	ReasonNameConflict           = "NameConflict"
-	ReasonSecretConflict         = dependent.ReasonSecretConflict
-	ReasonDeploymentConflict     = dependent.ReasonDeploymentConflict
-	ReasonServiceConflict        = "ServiceConflict"
-	ReasonReplicasReady          = dependent.ReasonReplicasReady
-	ReasonReplicasNotReady       = dependent.ReasonReplicasNotReady
-	ReasonScaledToZero           = dependent.ReasonScaledToZero
-	ReasonReconciling            = dependent.ReasonReconciling
-)
-
 // Event reasons that are not condition reasons.
 const (
 	EventProxyRegistered           = "ProxyRegistered"
@@ -193,12 +170,12 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 		}
 		if !ok {
 			ref := obj.Spec.ProxyTokenSecretRef
-			st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, ReasonTokenSecretNotFound,
+			st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, coderv1alpha1.ReasonTokenSecretNotFound,
 				fmt.Sprintf("spec.proxyTokenSecretRef: Secret %s has no key %q", ref.Name, ref.Key), corev1.EventTypeWarning)
 			st.status.Phase = st.WaitingPhase()
 			return ctrl.Result{RequeueAfter: dependent.AccessNotReadyRequeue}, nil
 		}
-		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, ReasonTokenSupplied,
+		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, coderv1alpha1.ReasonTokenSupplied,
 			fmt.Sprintf("the proxy runs with the token in Secret %s (key %q)", cred.ref.Name, cred.ref.Key), "")
 	} else {
 		// The finalizer goes on before the proxy exists in Coder, so a
@@ -213,7 +190,7 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 			}
 			return ctrl.Result{}, st.CoderError("register workspace proxy", err)
 		}
-		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, ReasonRegistered,
+		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, coderv1alpha1.ReasonRegistered,
 			fmt.Sprintf("workspace proxy %q is registered; its token is stored in Secret %s", proxyName(obj), cred.ref.Name), "")
 	}
 	st.status.ProxyID = cred.proxyID

@@ -97,7 +97,7 @@ func (r *Reconciler) ownedTokenSecret(ctx context.Context, obj *coderv1alpha1.Co
 		return nil, fmt.Errorf("read Secret %s: %w", name, err)
 	}
 	if !metav1.IsControlledBy(&secret, obj) {
-		return nil, &dependent.ConflictError{Reason: ReasonSecretConflict,
+		return nil, &dependent.ConflictError{Reason: coderv1alpha1.ReasonSecretConflict,
 			Msg: fmt.Sprintf("Secret %s exists and is not owned by this CoderWorkspaceProxy", name)}
 	}
 	return &secret, nil
@@ -120,7 +120,7 @@ func (r *Reconciler) ensureRegistration(ctx context.Context, st *state, cl *code
 		ours := secret != nil && len(secret.Data[TokenSecretKey]) > 0 && secret.Annotations[AnnotationProxyID] == found.ID.String()
 		if !ours {
 			if found.ID.String() != obj.Status.ProxyID {
-				return credentials{}, &dependent.ConflictError{Reason: ReasonNameConflict,
+				return credentials{}, &dependent.ConflictError{Reason: coderv1alpha1.ReasonNameConflict,
 					Msg: fmt.Sprintf("a workspace proxy named %q (ID %s) exists in Coder and was not registered by this object; delete it in Coder or rename this object", name, found.ID)}
 			}
 			// This object registered the proxy but its token is lost:

@@ -150,10 +150,10 @@ func (r *Reconciler) desiredService(obj *coderv1alpha1.CoderWorkspaceProxy) (*co
 // not own it.
 func (r *Reconciler) applyWorkload(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy, ccp *coderv1alpha1.CoderControlPlane, cred credentials) (*appsv1.Deployment, error) {
 	name := types.NamespacedName{Namespace: obj.Namespace, Name: workloadName(obj)}
-	if err := dependent.CheckOwned(ctx, r.Client, obj, "CoderWorkspaceProxy", name, &appsv1.Deployment{}, "Deployment", ReasonDeploymentConflict); err != nil {
+	if err := dependent.CheckOwned(ctx, r.Client, obj, "CoderWorkspaceProxy", name, &appsv1.Deployment{}, "Deployment", coderv1alpha1.ReasonDeploymentConflict); err != nil {
 		return nil, err
 	}
-	if err := dependent.CheckOwned(ctx, r.Client, obj, "CoderWorkspaceProxy", name, &corev1.Service{}, "Service", ReasonServiceConflict); err != nil {
+	if err := dependent.CheckOwned(ctx, r.Client, obj, "CoderWorkspaceProxy", name, &corev1.Service{}, "Service", coderv1alpha1.ReasonServiceConflict); err != nil {
 		return nil, err
 	}
 	dep, err := r.desiredDeployment(obj, ccp, cred)

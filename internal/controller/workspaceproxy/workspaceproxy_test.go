@@ -61,7 +61,7 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 	eventually(t, waitTimeout, "proxy registered and deployed", func() (bool, string) {
 		p = h.get("eu")
 		c := condition(p, coderv1alpha1.ConditionAvailable)
-		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == workspaceproxy.ReasonReplicasNotReady, describeConditions(p)
+		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == coderv1alpha1.ReasonReplicasNotReady, describeConditions(p)
 	})
 	registered, ok := fake.proxy("eu")
 	if !ok || fake.registered() != 1 {
@@ -287,7 +287,7 @@ func TestWorkspaceProxySuppliedToken(t *testing.T) {
 	eventually(t, waitTimeout, "proxy deployed with the supplied token", func() (bool, string) {
 		p = h.get("byo")
 		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
-		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == workspaceproxy.ReasonTokenSupplied, describeConditions(p)
+		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == coderv1alpha1.ReasonTokenSupplied, describeConditions(p)
 	})
 	if p.Status.TokenSecretRef == nil || *p.Status.TokenSecretRef != *p.Spec.ProxyTokenSecretRef {
 		t.Errorf("status.tokenSecretRef = %+v, want the supplied one", p.Status.TokenSecretRef)
@@ -339,15 +339,15 @@ func TestWorkspaceProxyMissingControlPlane(t *testing.T) {
 	eventually(t, waitTimeout, "ControlPlaneNotFound reported", func() (bool, string) {
 		p = h.get("late")
 		c := condition(p, coderv1alpha1.ConditionControlPlaneReady)
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == workspaceproxy.ReasonControlPlaneNotFound, describeConditions(p)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == coderv1alpha1.ReasonControlPlaneNotFound, describeConditions(p)
 	})
 	if p.Status.Phase != coderv1alpha1.PhasePending {
 		t.Errorf("phase = %s, want Pending", p.Status.Phase)
 	}
 	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
-		return len(h.APIEvents("late", corev1.EventTypeWarning, workspaceproxy.ReasonControlPlaneNotFound)) == 1, "no event yet"
+		return len(h.APIEvents("late", corev1.EventTypeWarning, coderv1alpha1.ReasonControlPlaneNotFound)) == 1, "no event yet"
 	})
-	if n := h.Recorder.Count("late", corev1.EventTypeWarning, workspaceproxy.ReasonControlPlaneNotFound); n != 1 {
+	if n := h.Recorder.Count("late", corev1.EventTypeWarning, coderv1alpha1.ReasonControlPlaneNotFound); n != 1 {
 		t.Errorf("ControlPlaneNotFound events emitted = %d, want 1", n)
 	}
 	generation := p.Generation
@@ -395,7 +395,7 @@ func TestWorkspaceProxyUnsupportedOnOpenSourceCoderd(t *testing.T) {
 		return c != nil && c.Status == metav1.ConditionFalse, describeConditions(p)
 	})
 	c := condition(p, coderv1alpha1.ConditionFeatureSupported)
-	if c.Reason != workspaceproxy.ReasonNotSupported || !strings.Contains(c.Message, "Route not found.") {
+	if c.Reason != coderv1alpha1.ReasonNotSupported || !strings.Contains(c.Message, "Route not found.") {
 		t.Errorf("FeatureSupported = %s %q, want NotSupported with coderd's message (Route not found.)", c.Reason, c.Message)
 	}
 	if p.Status.Phase != coderv1alpha1.PhaseUnsupported {
@@ -405,9 +405,9 @@ func TestWorkspaceProxyUnsupportedOnOpenSourceCoderd(t *testing.T) {
 		t.Errorf("finalizers = %v, want none: nothing was registered in Coder", p.Finalizers)
 	}
 	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
-		return len(h.APIEvents("oss", corev1.EventTypeWarning, workspaceproxy.ReasonNotSupported)) == 1, "no event yet"
+		return len(h.APIEvents("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported)) == 1, "no event yet"
 	})
-	if ev := h.APIEvents("oss", corev1.EventTypeWarning, workspaceproxy.ReasonNotSupported)[0]; !strings.Contains(ev.Note, "Route not found.") {
+	if ev := h.APIEvents("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported)[0]; !strings.Contains(ev.Note, "Route not found.") {
 		t.Errorf("event note = %q, want coderd's message", ev.Note)
 	}
 
@@ -421,7 +421,7 @@ func TestWorkspaceProxyUnsupportedOnOpenSourceCoderd(t *testing.T) {
 	if got := reconciles(t); got != settled || got-start > 3 {
 		t.Errorf("reconciles: %v before settling, %v after 5s idle (started at %v): want no further reconciles and at most 3 in all", settled, got, start)
 	}
-	if n := h.Recorder.Count("oss", corev1.EventTypeWarning, workspaceproxy.ReasonNotSupported); n != 1 {
+	if n := h.Recorder.Count("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported); n != 1 {
 		t.Errorf("NotSupported events emitted = %d, want exactly 1", n)
 	}
 	var deps appsv1.DeploymentList

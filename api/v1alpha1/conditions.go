@@ -1,0 +1,130 @@
+package v1alpha1
+
+// Condition types and reasons of the coder.com kinds. They are part of the
+// API: tools (kubectl wait, kstatus, Argo CD health checks, alerts) match
+// on them, so they live here rather than in the controllers.
+
+// Condition types.
+const (
+	// ConditionAvailable: the workload serves requests.
+	ConditionAvailable = "Available"
+	// ConditionOperatorAccessReady: the operator holds a working Coder
+	// token. Unknown (reason CoderdUnreachable) while coderd does not
+	// answer: the last token stays in use until it does.
+	ConditionOperatorAccessReady = "OperatorAccessReady"
+	// ConditionControlPlaneReady: the referenced control plane is usable.
+	ConditionControlPlaneReady = "ControlPlaneReady"
+	// ConditionFeatureSupported: the coderd offers the feature this
+	// object needs.
+	ConditionFeatureSupported = "FeatureSupported"
+	// ConditionCredentialsReady: the key or token this object runs with is
+	// issued and stored in its Secret.
+	ConditionCredentialsReady = "CredentialsReady"
+	// ConditionLicenseApplied: the referenced license was uploaded.
+	ConditionLicenseApplied = "LicenseApplied"
+	// ConditionReconciled: the operator wrote every child of a deployed
+	// control plane and every Secret the pods mount exists.
+	ConditionReconciled = "Reconciled"
+	// ConditionExposed: the Ingress or HTTPRoute of spec.expose is in
+	// place. Present only when spec.expose is set.
+	ConditionExposed = "Exposed"
+)
+
+// Reasons every kind may report.
+const (
+	// ReasonReconciling: the condition has not been evaluated yet.
+	ReasonReconciling = "Reconciling"
+	// ReasonCoderdUnreachable: coderd did not answer (network error or
+	// timeout).
+	ReasonCoderdUnreachable = "CoderdUnreachable"
+	// ReasonCoderAPIError: coderd answered with an error the operator did
+	// not expect.
+	ReasonCoderAPIError = "CoderAPIError"
+	// ReasonNotSupported: the coderd is an open-source build without the
+	// feature.
+	ReasonNotSupported = "NotSupported"
+	// ReasonNotEntitled: the coderd's license does not include the feature.
+	ReasonNotEntitled = "NotEntitled"
+)
+
+// Reasons of a CoderControlPlane's conditions.
+const (
+	// Reconciled.
+	ReasonApplied        = "Applied"
+	ReasonSecretNotFound = "SecretNotFound"
+	// ReasonApplyFailed: a child was refused in a way that needs a change
+	// to the spec or to the cluster (invalid, forbidden, name taken,
+	// namespace missing).
+	ReasonApplyFailed = "ApplyFailed"
+	// ReasonApplyError: a child could not be written for a reason that
+	// may go away by itself (API errors, timeouts); it is retried.
+	ReasonApplyError = "ApplyError"
+
+	// Exposed.
+	ReasonIngressApplied         = "IngressApplied"
+	ReasonHTTPRouteApplied       = "HTTPRouteApplied"
+	ReasonGatewayAPINotInstalled = "GatewayAPINotInstalled"
+
+	// Available.
+	ReasonDeploymentAvailable   = "DeploymentAvailable"
+	ReasonDeploymentUnavailable = "DeploymentUnavailable"
+	ReasonCoderdReachable       = "CoderdReachable"
+	ReasonReachabilityUnknown   = "ReachabilityUnknown"
+
+	// OperatorAccessReady.
+	ReasonTokenValid               = "TokenValid"
+	ReasonDisabled                 = "Disabled"
+	ReasonOwnerCredentialsRequired = "OwnerCredentialsRequired"
+	ReasonOwnerSecretMissing       = "OwnerSecretMissing"
+	ReasonOwnerCredentialsRejected = "OwnerCredentialsRejected"
+	// ReasonAccessError: the access manager failed in a way it did not
+	// classify itself.
+	ReasonAccessError = "AccessReconcileFailed"
+
+	// LicenseApplied.
+	ReasonLicenseUploaded      = "Uploaded"
+	ReasonLicenseNotApplied    = "NotApplied"
+	ReasonLicenseRejected      = "Rejected"
+	ReasonLicenseSecretMissing = "LicenseSecretMissing"
+	// ReasonWaitingForAccess: the license is uploaded once operator
+	// access works.
+	ReasonWaitingForAccess = "WaitingForOperatorAccess"
+)
+
+// Reasons of the kinds that depend on a control plane (CoderProvisioner,
+// CoderWorkspaceProxy).
+const (
+	// ControlPlaneReady.
+	ReasonReady                  = "Ready"
+	ReasonControlPlaneNotFound   = "ControlPlaneNotFound"
+	ReasonOperatorAccessNotReady = "OperatorAccessNotReady"
+
+	// FeatureSupported.
+	ReasonSupported = "Supported"
+
+	// CredentialsReady.
+	ReasonKeyReady             = "KeyReady"
+	ReasonOrganizationNotFound = "OrganizationNotFound"
+	ReasonRegistered           = "Registered"
+	ReasonTokenSupplied        = "TokenSupplied"
+	ReasonTokenSecretNotFound  = "TokenSecretNotFound"
+	ReasonNameConflict         = "NameConflict"
+	ReasonSecretConflict       = "SecretConflict"
+
+	// Available.
+	ReasonDeploymentConflict = "DeploymentConflict"
+	ReasonServiceConflict    = "ServiceConflict"
+	ReasonReplicasReady      = "ReplicasReady"
+	ReasonReplicasNotReady   = "ReplicasNotReady"
+	ReasonScaledToZero       = "ScaledToZero"
+)
+
+// Labels of what coder-k8s creates. LabelControlPlane and
+// LabelControlPlaneNamespace find a control plane's objects again, also
+// in namespaces where an owner reference cannot point to it.
+const (
+	LabelManagedBy             = "app.kubernetes.io/managed-by"
+	ManagedByValue             = "coder-k8s"
+	LabelControlPlane          = "coder.com/control-plane"
+	LabelControlPlaneNamespace = "coder.com/control-plane-namespace"
+)
