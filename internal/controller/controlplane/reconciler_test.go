@@ -24,7 +24,6 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/controller/controllertest"
-	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 )
 
 // markDeploymentAvailable writes the status the deployment controller

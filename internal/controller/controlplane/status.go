@@ -8,7 +8,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 )
 
 // Limits of the API: condition messages and event notes.

@@ -11,7 +11,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 )
 
 func TestPhase(t *testing.T) {
