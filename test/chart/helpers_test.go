@@ -1,8 +1,33 @@
+// Package chart tests the Helm chart charts/coder-k8s: it renders every
+// ci values file with the Helm library (as `helm template` does), checks
+// the objects against each other and against the binary's own config
+// loader, and installs and upgrades the chart on a real kube-apiserver.
+//
+// The files:
+//   - helpers_test.go: rendering, values and manifest helpers every test uses.
+//   - render_test.go: every ci values file rendered and checked (TestCIValues
+//     and its config and CRD checks), the config checksum, the chart's
+//     copies of generated files, and bin/helm against the library.
+//   - render_wiring_test.go: TestCIValues's checks that ports, Services,
+//     probes and the objects of each mode line up.
+//   - render_security_test.go: TestCIValues's pod security, Secret, TLS and
+//     RBAC checks.
+//   - schema_test.go: values.schema.json against the binary's config keys,
+//     and misspelt values refused.
+//   - install_test.go: install, upgrade and uninstall on a real
+//     kube-apiserver, and the GitOps examples applied twice.
+//   - upgrade_test.go: the previous release (testdata/) installed with
+//     bin/helm and upgraded to this chart.
+//   - crdcompat_test.go: the previous release's CRDs against the current ones,
+//     with the checker in crdbreaks_test.go.
+//   - cluster_test.go: the kube-apiserver, kubectl and helm helpers of
+//     install_test.go and upgrade_test.go.
 package chart
 
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +41,7 @@ import (
 	"testing"
 
 	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	appsv1 "k8s.io/api/apps/v1"
@@ -487,4 +513,76 @@ func portOf(t testing.TB, addr string) int32 {
 		t.Fatalf("listen address %q: %v", addr, err)
 	}
 	return int32(p)
+}
+
+func testdataPath(t testing.TB, name string) string {
+	return repoPath(t, "test", "chart", "testdata", name)
+}
+
+func loadChart(t testing.TB, path string) *chart.Chart {
+	t.Helper()
+	c, err := loader.Load(path)
+	if err != nil {
+		t.Fatalf("load chart %s: %v", path, err)
+	}
+	return c
+}
+
+// chartFile returns a file packaged with a chart (ci/, files/).
+func chartFile(t testing.TB, c *chart.Chart, name string) []byte {
+	t.Helper()
+	for _, f := range c.Files {
+		if f.Name == name {
+			return f.Data
+		}
+	}
+	t.Fatalf("chart %s %s has no file %s", c.Name(), c.Metadata.Version, name)
+	return nil
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func orRoot(path string) string {
+	if path == "" {
+		return "(root)"
+	}
+	return path
+}
+
+func toFloat(v any) float64 {
+	switch v := v.(type) {
+	case int:
+		return float64(v)
+	case int64:
+		return float64(v)
+	case float64:
+		return v
+	case json.Number:
+		f, _ := v.Float64()
+		return f
+	}
+	return -1
+}
+
+// lineDiff shows the first lines where two texts differ.
+func lineDiff(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := 0; i < len(al) || i < len(bl); i++ {
+		var x, y string
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y {
+			return fmt.Sprintf("line %d:\n- %s\n+ %s", i+1, x, y)
+		}
+	}
+	return "(identical)"
 }
