@@ -24,6 +24,7 @@ import (
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	apiregistrationv1client "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset/typed/apiregistration/v1"
 
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/config"
 )
 
@@ -43,9 +44,6 @@ const (
 	// writeAttempts bounds the re-reads after lost write races in one pass.
 	writeAttempts = 5
 )
-
-// ManagedByLabel marks the Secret the Rotator created.
-const ManagedByLabel = "app.kubernetes.io/managed-by"
 
 // Options configure a Rotator.
 type Options struct {
@@ -327,7 +325,7 @@ func (r *Rotator) ensureSecret(ctx context.Context) (*corev1.Secret, plan, error
 			written, err = r.secrets.Create(ctx, &corev1.Secret{
 				ObjectMeta: metav1.ObjectMeta{
 					Name: name, Namespace: r.namespace,
-					Labels: map[string]string{ManagedByLabel: "coder-k8s"},
+					Labels: map[string]string{coderv1alpha1.LabelManagedBy: coderv1alpha1.ManagedByValue},
 				},
 				Type: corev1.SecretTypeTLS,
 				Data: p.data,

@@ -29,6 +29,7 @@ import (
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
@@ -334,7 +335,7 @@ func TestReplicasConvergeOnOneCA(t *testing.T) {
 		return nil
 	})
 
-	if secret.Type != corev1.SecretTypeTLS || secret.Labels[ManagedByLabel] != "coder-k8s" {
+	if secret.Type != corev1.SecretTypeTLS || secret.Labels[coderv1alpha1.LabelManagedBy] != coderv1alpha1.ManagedByValue {
 		t.Errorf("Secret type %s labels %v", secret.Type, secret.Labels)
 	}
 	ca := mustParse(t, secret.Data[CACertKey])

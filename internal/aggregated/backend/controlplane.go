@@ -15,8 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,7 +22,6 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
-	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 	"github.com/coder/coder-k8s/internal/metrics"
 )
 
@@ -35,20 +32,12 @@ import (
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 
-// The labels the operator puts on the Secrets it writes (see
-// operatoraccess), which select the token Secrets this package caches.
-const (
-	labelManagedBy    = "app.kubernetes.io/managed-by"
-	managedBy         = "coder-k8s"
-	labelControlPlane = "coder.com/control-plane"
-)
-
 // ControlPlaneProvider serves, for each namespace, the CoderControlPlanes
 // in it whose operator access is ready (all mode). It reads control planes
 // and namespaces from the manager's shared cache and the operator token
-// Secrets from a cache of its own that holds only Secrets labeled
-// app.kubernetes.io/managed-by=coder-k8s, so that no replica caches every
-// Secret of the cluster.
+// Secrets from a cache of its own that holds only the Secrets the operator
+// labels (coderapi.OperatorSecretSelector), so that no replica caches
+// every Secret of the cluster.
 type ControlPlaneProvider struct {
 	shared  client.Reader
 	secrets client.Reader
@@ -103,7 +92,7 @@ func NewControlPlaneProvider(mgr manager.Manager, coderTimeout time.Duration, re
 		return nil, fmt.Errorf("informer for Namespaces: %w", err)
 	}
 
-	selector, err := tokenSecretSelector()
+	selector, err := coderapi.OperatorSecretSelector()
 	if err != nil {
 		return nil, err
 	}
@@ -155,20 +144,6 @@ type everyReplica struct{ manager.Runnable }
 
 func (everyReplica) NeedLeaderElection() bool { return false }
 
-// tokenSecretSelector selects the Secrets operatoraccess writes for a
-// control plane.
-func tokenSecretSelector() (labels.Selector, error) {
-	managed, err := labels.NewRequirement(labelManagedBy, selection.Equals, []string{managedBy})
-	if err != nil {
-		return nil, fmt.Errorf("token Secret selector: %w", err)
-	}
-	owned, err := labels.NewRequirement(labelControlPlane, selection.Exists, nil)
-	if err != nil {
-		return nil, fmt.Errorf("token Secret selector: %w", err)
-	}
-	return labels.NewSelector().Add(*managed, *owned), nil
-}
-
 // transformSecret strips managedFields and, from every labeled Secret
 // that is not a control plane's operator token Secret (the first user's
 // credentials carry the same labels), its data: this process never needs
@@ -180,9 +155,8 @@ func transformSecret(in any) (any, error) {
 	}
 	obj.SetManagedFields(nil)
 	if s, ok := in.(*corev1.Secret); ok {
-		owner := s.Labels[labelControlPlane]
-		tokenSecret := operatoraccess.TokenSecretName(&coderv1alpha1.CoderControlPlane{ObjectMeta: metav1.ObjectMeta{Name: owner}})
-		if owner == "" || s.Name != tokenSecret {
+		owner := s.Labels[coderv1alpha1.LabelControlPlane]
+		if owner == "" || s.Name != coderapi.TokenSecretName(owner) {
 			s.Data, s.StringData = nil, nil
 		}
 	}
@@ -249,7 +223,7 @@ func (p *ControlPlaneProvider) Backends(ctx context.Context, namespace string) (
 		var secret corev1.Secret
 		err := p.secrets.Get(ctx, types.NamespacedName{Namespace: ccp.Namespace, Name: ref.Name}, &secret, client.UnsafeDisableDeepCopy)
 		if apierrors.IsNotFound(err) {
-			p.log.V(1).Info("control plane not served: operator token Secret not found (or not labeled "+labelManagedBy+"="+managedBy+")",
+			p.log.V(1).Info("control plane not served: operator token Secret not found (or not labeled "+coderv1alpha1.LabelManagedBy+"="+coderv1alpha1.ManagedByValue+")",
 				"controlPlane", key, "secret", ref.Name)
 			continue
 		}
@@ -329,7 +303,7 @@ func eligible(ccp *coderv1alpha1.CoderControlPlane) (*url.URL, *coderv1alpha1.Se
 	}
 	ref := *ccp.Status.OperatorTokenSecretRef
 	if ref.Key == "" {
-		ref.Key = operatoraccess.TokenKey
+		ref.Key = coderapi.TokenKey
 	}
 	return u, &ref, ""
 }

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/controller/controllertest"
 )
 
@@ -45,14 +46,14 @@ func createControlPlane(t *testing.T, c client.Client, ns string, cp controlPlan
 	if cp.token == "" {
 		cp.token = coderd.SessionToken
 	}
-	secretName := cp.name + "-operator-token"
+	secretName := coderapi.TokenSecretName(cp.name)
 	if !cp.noSecret {
 		secret := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: secretName},
-			Data:       map[string][]byte{"token": []byte(cp.token)},
+			Data:       map[string][]byte{coderapi.TokenKey: []byte(cp.token)},
 		}
 		if !cp.unlabeled {
-			secret.Labels = map[string]string{labelManagedBy: managedBy, labelControlPlane: cp.name}
+			secret.Labels = coderapi.OperatorSecretLabels(cp.name)
 		}
 		if err := c.Create(ctx, secret); err != nil {
 			t.Fatal(err)
@@ -78,7 +79,7 @@ func createControlPlane(t *testing.T, c client.Client, ns string, cp controlPlan
 		Phase:                  coderv1alpha1.PhaseReady,
 		URL:                    coderd.URL.String(),
 		OperatorUser:           "coder-k8s",
-		OperatorTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: secretName, Key: "token"},
+		OperatorTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: secretName, Key: coderapi.TokenKey},
 		Conditions: []metav1.Condition{{
 			Type: coderv1alpha1.ConditionOperatorAccessReady, Status: status,
 			Reason: "Test", Message: "set by the test",
@@ -319,10 +320,10 @@ func TestSecretCacheHoldsOnlyOperatorSecrets(t *testing.T) {
 		// A user's Secret.
 		{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "user-secret"}, StringData: map[string]string{"password": "hunter2"}},
 		// Another tool's managed Secret.
-		{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "helm-like", Labels: map[string]string{labelManagedBy: "Helm"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "helm-like", Labels: map[string]string{coderv1alpha1.LabelManagedBy: "Helm"}},
 			StringData: map[string]string{"x": "y"}},
 		// The first user's credentials, which carry the operator's labels.
-		{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "coder-admin", Labels: map[string]string{labelManagedBy: managedBy, labelControlPlane: "coder"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "coder-admin", Labels: coderapi.OperatorSecretLabels("coder")},
 			StringData: map[string]string{"email": "admin@example.com", "password": "hunter2"}},
 	}
 	for _, s := range others {

@@ -33,27 +33,16 @@ const (
 	OperatorUsername = "coder-k8s"
 	operatorEmail    = "coder-k8s-operator@coder-k8s.invalid"
 
-	// TokenKey is the key of the operator token in its Secret.
-	TokenKey = "token"
-
 	annotationTokenName = "coder.com/token-name"
 	annotationTokenID   = "coder.com/token-id"
 	annotationExpiresAt = "coder.com/token-expires-at"
 	annotationCoderURL  = "coder.com/coder-url"
 	annotationLicense   = "coder.com/license-sha256"
-	labelControlPlane   = "coder.com/control-plane"
-	labelManagedBy      = "app.kubernetes.io/managed-by"
-	managedBy           = "coder-k8s"
 
 	defaultLifetime      = 168 * time.Hour
 	defaultValidateEvery = 5 * time.Minute
 	retryUnreachable     = 15 * time.Second
 )
-
-// TokenSecretName is the Secret holding a control plane's operator token.
-func TokenSecretName(ccp *coderv1alpha1.CoderControlPlane) string {
-	return ccp.Name + "-operator-token"
-}
 
 // AdminSecretName is the Secret holding the first user's credentials when
 // the operator created that user.
@@ -79,7 +68,7 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		return Result{Reason: coderv1alpha1.ReasonCoderdUnreachable, Message: fmt.Sprintf("invalid coderd URL %q", coderURL)}, nil
 	}
 
-	secret, err := m.getSecret(ctx, ccp.Namespace, TokenSecretName(ccp))
+	secret, err := m.getSecret(ctx, ccp.Namespace, coderapi.TokenSecretName(ccp.Name))
 	if err != nil {
 		return Result{}, err
 	}
@@ -96,12 +85,12 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		// recovery shows as soon as an outage did.
 		res := Result{Reason: coderv1alpha1.ReasonCoderdUnreachable, Message: "coderd at " + coderURL + " is unreachable: " + coderapi.Message(err),
 			RequeueAfter: min(retryUnreachable, m.validateEvery())}
-		if secret != nil && secret.Annotations[annotationCoderURL] == coderURL && len(secret.Data[TokenKey]) > 0 {
+		if secret != nil && secret.Annotations[annotationCoderURL] == coderURL && len(secret.Data[coderapi.TokenKey]) > 0 {
 			// An outage says nothing about the token: keep it in use, so
 			// that requests fail with 503 until coderd is back instead of
 			// the control plane's objects disappearing.
 			res.Unverified = true
-			res.TokenSecretRef = &coderv1alpha1.SecretKeyReference{Name: secret.Name, Key: TokenKey}
+			res.TokenSecretRef = &coderv1alpha1.SecretKeyReference{Name: secret.Name, Key: coderapi.TokenKey}
 			res.User = OperatorUsername
 			res.Message += "; the operator keeps its last token until coderd answers"
 		}
@@ -122,7 +111,7 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 				// A token that still works renews itself (the operator
 				// user is an owner), so rotation does not depend on the
 				// owner token staying valid: coderd caps those at 168h.
-				self = coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
+				self = coderapi.NewClient(u, string(secret.Data[coderapi.TokenKey]), m.timeout(), m.target(ccp))
 				defer coderapi.CloseIdle(self)
 				log.Info("operator token near expiry; issuing a new one")
 			} else {
@@ -142,13 +131,13 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		m.event(ccp, corev1.EventTypeNormal, "OperatorTokenIssued", "Issued an operator token for coder user "+OperatorUsername)
 	}
 
-	operator := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
+	operator := coderapi.NewClient(u, string(secret.Data[coderapi.TokenKey]), m.timeout(), m.target(ccp))
 	defer coderapi.CloseIdle(operator)
 	res.Ready = true
 	res.Reason = coderv1alpha1.ReasonTokenValid
 	res.Message = "the operator holds a valid token for coder user " + OperatorUsername
 	res.User = OperatorUsername
-	res.TokenSecretRef = &coderv1alpha1.SecretKeyReference{Name: secret.Name, Key: TokenKey}
+	res.TokenSecretRef = &coderv1alpha1.SecretKeyReference{Name: secret.Name, Key: coderapi.TokenKey}
 	if admin, err := m.getSecret(ctx, ccp.Namespace, AdminSecretName(ccp)); err != nil {
 		return Result{}, err
 	} else if admin != nil {
@@ -173,12 +162,12 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 // error, so the caller decides how long to keep trying.
 func (m *Manager) Revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, coderURL string) error {
 	m.forget(ccp)
-	secret, err := m.getSecret(ctx, ccp.Namespace, TokenSecretName(ccp))
+	secret, err := m.getSecret(ctx, ccp.Namespace, coderapi.TokenSecretName(ccp.Name))
 	if err != nil || secret == nil {
 		return err
 	}
 	if u, err := url.Parse(secret.Annotations[annotationCoderURL]); err == nil && u.Host != "" {
-		c := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
+		c := coderapi.NewClient(u, string(secret.Data[coderapi.TokenKey]), m.timeout(), m.target(ccp))
 		defer coderapi.CloseIdle(c)
 		err := c.DeleteAPIKey(ctx, codersdk.Me, secret.Annotations[annotationTokenID])
 		switch {
@@ -208,7 +197,7 @@ const (
 // checkToken reports whether the stored token still authenticates and is
 // not close to expiry.
 func (m *Manager) checkToken(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, secret *corev1.Secret) (tokenState, error) {
-	c := coderapi.NewClient(u, string(secret.Data[TokenKey]), m.timeout(), m.target(ccp))
+	c := coderapi.NewClient(u, string(secret.Data[coderapi.TokenKey]), m.timeout(), m.target(ccp))
 	defer coderapi.CloseIdle(c)
 	if _, err := c.User(ctx, codersdk.Me); err != nil {
 		if coderapi.IsUnauthorized(err) {
@@ -306,9 +295,9 @@ func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		return nil, nil
 	}
 
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: TokenSecretName(ccp), Namespace: ccp.Namespace}}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: coderapi.TokenSecretName(ccp.Name), Namespace: ccp.Namespace}}
 	_, err = controllerutil.CreateOrUpdate(ctx, m.Client, secret, func() error {
-		secret.Labels = map[string]string{labelManagedBy: managedBy, labelControlPlane: ccp.Name}
+		secret.Labels = coderapi.OperatorSecretLabels(ccp.Name)
 		secret.Annotations = map[string]string{
 			annotationTokenName: name,
 			annotationTokenID:   apiKey.ID,
@@ -317,7 +306,7 @@ func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControl
 			annotationCoderURL:  u.String(),
 		}
 		secret.Type = corev1.SecretTypeOpaque
-		secret.Data = map[string][]byte{TokenKey: []byte(key.Key)}
+		secret.Data = map[string][]byte{coderapi.TokenKey: []byte(key.Key)}
 		return controllerutil.SetControllerReference(ccp, secret, m.Client.Scheme())
 	})
 	if err != nil {
@@ -417,7 +406,7 @@ func (m *Manager) createFirstUser(ctx context.Context, ccp *coderv1alpha1.CoderC
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: AdminSecretName(ccp), Namespace: ccp.Namespace,
-			Labels: map[string]string{labelManagedBy: managedBy, labelControlPlane: ccp.Name},
+			Labels: coderapi.OperatorSecretLabels(ccp.Name),
 		},
 		Type: corev1.SecretTypeOpaque,
 		Data: map[string][]byte{"email": []byte(email), "username": []byte(username), "password": []byte(password), "url": []byte(u.String())},

@@ -157,7 +157,7 @@ func TestFreshCoderd(t *testing.T) {
 			t.Errorf("owner references = %+v", s.OwnerReferences)
 		}
 		if len(s.Data) != 1 {
-			t.Errorf("token Secret keys = %d, want only %q", len(s.Data), operatoraccess.TokenKey)
+			t.Errorf("token Secret keys = %d, want only %q", len(s.Data), coderapi.TokenKey)
 		}
 	})
 
@@ -213,7 +213,7 @@ func TestFreshCoderd(t *testing.T) {
 
 	t.Run("disabling access revokes the token and deletes its Secret", func(t *testing.T) {
 		s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
-		tok := coderapi.NewClient(coder.URL, string(s.Data[operatoraccess.TokenKey]), 5*time.Second, coderapi.Target{})
+		tok := coderapi.NewClient(coder.URL, string(s.Data[coderapi.TokenKey]), 5*time.Second, coderapi.Target{})
 		ccp.Spec.OperatorAccess.Disabled = true
 		r4, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
 		if err != nil {

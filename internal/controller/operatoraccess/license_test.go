@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
@@ -87,14 +88,14 @@ func TestLicenseUpload(t *testing.T) {
 	ccp.Spec.License = &coderv1alpha1.LicenseSpec{SecretRef: coderv1alpha1.SecretKeyReference{Name: "license", Key: "jwt"}}
 	// The operator's token as an earlier pass would have stored it.
 	for _, s := range []*corev1.Secret{{
-		ObjectMeta: metav1.ObjectMeta{Name: operatoraccess.TokenSecretName(ccp), Namespace: ccp.Namespace, Annotations: map[string]string{
+		ObjectMeta: metav1.ObjectMeta{Name: coderapi.TokenSecretName(ccp.Name), Namespace: ccp.Namespace, Annotations: map[string]string{
 			"coder.com/coder-url":              srv.URL,
 			"coder.com/token-id":               "tokenid",
 			"coder.com/token-expires-at":       time.Now().Add(100 * time.Hour).UTC().Format(time.RFC3339),
 			"coder.com/token-lifetime-seconds": "604800",
 			"coder.com/token-name":             "k8s-test",
 		}},
-		Data: map[string][]byte{operatoraccess.TokenKey: []byte(fake.token)},
+		Data: map[string][]byte{coderapi.TokenKey: []byte(fake.token)},
 	}, {
 		ObjectMeta: metav1.ObjectMeta{Name: "license", Namespace: ccp.Namespace},
 		Data:       map[string][]byte{"jwt": []byte(fake.license)},
