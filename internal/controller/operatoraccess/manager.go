@@ -6,15 +6,20 @@
 package operatoraccess
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 // Result is what the control plane reconciler writes into status.
@@ -70,4 +75,117 @@ type Manager struct {
 
 	mu      sync.Mutex
 	results map[types.UID]cacheEntry
+}
+
+const (
+	// defaultValidateEvery is ValidateEvery when unset.
+	defaultValidateEvery = 5 * time.Minute
+	// retryUnreachable is how soon a coderd that did not answer, or
+	// answered with an error, is asked again.
+	retryUnreachable = 15 * time.Second
+)
+
+// apiError is the result of a Coder API call that failed in a way the
+// operator did not expect: CoderAPIError with Coder's message and the
+// HTTP status, retried after retryUnreachable.
+func (m *Manager) apiError(res Result, action string, err error) Result {
+	msg := fmt.Sprintf("%s: %s", action, coderapi.Message(err))
+	if code := coderapi.StatusCode(err); code != 0 {
+		msg = fmt.Sprintf("%s (HTTP %d)", msg, code)
+	}
+	return Result{CoderVersion: res.CoderVersion, Reason: coderv1alpha1.ReasonCoderAPIError, Message: msg, RequeueAfter: retryUnreachable}
+}
+
+// getSecret reads a Secret, through APIReader when set; nil when it does
+// not exist.
+func (m *Manager) getSecret(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
+	reader := m.APIReader
+	if reader == nil {
+		reader = m.Client
+	}
+	var s corev1.Secret
+	if err := reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read Secret %s/%s: %w", namespace, name, err)
+	}
+	return &s, nil
+}
+
+// event records an event on ccp, when the Manager has a Recorder.
+func (m *Manager) event(ccp *coderv1alpha1.CoderControlPlane, typ, reason, msg string) {
+	if m.Recorder != nil {
+		m.Recorder.Eventf(ccp, nil, typ, reason, "OperatorAccess", "%s", msg)
+	}
+}
+
+// target labels the metrics of the clients acting on ccp.
+func (m *Manager) target(ccp *coderv1alpha1.CoderControlPlane) coderapi.Target {
+	return coderapi.ForControlPlaneTarget(ccp.Namespace, ccp.Name, metrics.ComponentController)
+}
+
+func (m *Manager) timeout() time.Duration {
+	if m.Timeout > 0 {
+		return m.Timeout
+	}
+	return coderapi.DefaultTimeout
+}
+
+func (m *Manager) validateEvery() time.Duration {
+	if m.ValidateEvery > 0 {
+		return m.ValidateEvery
+	}
+	return defaultValidateEvery
+}
+
+// The last good result per control plane, so that reconciles triggered by
+// other changes (a Deployment's status) do not call coderd each time.
+type cacheEntry struct {
+	at            time.Time
+	secretVersion string
+	generation    int64
+	result        Result
+}
+
+func (m *Manager) cached(ccp *coderv1alpha1.CoderControlPlane, secret *corev1.Secret) (Result, bool) {
+	if secret == nil {
+		return Result{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.cache()[ccp.UID]
+	if !ok || e.secretVersion != secret.ResourceVersion || e.generation != ccp.Generation {
+		return Result{}, false
+	}
+	left := m.validateEvery() - time.Since(e.at)
+	if left <= 0 {
+		return Result{}, false
+	}
+	r := e.result
+	r.RequeueAfter = left
+	return r, true
+}
+
+func (m *Manager) remember(ccp *coderv1alpha1.CoderControlPlane, secret *corev1.Secret, r Result) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cache()[ccp.UID] = cacheEntry{at: time.Now(), secretVersion: secret.ResourceVersion, generation: ccp.Generation, result: r}
+}
+
+// Recheck makes the next Reconcile of ccp check its token with coderd
+// instead of trusting the last check.
+func (m *Manager) Recheck(ccp *coderv1alpha1.CoderControlPlane) { m.forget(ccp) }
+
+func (m *Manager) forget(ccp *coderv1alpha1.CoderControlPlane) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.cache(), ccp.UID)
+}
+
+func (m *Manager) cache() map[types.UID]cacheEntry {
+	if m.results == nil {
+		m.results = map[types.UID]cacheEntry{}
+	}
+	return m.results
 }

@@ -1,0 +1,221 @@
+package operatoraccess
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
+)
+
+// The operator token Secret's annotations: what the token is and where it
+// came from, so that it can be checked, renewed and revoked without
+// listing tokens in coderd.
+const (
+	annotationTokenName = "coder.com/token-name"
+	annotationTokenID   = "coder.com/token-id"
+	annotationExpiresAt = "coder.com/token-expires-at"
+	annotationLifetime  = "coder.com/token-lifetime-seconds"
+	annotationCoderURL  = "coder.com/coder-url"
+)
+
+// defaultLifetime is the operator token's lifetime when
+// spec.operatorAccess.tokenLifetime is unset.
+const defaultLifetime = 168 * time.Hour
+
+// Revoke deletes the operator's token in coderd and its Secret. A token
+// coderd no longer knows counts as revoked; an unreachable coderd is an
+// error, so the caller decides how long to keep trying.
+func (m *Manager) Revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, coderURL string) error {
+	m.forget(ccp)
+	secret, err := m.getSecret(ctx, ccp.Namespace, coderapi.TokenSecretName(ccp.Name))
+	if err != nil || secret == nil {
+		return err
+	}
+	if u, err := url.Parse(secret.Annotations[annotationCoderURL]); err == nil && u.Host != "" {
+		c := coderapi.NewClient(u, string(secret.Data[coderapi.TokenKey]), m.timeout(), m.target(ccp))
+		defer coderapi.CloseIdle(c)
+		err := c.DeleteAPIKey(ctx, codersdk.Me, secret.Annotations[annotationTokenID])
+		switch {
+		case err == nil:
+			m.event(ccp, corev1.EventTypeNormal, "OperatorTokenRevoked", "Revoked the operator token in coderd")
+		case coderapi.IsUnauthorized(err) || coderapi.IsNotFound(err):
+			// Already revoked or expired.
+		default:
+			return fmt.Errorf("revoke operator token at %s: %w", u, err)
+		}
+	}
+	if err := m.Client.Delete(ctx, secret); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete operator token Secret %s: %w", secret.Name, err)
+	}
+	return nil
+}
+
+// tokenState is what checkToken found.
+type tokenState int
+
+const (
+	tokenValid    tokenState = iota
+	tokenExpiring            // authenticates, but within a third of its lifetime of expiry
+	tokenRejected            // coderd answers 401: revoked or expired
+)
+
+// checkToken reports whether the stored token still authenticates and is
+// not close to expiry.
+func (m *Manager) checkToken(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, secret *corev1.Secret) (tokenState, error) {
+	c := coderapi.NewClient(u, string(secret.Data[coderapi.TokenKey]), m.timeout(), m.target(ccp))
+	defer coderapi.CloseIdle(c)
+	if _, err := c.User(ctx, codersdk.Me); err != nil {
+		if coderapi.IsUnauthorized(err) {
+			return tokenRejected, nil
+		}
+		return tokenRejected, err
+	}
+	expires, err := time.Parse(time.RFC3339, secret.Annotations[annotationExpiresAt])
+	if err != nil {
+		return tokenExpiring, nil
+	}
+	lifetime, err := strconv.ParseInt(secret.Annotations[annotationLifetime], 10, 64)
+	if err != nil || lifetime <= 0 {
+		lifetime = int64(defaultLifetime / time.Second)
+	}
+	if time.Until(expires) > time.Duration(lifetime)*time.Second/3 {
+		return tokenValid, nil
+	}
+	return tokenExpiring, nil
+}
+
+// issueToken issues a new operator token with self (the operator's own,
+// still valid token) when given, else, or when that fails in coderd, with
+// an owner session. When no token can be issued it fills res with the
+// reason and returns a nil Secret.
+func (m *Manager) issueToken(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, old *corev1.Secret, res *Result, self *codersdk.Client) (*corev1.Secret, error) {
+	if self != nil {
+		before := *res
+		secret, err := m.issueWith(ctx, ccp, u, old, res, self)
+		if err != nil || secret != nil {
+			return secret, err
+		}
+		logf.FromContext(ctx).Info("the operator token could not renew itself; using an owner session", "reason", res.Message)
+		*res = before
+	}
+	owner, ok, err := m.ownerClient(ctx, ccp, u, res)
+	if err != nil || !ok {
+		return nil, err
+	}
+	defer coderapi.CloseIdle(owner)
+	return m.issueWith(ctx, ccp, u, old, res, owner)
+}
+
+// issueWith makes sure, acting through owner, that the operator user
+// exists with the owner role, creates a token for it, stores the token in
+// the Secret and revokes the one it replaces.
+func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, old *corev1.Secret, res *Result, owner *codersdk.Client) (*corev1.Secret, error) {
+	user, err := owner.User(ctx, OperatorUsername)
+	switch {
+	case coderapi.IsNotFound(err) || coderapi.StatusCode(err) == http.StatusBadRequest:
+		me, err := owner.User(ctx, codersdk.Me)
+		if err != nil {
+			*res = m.apiError(*res, "read the owner user", err)
+			return nil, nil
+		}
+		user, err = owner.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
+			Email: operatorEmail, Username: OperatorUsername, Name: "coder-k8s operator",
+			UserLoginType: codersdk.LoginTypeNone, OrganizationIDs: me.OrganizationIDs,
+		})
+		if err != nil {
+			*res = m.apiError(*res, "create the operator user", err)
+			return nil, nil
+		}
+	case err != nil:
+		*res = m.apiError(*res, "look up the operator user", err)
+		return nil, nil
+	}
+	if !hasRole(user, codersdk.RoleOwner) {
+		if _, err := owner.UpdateUserRoles(ctx, user.ID.String(), codersdk.UpdateRoles{Roles: []string{codersdk.RoleOwner}}); err != nil {
+			*res = m.apiError(*res, "grant the operator user the owner role", err)
+			return nil, nil
+		}
+	}
+
+	lifetime := defaultLifetime
+	if lt := ccp.Spec.OperatorAccess.TokenLifetime; lt != nil && lt.Duration > 0 {
+		lifetime = lt.Duration
+	}
+	// coderd caps token lifetimes (168h unless configured otherwise);
+	// ask for no more than it allows.
+	if cfg, err := owner.GetTokenConfig(ctx, user.ID.String()); err == nil && cfg.MaxTokenLifetime > 0 && lifetime > cfg.MaxTokenLifetime {
+		lifetime = cfg.MaxTokenLifetime
+	}
+	name := tokenName(ccp)
+	key, err := owner.CreateToken(ctx, user.ID.String(), codersdk.CreateTokenRequest{TokenName: name, Lifetime: lifetime})
+	if err != nil {
+		*res = m.apiError(*res, "create the operator token", err)
+		return nil, nil
+	}
+	apiKey, err := owner.APIKeyByName(ctx, user.ID.String(), name)
+	if err != nil {
+		*res = m.apiError(*res, "read the operator token", err)
+		return nil, nil
+	}
+
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: coderapi.TokenSecretName(ccp.Name), Namespace: ccp.Namespace}}
+	_, err = controllerutil.CreateOrUpdate(ctx, m.Client, secret, func() error {
+		secret.Labels = coderapi.OperatorSecretLabels(ccp.Name)
+		secret.Annotations = map[string]string{
+			annotationTokenName: name,
+			annotationTokenID:   apiKey.ID,
+			annotationExpiresAt: apiKey.ExpiresAt.UTC().Format(time.RFC3339),
+			annotationLifetime:  strconv.FormatInt(apiKey.LifetimeSeconds, 10),
+			annotationCoderURL:  u.String(),
+		}
+		secret.Type = corev1.SecretTypeOpaque
+		secret.Data = map[string][]byte{coderapi.TokenKey: []byte(key.Key)}
+		return controllerutil.SetControllerReference(ccp, secret, m.Client.Scheme())
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store operator token in Secret %s: %w", secret.Name, err)
+	}
+
+	// The replaced token is revoked only once its successor is stored, so
+	// a failure in between never leaves the operator without a token.
+	if old != nil && old.Annotations[annotationTokenID] != "" && old.Annotations[annotationCoderURL] == u.String() {
+		if err := owner.DeleteAPIKey(ctx, user.ID.String(), old.Annotations[annotationTokenID]); err != nil &&
+			!coderapi.IsNotFound(err) {
+			logf.FromContext(ctx).Info("could not revoke the replaced operator token", "error", coderapi.Message(err))
+		}
+	}
+	return secret, nil
+}
+
+func hasRole(u codersdk.User, role string) bool {
+	for _, r := range u.Roles {
+		if r.Name == role {
+			return true
+		}
+	}
+	return false
+}
+
+// tokenName is unique per control plane and per issue, within coderd's
+// limits for token names (lowercase letters, digits, dashes).
+func tokenName(ccp *coderv1alpha1.CoderControlPlane) string {
+	sum := sha256.Sum256([]byte(ccp.Namespace + "/" + ccp.Name))
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	return "k8s-" + hex.EncodeToString(sum[:4]) + "-" + hex.EncodeToString(suffix)
+}
