@@ -55,7 +55,12 @@ type cluster struct {
 	cacheDir    string
 }
 
-func newCluster(t *testing.T, k *testenv.KubeAPI) *cluster {
+// newCluster starts the test stack's kube-apiserver with none of its own
+// CRDs (the chart under test installs them) and connects to it.
+func newCluster(t *testing.T) *cluster {
+	start := time.Now()
+	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{CRDDirs: []string{t.TempDir()}})
+	t.Logf("kube-apiserver up in %s", time.Since(start).Round(time.Millisecond))
 	dyn, err := dynamic.NewForConfig(k.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +93,11 @@ type objRef struct {
 	gvk             schema.GroupVersionKind
 	namespace, name string
 	keep            bool // helm.sh/resource-policy: keep
+}
+
+func refOf(u *unstructured.Unstructured) objRef {
+	return objRef{gvk: u.GroupVersionKind(), namespace: u.GetNamespace(), name: u.GetName(),
+		keep: u.GetAnnotations()["helm.sh/resource-policy"] == "keep"}
 }
 
 func (r objRef) String() string {
@@ -144,7 +154,7 @@ func (c *cluster) apply(t *testing.T, objs []*object, manager string, dryRun boo
 	ctx := context.Background()
 	ordered := slices.Clone(objs)
 	slices.SortStableFunc(ordered, func(a, b *object) int {
-		return installRank(a.u.GetKind()) - installRank(b.u.GetKind())
+		return kindRank(releaseutil.InstallOrder, a.u.GetKind()) - kindRank(releaseutil.InstallOrder, b.u.GetKind())
 	})
 	var applied []objRef
 	var skipped []string
@@ -171,21 +181,19 @@ func (c *cluster) apply(t *testing.T, objs []*object, manager string, dryRun boo
 			c.waitEstablished(t, live.GetName())
 			crdsPending = true
 		}
-		applied = append(applied, objRef{
-			gvk: o.u.GroupVersionKind(), namespace: o.u.GetNamespace(), name: o.u.GetName(),
-			keep: o.u.GetAnnotations()["helm.sh/resource-policy"] == "keep",
-		})
+		applied = append(applied, refOf(o.u))
 	}
 	slices.Sort(skipped)
 	return applied, slices.Compact(skipped)
 }
 
-// installRank is a kind's position in Helm's install order.
-func installRank(kind string) int {
-	if i := slices.Index(releaseutil.InstallOrder, kind); i >= 0 {
+// kindRank is a kind's position in one of Helm's orders
+// (releaseutil.InstallOrder, releaseutil.UninstallOrder).
+func kindRank(order releaseutil.KindSortOrder, kind string) int {
+	if i := slices.Index(order, kind); i >= 0 {
 		return i
 	}
-	return len(releaseutil.InstallOrder)
+	return len(order)
 }
 
 // upgrade applies a revision and deletes what the previous one applied
@@ -209,10 +217,7 @@ func (c *cluster) upgrade(t *testing.T, rel *release, m *manifest) []string {
 	}
 	rel.objects = applied
 	for _, r := range applied {
-		c.get(t, &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": r.gvk.GroupVersion().String(), "kind": r.gvk.Kind,
-			"metadata": map[string]any{"name": r.name, "namespace": r.namespace},
-		}})
+		c.get(t, stub(r.gvk.GroupVersion().String(), r.gvk.Kind, r.namespace, r.name))
 	}
 	return removed
 }
@@ -222,13 +227,9 @@ func (c *cluster) upgrade(t *testing.T, rel *release, m *manifest) []string {
 func (c *cluster) uninstall(t *testing.T, rel *release) []objRef {
 	t.Helper()
 	objs := slices.Clone(rel.objects)
-	rank := func(kind string) int {
-		if i := slices.Index(releaseutil.UninstallOrder, kind); i >= 0 {
-			return i
-		}
-		return len(releaseutil.UninstallOrder)
-	}
-	slices.SortStableFunc(objs, func(a, b objRef) int { return rank(a.gvk.Kind) - rank(b.gvk.Kind) })
+	slices.SortStableFunc(objs, func(a, b objRef) int {
+		return kindRank(releaseutil.UninstallOrder, a.gvk.Kind) - kindRank(releaseutil.UninstallOrder, b.gvk.Kind)
+	})
 	var kept []objRef
 	for _, o := range objs {
 		if o.keep {
@@ -249,16 +250,12 @@ func (c *cluster) delete(t *testing.T, r objRef) {
 	if err := cl.Delete(ctx, r.name, metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatalf("delete %s: %v", r, err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := cl.Get(ctx, r.name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still exists 30s after its deletion: %v", r, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var err error
+	if !within30s(func() bool {
+		_, err = cl.Get(ctx, r.name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}) {
+		t.Fatalf("%s still exists 30s after its deletion: %v", r, err)
 	}
 }
 
@@ -279,24 +276,33 @@ func (c *cluster) get(t *testing.T, u *unstructured.Unstructured) *unstructured.
 func (c *cluster) waitEstablished(t *testing.T, name string) {
 	t.Helper()
 	gvr := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var conds []any
+	if !within30s(func() bool {
 		crd, err := c.dyn.Resource(gvr).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatalf("get CRD %s: %v", name, err)
 		}
-		conds, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
-		for _, cond := range conds {
+		conds, _, _ = unstructured.NestedSlice(crd.Object, "status", "conditions")
+		return slices.ContainsFunc(conds, func(cond any) bool {
 			m, _ := cond.(map[string]any)
-			if m["type"] == "Established" && m["status"] == "True" {
-				return
-			}
-		}
+			return m["type"] == "Established" && m["status"] == "True"
+		})
+	}) {
+		t.Fatalf("CRD %s not established after 30s: %v", name, conds)
+	}
+}
+
+// within30s calls done every 100ms until it returns true, for at most 30
+// seconds, and reports whether it did.
+func within30s(done func() bool) bool {
+	deadline := time.Now().Add(30 * time.Second)
+	for !done() {
 		if time.Now().After(deadline) {
-			t.Fatalf("CRD %s not established after 30s: %v", name, conds)
+			return false
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	return true
 }
 
 func fromUnstructured[T any](t *testing.T, u *unstructured.Unstructured) *T {
@@ -308,33 +314,35 @@ func fromUnstructured[T any](t *testing.T, u *unstructured.Unstructured) *T {
 	return out
 }
 
-func (c *cluster) deployment(t *testing.T) *appsv1.Deployment {
+// stub is an object with only its kind and name, to look it up by.
+func stub(apiVersion, kind, namespace, name string) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
-	u.SetAPIVersion("apps/v1")
-	u.SetKind("Deployment")
-	u.SetNamespace(releaseNamespace)
-	u.SetName(releaseName)
-	return fromUnstructured[appsv1.Deployment](t, c.get(t, u))
+	u.SetAPIVersion(apiVersion)
+	u.SetKind(kind)
+	u.SetNamespace(namespace)
+	u.SetName(name)
+	return u
+}
+
+func (c *cluster) deployment(t *testing.T) *appsv1.Deployment {
+	return fromUnstructured[appsv1.Deployment](t, c.get(t, stub("apps/v1", "Deployment", releaseNamespace, releaseName)))
 }
 
 func (c *cluster) apiService(t *testing.T) *apiregistrationv1.APIService {
-	u := &unstructured.Unstructured{}
-	u.SetAPIVersion("apiregistration.k8s.io/v1")
-	u.SetKind("APIService")
-	u.SetName("v1alpha1.aggregation.coder.com")
+	u := stub("apiregistration.k8s.io/v1", "APIService", "", "v1alpha1.aggregation.coder.com")
 	return fromUnstructured[apiregistrationv1.APIService](t, c.get(t, u))
+}
+
+// liveConfigFile returns config.yaml of a release's live ConfigMap.
+func (c *cluster) liveConfigFile(t *testing.T, namespace, name string) string {
+	cm := fromUnstructured[corev1.ConfigMap](t, c.get(t, stub("v1", "ConfigMap", namespace, name)))
+	return cm.Data["config.yaml"]
 }
 
 // liveConfig loads the live ConfigMap's config file with the binary's
 // loader.
 func (c *cluster) liveConfig(t *testing.T, rel *release) *config.Configuration {
-	u := &unstructured.Unstructured{}
-	u.SetAPIVersion("v1")
-	u.SetKind("ConfigMap")
-	u.SetNamespace(rel.namespace)
-	u.SetName(rel.name)
-	cm := fromUnstructured[corev1.ConfigMap](t, c.get(t, u))
-	return loadConfig(t, cm.Data["config.yaml"])
+	return loadConfig(t, c.liveConfigFile(t, rel.namespace, rel.name))
 }
 
 // refs are the objects of a manifest the API serves.
@@ -342,8 +350,7 @@ func (c *cluster) refs(t *testing.T, m *manifest) []objRef {
 	var out []objRef
 	for _, o := range m.objects {
 		if _, ok := c.resource(t, o.u.GroupVersionKind()); ok {
-			out = append(out, objRef{gvk: o.u.GroupVersionKind(), namespace: o.u.GetNamespace(), name: o.u.GetName(),
-				keep: o.u.GetAnnotations()["helm.sh/resource-policy"] == "keep"})
+			out = append(out, refOf(o.u))
 		}
 	}
 	return out
@@ -393,10 +400,18 @@ func (c *cluster) kubectl(t *testing.T, args ...string) string {
 }
 
 func (c *cluster) runKubectl(args ...string) (string, string, error) {
-	cmd := exec.Command(c.kubectlBin, append([]string{"--kubeconfig", c.k.KubeconfigPath, "--cache-dir", c.cacheDir}, args...)...)
-	var env []string
+	return runTool(context.Background(), c.kubectlBin, append([]string{"--kubeconfig", c.k.KubeconfigPath, "--cache-dir", c.cacheDir}, args...),
+		[]string{"KUBECTL_EXTERNAL_DIFF=", "KUBECONFIG="})
+}
+
+// runTool runs a binary with the test's environment less the variables
+// starting with one of drop, plus extra, and returns its stdout and
+// stderr.
+func runTool(ctx context.Context, bin string, args, drop []string, extra ...string) (string, string, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	env := slices.Clone(extra)
 	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "KUBECTL_EXTERNAL_DIFF=") && !strings.HasPrefix(e, "KUBECONFIG=") {
+		if !slices.ContainsFunc(drop, func(prefix string) bool { return strings.HasPrefix(e, prefix) }) {
 			env = append(env, e)
 		}
 	}
@@ -437,37 +452,45 @@ func (c *cluster) diffEmpty(t *testing.T, rel *release, m *manifest) {
 	}
 }
 
-// helmCLI runs bin/helm against the test stack, with its own cache,
-// config and data directories.
+// helmCLI runs bin/helm with its own cache, config and data directories,
+// against the test stack once kubeconfig is set.
 type helmCLI struct {
 	bin, kubeconfig, home string
 }
 
-func (h *helmCLI) run(t *testing.T, args ...string) string {
+func newHelmCLI(t *testing.T) *helmCLI {
 	t.Helper()
+	bin, err := testenv.Binary("helm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &helmCLI{bin: bin, home: t.TempDir()}
+}
+
+// output runs helm and returns its stdout, stderr and error.
+func (h *helmCLI) output(args ...string) (string, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, h.bin, append(args, "--kubeconfig", h.kubeconfig)...)
-	env := []string{
-		"HELM_CACHE_HOME=" + filepath.Join(h.home, "cache"),
-		"HELM_CONFIG_HOME=" + filepath.Join(h.home, "config"),
-		"HELM_DATA_HOME=" + filepath.Join(h.home, "data"),
+	if h.kubeconfig != "" {
+		args = append(slices.Clone(args), "--kubeconfig", h.kubeconfig)
 	}
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "HELM_") && !strings.HasPrefix(e, "KUBECONFIG=") {
-			env = append(env, e)
-		}
+	return runTool(ctx, h.bin, args, []string{"HELM_", "KUBECONFIG="},
+		"HELM_CACHE_HOME="+filepath.Join(h.home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(h.home, "config"),
+		"HELM_DATA_HOME="+filepath.Join(h.home, "data"))
+}
+
+// run runs helm, failing the test when it fails, and returns its stdout.
+func (h *helmCLI) run(t *testing.T, args ...string) string {
+	t.Helper()
+	stdout, stderr, err := h.output(args...)
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, stdout, stderr)
 	}
-	cmd.Env = env
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	if stderr != "" {
+		t.Logf("helm %s (stderr): %s", args[0], stderr)
 	}
-	if s := stderr.String(); s != "" {
-		t.Logf("helm %s (stderr): %s", args[0], s)
-	}
-	return stdout.String()
+	return stdout
 }
 
 // wantRelease: `helm list` shows the release deployed at revision rev

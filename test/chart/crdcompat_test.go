@@ -2,8 +2,6 @@ package chart
 
 import (
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,7 +9,6 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/yaml"
 )
 
 // TestCRDCompatibility compares every CRD of the previous release with
@@ -33,17 +30,9 @@ func TestCRDCompatibility(t *testing.T) {
 	}
 	for _, dir := range []string{"charts/coder-k8s/files/crds", "config/crd/bases"} {
 		t.Run(dir, func(t *testing.T) {
-			files, err := filepath.Glob(filepath.Join(repoPath(t, dir), "*.yaml"))
-			if err != nil || len(files) == 0 {
-				t.Fatalf("no CRDs in %s (%v)", dir, err)
-			}
 			cur := map[string]*apiextensionsv1.CustomResourceDefinition{}
-			for _, f := range files {
-				b, err := os.ReadFile(f)
-				if err != nil {
-					t.Fatal(err)
-				}
-				crd := parseCRD(t, f, b)
+			for _, f := range crdFiles(t, dir) {
+				crd := readCRD(t, f)
 				cur[crd.Name] = crd
 			}
 			for _, name := range slices.Sorted(maps.Keys(old)) {
@@ -183,16 +172,4 @@ func TestCRDCompatibilityCheckFindsBreaks(t *testing.T) {
 			}
 		})
 	}
-}
-
-func parseCRD(t testing.TB, name string, b []byte) *apiextensionsv1.CustomResourceDefinition {
-	t.Helper()
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := yaml.UnmarshalStrict(b, crd); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	if crd.Kind != "CustomResourceDefinition" || crd.Name == "" {
-		t.Fatalf("%s is not a CRD (kind %q, name %q)", name, crd.Kind, crd.Name)
-	}
-	return crd
 }

@@ -141,10 +141,7 @@ func render(t testing.TB, opts renderOptions, vals map[string]any) (string, erro
 	}
 	// A fresh load every time: rendering twice must not depend on state
 	// kept in the loaded chart.
-	chrt, err := loader.Load(opts.chart)
-	if err != nil {
-		t.Fatalf("load chart %s: %v", opts.chart, err)
-	}
+	chrt := loadChart(t, opts.chart)
 	install := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
 	install.DryRun = true
 	install.DryRunOption = "true"
@@ -175,11 +172,7 @@ func mustRender(t testing.TB, opts renderOptions, vals map[string]any) *manifest
 // templates see them in .Values.
 func effectiveValues(t testing.TB, vals map[string]any) map[string]any {
 	t.Helper()
-	chrt, err := loader.Load(chartDir(t))
-	if err != nil {
-		t.Fatalf("load chart: %v", err)
-	}
-	v, err := chartutil.CoalesceValues(chrt, deepCopy(vals))
+	v, err := chartutil.CoalesceValues(loadChart(t, chartDir(t)), deepCopy(vals))
 	if err != nil {
 		t.Fatalf("coalesce values: %v", err)
 	}
@@ -212,9 +205,14 @@ func ciCases(t testing.TB) []ciCase {
 	return cases
 }
 
+// ciValuesFile is the path of charts/coder-k8s/ci/<name>-values.yaml.
+func ciValuesFile(t testing.TB, name string) string {
+	return filepath.Join(chartDir(t), "ci", name+"-values.yaml")
+}
+
 func ciValues(t testing.TB, name string) map[string]any {
 	t.Helper()
-	return readValues(t, filepath.Join(chartDir(t), "ci", name+"-values.yaml"))
+	return readValues(t, ciValuesFile(t, name))
 }
 
 func readValues(t testing.TB, path string) map[string]any {
@@ -554,19 +552,81 @@ func orRoot(path string) string {
 	return path
 }
 
-func toFloat(v any) float64 {
-	switch v := v.(type) {
-	case int:
-		return float64(v)
+// asFloat returns a number of a values tree or a decoded object (int,
+// int64, float64 or json.Number) as a float64.
+func asFloat(v any) (float64, bool) {
+	switch n := v.(type) {
 	case int64:
-		return float64(v)
+		return float64(n), true
+	case int:
+		return float64(n), true
 	case float64:
-		return v
+		return n, true
 	case json.Number:
-		f, _ := v.Float64()
+		f, err := n.Float64()
+		return f, err == nil
+	}
+	return 0, false
+}
+
+// toFloat is asFloat with -1 for anything that is not a number.
+func toFloat(v any) float64 {
+	if f, ok := asFloat(v); ok {
 		return f
 	}
 	return -1
+}
+
+// names maps items to their names.
+func names[T any](items []T, name func(T) string) []string {
+	out := make([]string, 0, len(items))
+	for _, i := range items {
+		out = append(out, name(i))
+	}
+	return out
+}
+
+// crdFiles returns the CRD files of a directory of the repository (such
+// as config/crd/bases), failing when it holds none.
+func crdFiles(t testing.TB, dir string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(repoPath(t, dir), "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no CRDs in %s (%v)", dir, err)
+	}
+	return files
+}
+
+// readCRD reads a CRD file strictly.
+func readCRD(t testing.TB, path string) *apiextensionsv1.CustomResourceDefinition {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parseCRD(t, path, b)
+}
+
+// parseCRD decodes a CRD strictly, failing on anything else.
+func parseCRD(t testing.TB, name string, b []byte) *apiextensionsv1.CustomResourceDefinition {
+	t.Helper()
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := yaml.UnmarshalStrict(b, crd); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if crd.Kind != "CustomResourceDefinition" || crd.Name == "" {
+		t.Fatalf("%s is not a CRD (kind %q, name %q)", name, crd.Kind, crd.Name)
+	}
+	return crd
+}
+
+// step runs a subtest and stops the test when it fails: the steps of a
+// test build on each other.
+func step(t *testing.T, name string, f func(t *testing.T)) {
+	t.Helper()
+	if !t.Run(name, f) {
+		t.FailNow()
+	}
 }
 
 // lineDiff shows the first lines where two texts differ.

@@ -10,8 +10,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
-
-	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // fieldManager is the server-side apply field manager of the install
@@ -28,12 +26,9 @@ func TestInstall(t *testing.T) {
 		t.Skip("needs kube-apiserver and etcd from bin/")
 	}
 	start := time.Now()
-	// No CRDs from the test stack: the chart installs its own.
-	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{CRDDirs: []string{t.TempDir()}})
-	t.Logf("kube-apiserver up in %s", time.Since(start).Round(time.Millisecond))
-	c := newCluster(t, k)
+	c := newCluster(t)
 	ctx := context.Background()
-	if err := k.EnsureNamespace(ctx, releaseNamespace); err != nil {
+	if err := c.k.EnsureNamespace(ctx, releaseNamespace); err != nil {
 		t.Fatal(err)
 	}
 	rel := &release{name: releaseName, namespace: releaseNamespace, manager: fieldManager}
@@ -41,14 +36,8 @@ func TestInstall(t *testing.T) {
 		return mustRender(t, renderOptions{kubeVersion: c.kubeVersion}, vals)
 	}
 
-	step := func(name string, f func(t *testing.T)) {
-		if !t.Run(name, f) {
-			t.FailNow()
-		}
-	}
-
 	var rev1 *manifest
-	step("install", func(t *testing.T) {
+	step(t, "install", func(t *testing.T) {
 		rev1 = renderFor(t, ciValues(t, "default"))
 		c.upgrade(t, rel, rev1)
 		for _, crd := range rev1.all("CustomResourceDefinition") {
@@ -65,7 +54,7 @@ func TestInstall(t *testing.T) {
 		c.diffEmpty(t, rel, rev1)
 	})
 
-	step("upgrade to tls.mode secret", func(t *testing.T) {
+	step(t, "upgrade to tls.mode secret", func(t *testing.T) {
 		rev2 := renderFor(t, ciValues(t, "tls-secret"))
 		removed := c.upgrade(t, rel, rev2)
 		// tls.mode auto's RBAC is gone, like `helm upgrade` deletes what the
@@ -87,7 +76,7 @@ func TestInstall(t *testing.T) {
 	})
 
 	var before *appsv1.Deployment
-	step("upgrade with changed values", func(t *testing.T) {
+	step(t, "upgrade with changed values", func(t *testing.T) {
 		before = c.deployment(t)
 		vals := merged(ciValues(t, "default"), valuesFromYAML(t, `
 replicas: 2
@@ -133,7 +122,7 @@ config:
 		c.diffEmpty(t, rel, rev3)
 	})
 
-	step("upgrade removing an optional object", func(t *testing.T) {
+	step(t, "upgrade removing an optional object", func(t *testing.T) {
 		vals := merged(ciValues(t, "default"), valuesFromYAML(t, "replicas: 2\nconfig: {logging: {level: debug}}"))
 		rev4 := renderFor(t, vals)
 		removed := c.upgrade(t, rel, rev4)
@@ -143,7 +132,7 @@ config:
 		c.diffEmpty(t, rel, rev4)
 	})
 
-	step("every ci values file passes a server-side dry run", func(t *testing.T) {
+	step(t, "every ci values file passes a server-side dry run", func(t *testing.T) {
 		for _, cc := range ciCases(t) {
 			start := time.Now()
 			m := renderFor(t, cc.vals)
@@ -152,7 +141,7 @@ config:
 		}
 	})
 
-	step("uninstall keeps the CRDs", func(t *testing.T) {
+	step(t, "uninstall keeps the CRDs", func(t *testing.T) {
 		kept := c.uninstall(t, rel)
 		var crds []string
 		for _, o := range kept {
@@ -171,8 +160,8 @@ config:
 	// apply to change nothing and `kubectl diff --server-side` to report
 	// nothing: no drift, so no ignore rules are needed.
 	for _, ex := range gitOpsExamples(t) {
-		step("GitOps "+ex.name, func(t *testing.T) {
-			if err := k.EnsureNamespace(ctx, ex.namespace); err != nil {
+		step(t, "GitOps "+ex.name, func(t *testing.T) {
+			if err := c.k.EnsureNamespace(ctx, ex.namespace); err != nil {
 				t.Fatal(err)
 			}
 			m := mustRender(t, renderOptions{release: ex.release, namespace: ex.namespace, kubeVersion: c.kubeVersion}, ex.values)

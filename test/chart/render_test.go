@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"reflect"
@@ -20,7 +19,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/coder/coder-k8s/internal/config"
-	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // TestCIValues renders the chart's defaults and every ci values file and
@@ -199,19 +197,12 @@ func (r *rendered) checkCRDs(t *testing.T) {
 	if !lookupBool(r.vals, "crds.enabled") {
 		return
 	}
-	files, _ := filepath.Glob(repoPath(t, "config", "crd", "bases", "*.yaml"))
+	files := crdFiles(t, "config/crd/bases")
 	if len(crds) != len(files) {
 		t.Fatalf("%d CRDs rendered, %d in config/crd/bases", len(crds), len(files))
 	}
 	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var want apiextensionsv1.CustomResourceDefinition
-		if err := yaml.UnmarshalStrict(b, &want); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
+		want := readCRD(t, f)
 		i := slices.IndexFunc(crds, func(c *apiextensionsv1.CustomResourceDefinition) bool { return c.Name == want.Name })
 		if i < 0 {
 			t.Errorf("CRD %s (%s) is not rendered", want.Name, filepath.Base(f))
@@ -277,20 +268,10 @@ func TestChecksumFollowsConfig(t *testing.T) {
 // TestChartFilesInSync: the chart's copies of the CRDs and the manager
 // role are byte-identical to the generated files (`make generate`).
 func TestChartFilesInSync(t *testing.T) {
-	bases, err := filepath.Glob(repoPath(t, "config", "crd", "bases", "*.yaml"))
-	if err != nil || len(bases) == 0 {
-		t.Fatalf("no CRDs in config/crd/bases (%v)", err)
-	}
+	bases := crdFiles(t, "config/crd/bases")
 	copies, _ := filepath.Glob(filepath.Join(chartDir(t), "files", "crds", "*.yaml"))
-	names := func(paths []string) []string {
-		var out []string
-		for _, p := range paths {
-			out = append(out, filepath.Base(p))
-		}
-		return out
-	}
-	if !slices.Equal(names(bases), names(copies)) {
-		t.Errorf("charts/coder-k8s/files/crds holds %v, config/crd/bases %v: run `make generate`", names(copies), names(bases))
+	if !slices.Equal(names(bases, filepath.Base), names(copies, filepath.Base)) {
+		t.Errorf("charts/coder-k8s/files/crds holds %v, config/crd/bases %v: run `make generate`", names(copies, filepath.Base), names(bases, filepath.Base))
 	}
 	pairs := [][2]string{{repoPath(t, "config", "rbac", "role.yaml"), filepath.Join(chartDir(t), "files", "rbac", "manager-role.yaml")}}
 	for _, b := range bases {
@@ -321,23 +302,12 @@ func TestHelmTemplateCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs bin/helm")
 	}
-	helm, err := testenv.Binary("helm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := func(args ...string) (string, string, error) {
-		cmd := exec.Command(helm, args...)
-		cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		return stdout.String(), stderr.String(), err
-	}
+	h := newHelmCLI(t)
 
 	t.Run("same output as the library", func(t *testing.T) {
 		for _, name := range []string{"default", "mode-all", "tls-secret"} {
-			f := filepath.Join(chartDir(t), "ci", name+"-values.yaml")
-			out, stderr, err := run("template", releaseName, chartDir(t), "--namespace", releaseNamespace, "-f", f)
+			f := ciValuesFile(t, name)
+			out, stderr, err := h.output("template", releaseName, chartDir(t), "--namespace", releaseNamespace, "-f", f)
 			if err != nil {
 				t.Fatalf("helm template -f %s: %v\n%s", name, err, stderr)
 			}
@@ -356,7 +326,7 @@ func TestHelmTemplateCLI(t *testing.T) {
 		if err := os.WriteFile(f, []byte("mode: all\nreplicaCount: 2\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		out, stderr, err := run("template", releaseName, chartDir(t), "-f", f)
+		out, stderr, err := h.output("template", releaseName, chartDir(t), "-f", f)
 		if err == nil {
 			t.Fatalf("helm template with replicaCount succeeded:\n%.500s", out)
 		}

@@ -2,7 +2,6 @@ package chart
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -19,8 +18,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-
-	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // The previous release of the chart, packaged from git (see
@@ -91,19 +88,14 @@ func TestUpgrade(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs kube-apiserver, etcd, kubectl and helm from bin/")
 	}
-	helmBin, err := testenv.Binary("helm")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := newHelmCLI(t)
 	start := time.Now()
 	prevPath := testdataPath(t, previousChartFile)
 	prev, cur := loadChart(t, prevPath), loadChart(t, chartDir(t))
 
-	// No CRDs from the test stack: the previous release installs its own.
-	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{CRDDirs: []string{t.TempDir()}})
-	t.Logf("kube-apiserver up in %s", time.Since(start).Round(time.Millisecond))
-	c := newCluster(t, k)
-	h := &helmCLI{bin: helmBin, kubeconfig: k.KubeconfigPath, home: t.TempDir()}
+	// The previous release installs its own CRDs.
+	c := newCluster(t)
+	h.kubeconfig = c.k.KubeconfigPath
 	ctx := context.Background()
 
 	// The user's values: files of the previous release, passed to both
@@ -122,13 +114,7 @@ func TestUpgrade(t *testing.T) {
 	oldM := mustRender(t, renderOptions{chart: prevPath, kubeVersion: c.kubeVersion}, vals)
 	newM := mustRender(t, renderOptions{kubeVersion: c.kubeVersion}, vals)
 
-	step := func(name string, f func(t *testing.T)) {
-		if !t.Run(name, f) {
-			t.FailNow()
-		}
-	}
-
-	step("install "+prev.Metadata.Version, func(t *testing.T) {
+	step(t, "install "+prev.Metadata.Version, func(t *testing.T) {
 		h.run(t, append([]string{"install", releaseName, prevPath, "-n", releaseNamespace, "--create-namespace"}, valueArgs...)...)
 		h.wantRelease(t, 1, prev)
 		// The previous release's objects are all there before the upgrade,
@@ -142,8 +128,8 @@ func TestUpgrade(t *testing.T) {
 
 	// What the user created and the previous operator wrote, read back.
 	before := map[string]*unstructured.Unstructured{}
-	step("objects under the "+prev.Metadata.Version+" CRDs", func(t *testing.T) {
-		if err := k.EnsureNamespace(ctx, objectsNamespace); err != nil {
+	step(t, "objects under the "+prev.Metadata.Version+" CRDs", func(t *testing.T) {
+		if err := c.k.EnsureNamespace(ctx, objectsNamespace); err != nil {
 			t.Fatal(err)
 		}
 		for _, o := range previousObjects(t) {
@@ -165,14 +151,14 @@ func TestUpgrade(t *testing.T) {
 		}
 	})
 
-	step("upgrade to "+cur.Metadata.Version, func(t *testing.T) {
+	step(t, "upgrade to "+cur.Metadata.Version, func(t *testing.T) {
 		start := time.Now()
 		h.run(t, append([]string{"upgrade", releaseName, chartDir(t), "-n", releaseNamespace}, valueArgs...)...)
 		t.Logf("helm upgrade took %s", time.Since(start).Round(time.Millisecond))
 		h.wantRelease(t, 2, cur)
 	})
 
-	step("every object is what the new chart renders", func(t *testing.T) {
+	step(t, "every object is what the new chart renders", func(t *testing.T) {
 		for _, o := range newM.objects {
 			if missing := missingFields("", o.u.Object, c.get(t, o.u).Object); len(missing) > 0 {
 				t.Errorf("%s differs from chart %s: %v", o, cur.Metadata.Version, missing)
@@ -189,7 +175,7 @@ func TestUpgrade(t *testing.T) {
 		}
 	})
 
-	step("the Deployment and config follow the new chart", func(t *testing.T) {
+	step(t, "the Deployment and config follow the new chart", func(t *testing.T) {
 		wantD, wantC := deployment(t, newM)
 		oldD, oldC := deployment(t, oldM)
 		d := c.deployment(t)
@@ -230,12 +216,7 @@ func TestUpgrade(t *testing.T) {
 		}
 		// The config file is the new chart's, it loads with this binary's
 		// strict loader, and the pods roll exactly when it changed.
-		u := &unstructured.Unstructured{}
-		u.SetAPIVersion("v1")
-		u.SetKind("ConfigMap")
-		u.SetNamespace(releaseNamespace)
-		u.SetName(releaseName)
-		liveFile, _, _ := unstructured.NestedString(c.get(t, u).Object, "data", "config.yaml")
+		liveFile := c.liveConfigFile(t, releaseNamespace, releaseName)
 		if liveFile != configFile(t, newM) {
 			t.Errorf("live config.yaml is not the new chart's:\n%s", lineDiff(configFile(t, newM), liveFile))
 		}
@@ -248,7 +229,7 @@ func TestUpgrade(t *testing.T) {
 		t.Logf("image %s → %s; config file changed: %v", oldC.Image, live.Image, configChanged)
 	})
 
-	step("nothing of the old release is left behind", func(t *testing.T) {
+	step(t, "nothing of the old release is left behind", func(t *testing.T) {
 		owned := h.releaseObjects(t, c)
 		manifestKeys := map[string]bool{}
 		for _, o := range parseManifest(t, h.run(t, "get", "manifest", releaseName, "-n", releaseNamespace)).objects {
@@ -286,7 +267,7 @@ func TestUpgrade(t *testing.T) {
 		t.Logf("%d objects in the release; %d of chart %s not rendered by %s: %v", len(owned), len(gone), prev.Metadata.Version, cur.Metadata.Version, gone)
 	})
 
-	step("objects created under "+prev.Metadata.Version+" are intact and valid", func(t *testing.T) {
+	step(t, "objects created under "+prev.Metadata.Version+" are intact and valid", func(t *testing.T) {
 		for _, o := range previousObjects(t) {
 			cl, _ := c.client(t, o.GroupVersionKind(), o.GetNamespace())
 			live, err := cl.Get(ctx, o.GetName(), metav1.GetOptions{})
@@ -353,14 +334,6 @@ func statusOnly(o *unstructured.Unstructured) *unstructured.Unstructured {
 	u.SetNamespace(o.GetNamespace())
 	u.SetName(o.GetName())
 	return u
-}
-
-func names[T any](items []T, name func(T) string) []string {
-	out := make([]string, 0, len(items))
-	for _, i := range items {
-		out = append(out, name(i))
-	}
-	return out
 }
 
 func envName(e corev1.EnvVar) string         { return e.Name }
@@ -449,19 +422,4 @@ func sameScalar(a, b any) bool {
 		return ok && fa == fb
 	}
 	return reflect.DeepEqual(a, b)
-}
-
-func asFloat(v any) (float64, bool) {
-	switch n := v.(type) {
-	case int64:
-		return float64(n), true
-	case int:
-		return float64(n), true
-	case float64:
-		return n, true
-	case json.Number:
-		f, err := n.Float64()
-		return f, err == nil
-	}
-	return 0, false
 }
