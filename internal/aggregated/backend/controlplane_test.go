@@ -287,8 +287,8 @@ func TestControlPlaneClientReuse(t *testing.T) {
 	if first.Client.SessionToken() != coderd.SessionToken {
 		t.Errorf("the old client's token changed under in-flight requests")
 	}
-	if bs, _ := p.Backends(ctx, ns); len(bs) != 1 || bs[0].Client != rotated.Client {
-		t.Errorf("the new client is not reused")
+	if bs, err := p.Backends(ctx, ns); err != nil || len(bs) != 1 || bs[0].Client != rotated.Client {
+		t.Errorf("Backends = %v, %v; want the new client reused", keys(bs), err)
 	}
 }
 

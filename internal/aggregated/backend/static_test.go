@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,8 +82,8 @@ func TestStaticProviderTokenFileRotation(t *testing.T) {
 	if _, err := first.Client.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
 		t.Fatalf("with the invalid token: User(me) = %v, want 401", err)
 	}
-	if again, _ := p.Backends(ctx, ""); len(again) != 1 || again[0].Client != first.Client {
-		t.Errorf("Backends(\"\") = %v, want the same backend and client", keys(again))
+	if again, err := p.Backends(ctx, ""); err != nil || len(again) != 1 || again[0].Client != first.Client {
+		t.Errorf("Backends(\"\") = %v, %v; want the same backend and client", keys(again), err)
 	}
 	if other, err := p.Backends(ctx, "some-other-namespace"); err != nil || len(other) != 0 {
 		t.Errorf("Backends(other namespace) = %v, %v; want none", keys(other), err)
@@ -92,8 +93,11 @@ func TestStaticProviderTokenFileRotation(t *testing.T) {
 	var rotated Backend
 	eventually(t, "new token picked up", func() (bool, string) {
 		bs, err := p.Backends(ctx, ns)
-		if err != nil || len(bs) != 1 {
+		if err != nil {
 			return false, err.Error()
+		}
+		if len(bs) != 1 {
+			return false, fmt.Sprintf("Backends = %v, want one", keys(bs))
 		}
 		rotated = bs[0]
 		return rotated.Client != first.Client, "still the first client"
