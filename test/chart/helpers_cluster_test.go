@@ -1,5 +1,6 @@
 // The test stack's kube-apiserver as Helm sees it, and the kubectl and helm
-// CLIs run against it: helpers of install_test.go and upgrade_test.go.
+// CLIs run against it: helpers of install_test.go and upgrade_test.go
+// (TestHelmTemplateCLI runs helm without a cluster).
 
 package chart
 
