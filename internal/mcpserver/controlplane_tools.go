@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/coder/coder-k8s/internal/truncate"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -262,7 +264,7 @@ func getControlPlane(ctx context.Context, c *call, in ControlPlaneInput) (Contro
 	for _, cond := range st.Conditions {
 		if cond.Type == coderv1alpha1.ConditionOperatorAccessReady {
 			d.OperatorAccess.Ready = cond.Status == metav1.ConditionTrue
-			d.OperatorAccess.Reason, d.OperatorAccess.Message = cond.Reason, clipMessage(cond.Message)
+			d.OperatorAccess.Reason, d.OperatorAccess.Message = cond.Reason, truncate.String(cond.Message, maxMessageChars)
 		}
 	}
 	// The Secret's name only: its data is never read.
@@ -353,7 +355,7 @@ func getControlPlaneRollout(ctx context.Context, c *call, in ControlPlaneInput) 
 	}
 	for _, cond := range st.Conditions {
 		r.Conditions = append(r.Conditions, StatusCondition{Type: string(cond.Type), Status: string(cond.Status),
-			Reason: cond.Reason, Message: clipMessage(cond.Message), LastTransition: rfc3339(cond.LastTransitionTime)})
+			Reason: cond.Reason, Message: truncate.String(cond.Message, maxMessageChars), LastTransition: rfc3339(cond.LastTransitionTime)})
 	}
 	r.Status, r.Complete = rolloutStatus(dep)
 	if r.Paused && !r.Complete {
@@ -540,7 +542,7 @@ func podNotReadyReason(p *corev1.Pod) string {
 		if msg == "" {
 			return reason
 		}
-		return clipMessage(reason + ": " + msg)
+		return truncate.String(reason+": "+msg, maxMessageChars)
 	}
 	for _, cs := range p.Status.InitContainerStatuses {
 		if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "PodInitializing" {
@@ -594,7 +596,7 @@ func statusConditions(conds []metav1.Condition) []StatusCondition {
 	out := make([]StatusCondition, 0, len(conds))
 	for _, c := range conds {
 		out = append(out, StatusCondition{Type: c.Type, Status: string(c.Status), Reason: c.Reason,
-			Message: clipMessage(c.Message), LastTransition: rfc3339(c.LastTransitionTime)})
+			Message: truncate.String(c.Message, maxMessageChars), LastTransition: rfc3339(c.LastTransitionTime)})
 	}
 	return out
 }
@@ -613,20 +615,6 @@ func rfc3339(t metav1.Time) string {
 	}
 	return t.UTC().Format(time.RFC3339)
 }
-
-// clipMessage cuts long messages to maxMessageChars.
-func clipMessage(s string) string {
-	if len(s) <= maxMessageChars {
-		return s
-	}
-	cut := maxMessageChars
-	for cut > 0 && !isRuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
-
-func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // redactURL hides a password a URL might carry; tool output never holds
 // credentials.

@@ -6,7 +6,8 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode/utf8"
+
+	"github.com/coder/coder-k8s/internal/truncate"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -106,7 +107,7 @@ func listEvents(ctx context.Context, c *call, in EventListInput) (EventList, err
 			Type:     e.Type,
 			Reason:   e.Reason,
 			Object:   e.InvolvedObject.Kind + "/" + e.InvolvedObject.Name,
-			Message:  cutMessage(strings.Join(strings.Fields(e.Message), " "), maxEventMessageBytes),
+			Message:  truncate.String(strings.Join(strings.Fields(e.Message), " "), maxEventMessageBytes),
 			Count:    eventCount(e),
 		}
 	}
@@ -151,18 +152,4 @@ func eventCount(e *corev1.Event) int32 {
 		n = e.Series.Count
 	}
 	return max(n, 1)
-}
-
-// cutMessage shortens s to at most n bytes on a character boundary,
-// marking the cut with an ellipsis.
-func cutMessage(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const ellipsis = "…"
-	end := n - len(ellipsis)
-	for end > 0 && !utf8.RuneStart(s[end]) {
-		end--
-	}
-	return s[:end] + ellipsis
 }

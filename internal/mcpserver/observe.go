@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/coder/coder-k8s/internal/truncate"
+
 	"github.com/go-logr/logr"
 	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -166,8 +168,5 @@ func errorText(res mcp.Result, err error) string {
 			msg = tc.Text
 		}
 	}
-	if len(msg) > maxLen {
-		msg = msg[:maxLen] + "..."
-	}
-	return msg
+	return truncate.String(msg, maxLen)
 }

@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/coder/coder-k8s/internal/truncate"
+
 	"github.com/coder/coder/v2/codersdk"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -102,7 +104,7 @@ func Error(err error, tgt Target) error {
 
 func fromCoder(sdkErr *codersdk.Error, tgt Target) *apierrors.StatusError {
 	gr, name := tgt.Resource, tgt.Name
-	msg := limit(coderapi.Message(sdkErr))
+	msg := truncate.String(coderapi.Message(sdkErr), maxMessage)
 	code := sdkErr.StatusCode()
 	switch {
 	case code == http.StatusNotFound:
@@ -255,17 +257,3 @@ func withMessage(st *apierrors.StatusError, msg string) *apierrors.StatusError {
 	}
 	return st
 }
-
-func limit(s string) string {
-	if len(s) <= maxMessage {
-		return s
-	}
-	// Cut on a rune boundary.
-	cut := maxMessage
-	for cut > 0 && !isRuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
-}
-
-func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }

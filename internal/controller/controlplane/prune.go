@@ -95,7 +95,7 @@ func (r *Reconciler) pruneList(ctx context.Context, reader client.Reader, ccp *c
 	}
 	return apimeta.EachListItem(list, func(o runtime.Object) error {
 		obj, ok := o.(client.Object)
-		if !ok || keep.has(kind, obj) || !managedBy(ccp, obj, owned) {
+		if !ok || keep.has(kind, obj) || !owner(ccp).Manages(obj) {
 			return nil
 		}
 		uid := obj.GetUID()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -24,13 +25,24 @@ import (
 
 var rbacMarker = regexp.MustCompile(`(?m)^// \+kubebuilder:rbac:groups=([^,]*),resources=([^,]+),verbs=(\S+)$`)
 
-// markerRules reads the RBAC markers of reconciler.go, as controller-gen
+// markerRules reads the RBAC markers of the package, as controller-gen
 // turns them into the operator's ClusterRole.
 func markerRules(t *testing.T) []rbacv1.PolicyRule {
 	t.Helper()
-	src, err := os.ReadFile("reconciler.go")
+	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
+	}
+	var src []byte
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src = append(src, b...)
 	}
 	var rules []rbacv1.PolicyRule
 	for _, m := range rbacMarker.FindAllStringSubmatch(string(src), -1) {
@@ -42,7 +54,7 @@ func markerRules(t *testing.T) []rbacv1.PolicyRule {
 		})
 	}
 	if len(rules) == 0 {
-		t.Fatal("no RBAC markers in reconciler.go")
+		t.Fatal("no RBAC markers in the package")
 	}
 	return rules
 }

@@ -1,19 +1,22 @@
 package controlplane
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-)
-
-// Limits of the API: condition messages and event notes.
-const (
-	maxConditionMessage = 32768
-	maxEventNote        = 1024
+	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
 // setCondition sets a condition with the object's generation; its
@@ -23,7 +26,7 @@ func setCondition(ccp *coderv1alpha1.CoderControlPlane, typ string, status metav
 		Type:               typ,
 		Status:             status,
 		Reason:             reason,
-		Message:            truncate(message, maxConditionMessage),
+		Message:            workload.Message(message),
 		ObservedGeneration: ccp.Generation,
 	})
 }
@@ -33,13 +36,6 @@ func boolStatus(b bool) metav1.ConditionStatus {
 		return metav1.ConditionTrue
 	}
 	return metav1.ConditionFalse
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }
 
 // computePhase summarizes the conditions:
@@ -164,16 +160,102 @@ func (r *Reconciler) event(ccp *coderv1alpha1.CoderControlPlane, eventType, reas
 	}
 	// The note is a format string for the recorder; pass it as an
 	// argument so a % in an error message is printed as is.
-	r.Recorder.Eventf(ccp, nil, eventType, reason, "Reconcile", "%s", truncate(note, maxEventNote))
+	r.Recorder.Eventf(ccp, nil, eventType, reason, "Reconcile", "%s", workload.Message(note))
 }
 
-// backoff grows with how long a condition has been failing: half that
-// time, within [lo, hi]. It needs no state beyond the condition, so it
-// survives restarts and resets when the condition recovers.
-func backoff(c *metav1.Condition, now time.Time, lo, hi time.Duration) time.Duration {
+// accessBackoff is when to check again access that has been failing
+// since c's last transition (workload.Backoff).
+func accessBackoff(c *metav1.Condition, now time.Time) time.Duration {
 	if c == nil {
-		return lo
+		return minAccessBackoff
 	}
-	d := now.Sub(c.LastTransitionTime.Time) / 2
-	return min(max(d, lo), hi)
+	return workload.Backoff(c.LastTransitionTime.Time, now, minAccessBackoff, maxAccessBackoff)
+}
+
+// setExposed sets the Exposed condition from the outcome of applying the
+// Ingress or HTTPRoute.
+func (r *Reconciler) setExposed(ccp *coderv1alpha1.CoderControlPlane, errs []error, okReason, okMessage string) {
+	if len(errs) == 0 {
+		setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionTrue, okReason, okMessage)
+		return
+	}
+	reason := coderv1alpha1.ReasonApplyError
+	if permanent(errs...) {
+		reason = coderv1alpha1.ReasonApplyFailed
+	}
+	setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, reason, errors.Join(errs...).Error())
+}
+
+// setReconciled sets the Reconciled condition: refused children first
+// (they need a change), then missing Secrets.
+func (r *Reconciler) setReconciled(ccp *coderv1alpha1.CoderControlPlane, errs []error, missing []string) {
+	var missingMsg string
+	if len(missing) > 0 {
+		missingMsg = fmt.Sprintf("Secret(s) %s referenced by spec.tls or spec.caCerts not found in namespace %s; coderd pods cannot start until they exist",
+			strings.Join(missing, ", "), ccp.Namespace)
+	}
+	switch {
+	case len(errs) > 0:
+		reason := coderv1alpha1.ReasonApplyError
+		if permanent(errs...) {
+			reason = coderv1alpha1.ReasonApplyFailed
+		}
+		msg := errors.Join(errs...).Error()
+		if missingMsg != "" {
+			msg += "; " + missingMsg
+		}
+		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, reason, msg)
+	case len(missing) > 0:
+		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonSecretNotFound, missingMsg)
+	default:
+		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied, "all children are up to date")
+	}
+}
+
+// permanent reports whether any error needs a change to the spec or the
+// cluster rather than a retry.
+func permanent(errs ...error) bool {
+	for _, err := range errs {
+		var conflict *workload.ConflictError
+		switch {
+		case errors.As(err, &conflict), apierrors.IsInvalid(err), apierrors.IsForbidden(err), apierrors.IsBadRequest(err),
+			apierrors.IsNotFound(err): // NotFound on apply: the namespace does not exist
+			return true
+		}
+	}
+	return false
+}
+
+// setAvailableFromDeployment copies the Deployment's availability and
+// replica counts into the status.
+func (r *Reconciler) setAvailableFromDeployment(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) error {
+	var dep appsv1.Deployment
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ccp.Namespace, Name: ccp.Name}, &dep)
+	if apierrors.IsNotFound(err) {
+		ccp.Status.Replicas, ccp.Status.ReadyReplicas = 0, 0
+		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
+			fmt.Sprintf("Deployment %s does not exist yet", ccp.Name))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get Deployment %s/%s: %w", ccp.Namespace, ccp.Name, err)
+	}
+	ccp.Status.Replicas = dep.Status.Replicas
+	ccp.Status.ReadyReplicas = dep.Status.ReadyReplicas
+	for _, c := range dep.Status.Conditions {
+		if c.Type != appsv1.DeploymentAvailable {
+			continue
+		}
+		if c.Status == corev1.ConditionTrue {
+			setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonDeploymentAvailable,
+				fmt.Sprintf("Deployment %s is available: %d of %d replicas ready", dep.Name, dep.Status.ReadyReplicas, ptrValue(dep.Spec.Replicas)))
+			return nil
+		}
+		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
+			fmt.Sprintf("Deployment %s is not available (%s): %s", dep.Name, c.Reason, c.Message))
+		return nil
+	}
+	setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
+		fmt.Sprintf("Deployment %s has not reported availability yet: %d of %d replicas ready", dep.Name, dep.Status.ReadyReplicas, ptrValue(dep.Spec.Replicas)))
+	return nil
 }

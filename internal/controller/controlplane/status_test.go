@@ -3,12 +3,7 @@ package controlplane
 import (
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/yaml"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 )
@@ -53,53 +48,5 @@ func TestPhase(t *testing.T) {
 				t.Errorf("phase = %s, want %s", got, tc.want)
 			}
 		})
-	}
-}
-
-// TestDesiredInIgnoresServerDefaults checks the no-write decision on a
-// Deployment as the API server returns it: defaulted fields and
-// canonicalized quantities match, changed or added values do not.
-func TestDesiredInIgnoresServerDefaults(t *testing.T) {
-	ccp := &coderv1alpha1.CoderControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "coder"}}
-	// As a user writes it in the CRD, which keeps the spelling.
-	if err := yaml.Unmarshal([]byte(`{"resources": {"limits": {"cpu": "1000m", "memory": "1024Mi"}}}`), &ccp.Spec.PodSpec); err != nil {
-		t.Fatal(err)
-	}
-	desired := desiredDeployment(ccp, DefaultImage, "cluster.local")
-	want, err := toApplyMap(desired)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// What the API server stores: the same plus defaults.
-	live := desired.DeepCopy()
-	live.Spec.RevisionHistoryLimit = new(int32)
-	live.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyAlways
-	live.Spec.Template.Spec.DNSPolicy = corev1.DNSClusterFirst
-	c := &live.Spec.Template.Spec.Containers[0]
-	c.TerminationMessagePath = "/dev/termination-log"
-	c.ImagePullPolicy = corev1.PullIfNotPresent
-	c.Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")}
-	live.Spec.Template.Spec.Volumes[0].EmptyDir.Medium = ""
-	live.Status = appsv1.DeploymentStatus{Replicas: 1}
-	liveMap, err := runtime.DefaultUnstructuredConverter.ToUnstructured(live)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !desiredIn(want, liveMap) {
-		t.Fatal("a Deployment with only server defaults added does not match its desired state")
-	}
-
-	changed := live.DeepCopy()
-	changed.Spec.Template.Spec.Containers[0].Image = "other"
-	changedMap, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(changed)
-	if desiredIn(want, changedMap) {
-		t.Error("a changed image matches the desired state")
-	}
-	extraEnv := live.DeepCopy()
-	extraEnv.Spec.Template.Spec.Containers[0].Env = append(extraEnv.Spec.Template.Spec.Containers[0].Env, corev1.EnvVar{Name: "X", Value: "1"})
-	extraMap, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(extraEnv)
-	if desiredIn(want, extraMap) {
-		t.Error("an added environment variable matches the desired state")
 	}
 }

@@ -16,7 +16,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
 // This file builds the desired children of a deployed control plane from
@@ -38,13 +39,7 @@ const (
 	tlsServicePort = 443
 
 	containerName = "coder"
-	// coderUID is the user the Coder image runs as; the restricted
-	// default sets it explicitly so that runAsNonRoot can be verified by
-	// the kubelet whatever the image's USER says.
-	coderUID = 1000
-
-	tmpDir   = "/tmp"
-	cacheDir = "/var/cache/coder"
+	cacheDir      = "/var/cache/coder"
 	// tlsDir holds one directory per TLS Secret. It is a subdirectory of
 	// /etc/ssl/certs, which Go scans (not recursively) for CA files, so
 	// the serving keys never end up read as CAs.
@@ -53,19 +48,11 @@ const (
 	caDir = "/etc/ssl/certs"
 )
 
-// Labels the operator puts on every child. controlPlaneLabel and
-// controlPlaneNamespaceLabel find the children again, also those in other
-// namespaces that cannot carry an owner reference.
+// Labels of coderd's pods, part of its Deployment's immutable selector.
 const (
 	labelName      = "app.kubernetes.io/name"
 	labelInstance  = "app.kubernetes.io/instance"
 	labelComponent = "app.kubernetes.io/component"
-	labelManagedBy = "app.kubernetes.io/managed-by"
-
-	controlPlaneLabel          = "coder.com/control-plane"
-	controlPlaneNamespaceLabel = "coder.com/control-plane-namespace"
-
-	managedByValue = "coder-k8s"
 	componentValue = "coderd"
 )
 
@@ -84,22 +71,25 @@ func selectorLabels(ccp *coderv1alpha1.CoderControlPlane) map[string]string {
 	}
 }
 
-// childLabels are the labels of every child object.
+// childLabels are the labels of every child object: the pods' and
+// ownedSelector's.
 func childLabels(ccp *coderv1alpha1.CoderControlPlane) map[string]string {
-	l := selectorLabels(ccp)
-	l[labelManagedBy] = managedByValue
-	l[controlPlaneLabel] = ccp.Name
-	l[controlPlaneNamespaceLabel] = ccp.Namespace
-	return l
+	return workload.MergeMaps(selectorLabels(ccp), ownedSelector(ccp))
 }
 
-// ownedSelector selects the children of ccp in any namespace.
+// ownedSelector selects the children of ccp in any namespace; in other
+// namespaces than its own they cannot carry an owner reference.
 func ownedSelector(ccp *coderv1alpha1.CoderControlPlane) map[string]string {
 	return map[string]string{
-		labelManagedBy:             managedByValue,
-		controlPlaneLabel:          ccp.Name,
-		controlPlaneNamespaceLabel: ccp.Namespace,
+		coderv1alpha1.LabelManagedBy:             coderv1alpha1.ManagedByValue,
+		coderv1alpha1.LabelControlPlane:          ccp.Name,
+		coderv1alpha1.LabelControlPlaneNamespace: ccp.Namespace,
 	}
+}
+
+// owner is ccp as the owner of its children.
+func owner(ccp *coderv1alpha1.CoderControlPlane) workload.Owner {
+	return workload.Owner{Object: ccp, Kind: "CoderControlPlane", Labels: ownedSelector(ccp)}
 }
 
 // serviceAccountName is the service account coderd runs as.
@@ -147,12 +137,9 @@ func tlsEnabled(ccp *coderv1alpha1.CoderControlPlane) bool {
 	return ccp.Spec.TLS != nil && len(ccp.Spec.TLS.SecretNames) > 0
 }
 
-// servicePort is the Service's HTTP port; the CRD defaults it to 80.
+// servicePort is the Service's HTTP port.
 func servicePort(ccp *coderv1alpha1.CoderControlPlane) int32 {
-	if ccp.Spec.Service.Port > 0 {
-		return ccp.Spec.Service.Port
-	}
-	return 80
+	return workload.ServicePort(ccp.Spec.Service)
 }
 
 // inClusterURL is where the operator, and by default users and
@@ -179,94 +166,40 @@ func desiredDeployment(ccp *coderv1alpha1.CoderControlPlane, image, clusterDomai
 	if spec.Image != "" {
 		image = spec.Image
 	}
-	podLabels := map[string]string{}
-	for k, v := range spec.PodLabels {
-		podLabels[k] = v
-	}
-	// The selector labels win over user pod labels, or the Deployment
-	// would not select its own pods.
-	for k, v := range selectorLabels(ccp) {
-		podLabels[k] = v
-	}
-
 	ports := []corev1.ContainerPort{{Name: httpPortName, ContainerPort: httpPort, Protocol: corev1.ProtocolTCP}}
 	if tlsEnabled(ccp) {
 		ports = append(ports, corev1.ContainerPort{Name: httpsPortName, ContainerPort: httpsPort, Protocol: corev1.ProtocolTCP})
 	}
-
-	volumes, mounts := podVolumes(ccp)
-
-	container := corev1.Container{
-		Name:            containerName,
-		Image:           image,
-		ImagePullPolicy: spec.ImagePullPolicy,
-		Command:         []string{"/opt/coder"},
-		Args:            append([]string{"server"}, spec.ExtraArgs...),
-		Ports:           ports,
-		Env:             containerEnv(ccp, clusterDomain),
-		EnvFrom:         spec.EnvFrom,
-		Resources:       spec.Resources,
-		VolumeMounts:    mounts,
-		LivenessProbe:   spec.LivenessProbe,
-		ReadinessProbe:  spec.ReadinessProbe,
-		SecurityContext: spec.SecurityContext,
-	}
-	if container.LivenessProbe == nil {
+	liveness, readiness := spec.LivenessProbe, spec.ReadinessProbe
+	if liveness == nil {
 		// coderd runs database migrations before it listens; the
 		// initial delay and threshold leave it two to three minutes so
 		// that a long migration is not killed half-way.
-		container.LivenessProbe = healthzProbe(60, 6)
+		liveness = healthzProbe(60, 6)
 	}
-	if container.ReadinessProbe == nil {
-		container.ReadinessProbe = healthzProbe(0, 3)
+	if readiness == nil {
+		readiness = healthzProbe(0, 3)
 	}
-	if container.SecurityContext == nil {
-		container.SecurityContext = restrictedContainerSecurityContext()
-	}
-
-	podSecurity := spec.PodSecurityContext
-	if podSecurity == nil {
-		podSecurity = &corev1.PodSecurityContext{
-			RunAsNonRoot:   ptr.To(true),
-			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-		}
-	}
-
-	return &appsv1.Deployment{
-		TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      ccp.Name,
-			Namespace: ccp.Namespace,
-			Labels:    childLabels(ccp),
-		},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(ptr.Deref(spec.Replicas, 1)),
-			Selector: &metav1.LabelSelector{MatchLabels: selectorLabels(ccp)},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{
-					Labels:      podLabels,
-					Annotations: copyMap(spec.PodAnnotations),
-				},
-				Spec: corev1.PodSpec{
-					ServiceAccountName: serviceAccountName(ccp),
-					// coderd reads its configuration from CODER_*
-					// variables; the service links of a Service named
-					// "coder" (CODER_PORT, CODER_SERVICE_HOST, ...)
-					// would land in that namespace.
-					EnableServiceLinks:        ptr.To(false),
-					SecurityContext:           podSecurity,
-					ImagePullSecrets:          spec.ImagePullSecrets,
-					NodeSelector:              copyMap(spec.NodeSelector),
-					Tolerations:               spec.Tolerations,
-					Affinity:                  spec.Affinity,
-					TopologySpreadConstraints: spec.TopologySpreadConstraints,
-					PriorityClassName:         spec.PriorityClassName,
-					Containers:                []corev1.Container{container},
-					Volumes:                   volumes,
-				},
-			},
-		},
-	}
+	volumes, mounts := podVolumes(ccp)
+	return workload.Deployment(spec.PodSpec, workload.Workload{
+		Name:      ccp.Name,
+		Namespace: ccp.Namespace,
+		Labels:    childLabels(ccp),
+		Selector:  selectorLabels(ccp),
+		// The selector labels win over user pod labels, or the
+		// Deployment would not select its own pods.
+		PodLabels:          selectorLabels(ccp),
+		ServiceAccountName: serviceAccountName(ccp),
+		Image:              image,
+		Container:          containerName,
+		Args:               []string{"server"},
+		Env:                containerEnv(ccp, clusterDomain),
+		Ports:              ports,
+		Volumes:            volumes,
+		VolumeMounts:       mounts,
+		LivenessProbe:      liveness,
+		ReadinessProbe:     readiness,
+	})
 }
 
 func healthzProbe(initialDelay, failureThreshold int32) *corev1.Probe {
@@ -284,25 +217,8 @@ func healthzProbe(initialDelay, failureThreshold int32) *corev1.Probe {
 	}
 }
 
-// restrictedContainerSecurityContext meets the "restricted" Pod Security
-// Standard and adds a read-only root file system; coderd writes only to
-// the emptyDir volumes mounted at /tmp and its cache directory.
-func restrictedContainerSecurityContext() *corev1.SecurityContext {
-	return &corev1.SecurityContext{
-		AllowPrivilegeEscalation: ptr.To(false),
-		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-		ReadOnlyRootFilesystem:   ptr.To(true),
-		RunAsNonRoot:             ptr.To(true),
-		RunAsUser:                ptr.To[int64](coderUID),
-		RunAsGroup:               ptr.To[int64](coderUID),
-		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-	}
-}
-
-// containerEnv is the operator's environment followed by the user's; a
-// user variable replaces the operator's of the same name. Duplicate names
-// are collapsed (the last wins, as the kubelet would do), because
-// server-side apply refuses duplicate keys.
+// containerEnv is the operator's environment; spec.env follows it
+// (workload.MergeEnv).
 func containerEnv(ccp *coderv1alpha1.CoderControlPlane, clusterDomain string) []corev1.EnvVar {
 	accessURL := ccp.Spec.AccessURL
 	if accessURL == "" {
@@ -335,20 +251,16 @@ func containerEnv(ccp *coderv1alpha1.CoderControlPlane, clusterDomain string) []
 			corev1.EnvVar{Name: "CODER_TLS_KEY_FILE", Value: strings.Join(keys, ",")},
 		)
 	}
-	env = append(env, ccp.Spec.Env...)
-	return dedupeLast(env, func(e corev1.EnvVar) string { return e.Name })
+	return env
 }
 
-// podVolumes are the operator's volumes and mounts (scratch space, TLS
-// and CA Secrets) followed by the user's; a user volume or mount replaces
-// the operator's of the same name or mount path.
+// podVolumes are the operator's volumes and mounts besides the scratch
+// space (workload.TmpPath): the cache and the TLS and CA Secrets.
 func podVolumes(ccp *coderv1alpha1.CoderControlPlane) ([]corev1.Volume, []corev1.VolumeMount) {
 	volumes := []corev1.Volume{
-		{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 		{Name: "cache", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 	}
 	mounts := []corev1.VolumeMount{
-		{Name: "tmp", MountPath: tmpDir},
 		{Name: "cache", MountPath: cacheDir},
 	}
 	if tlsEnabled(ccp) {
@@ -377,10 +289,7 @@ func podVolumes(ccp *coderv1alpha1.CoderControlPlane) ([]corev1.Volume, []corev1
 			ReadOnly:  true,
 		})
 	}
-	volumes = append(volumes, ccp.Spec.Volumes...)
-	mounts = append(mounts, ccp.Spec.VolumeMounts...)
-	return dedupeLast(volumes, func(v corev1.Volume) string { return v.Name }),
-		dedupeLast(mounts, func(m corev1.VolumeMount) string { return m.MountPath })
+	return volumes, mounts
 }
 
 // referencedSecrets are the Secrets the pod cannot start without. Secrets
@@ -397,7 +306,7 @@ func referencedSecrets(ccp *coderv1alpha1.CoderControlPlane) []string {
 	for _, ref := range ccp.Spec.CACerts {
 		names = append(names, ref.Name)
 	}
-	return dedupeLast(names, func(s string) string { return s })
+	return workload.Dedupe(names)
 }
 
 // watchedSecrets are all Secrets whose appearance or change should
@@ -406,7 +315,7 @@ func referencedSecrets(ccp *coderv1alpha1.CoderControlPlane) []string {
 // once rather than at the next periodic check.
 func watchedSecrets(ccp *coderv1alpha1.CoderControlPlane) []string {
 	names := referencedSecrets(ccp)
-	names = append(names, operatoraccess.TokenSecretName(ccp))
+	names = append(names, coderapi.TokenSecretName(ccp.Name))
 	if ref := ccp.Status.OperatorTokenSecretRef; ref != nil {
 		names = append(names, ref.Name)
 	}
@@ -420,16 +329,11 @@ func watchedSecrets(ccp *coderv1alpha1.CoderControlPlane) []string {
 	if ccp.Spec.License != nil {
 		names = append(names, ccp.Spec.License.SecretRef.Name)
 	}
-	return dedupeLast(names, func(s string) string { return s })
+	return workload.Dedupe(names)
 }
 
 // desiredService is the Service in front of coderd.
 func desiredService(ccp *coderv1alpha1.CoderControlPlane) *corev1.Service {
-	s := ccp.Spec.Service
-	typ := s.Type
-	if typ == "" {
-		typ = corev1.ServiceTypeClusterIP
-	}
 	ports := []corev1.ServicePort{{
 		Name:       httpPortName,
 		Port:       servicePort(ccp),
@@ -444,28 +348,7 @@ func desiredService(ccp *coderv1alpha1.CoderControlPlane) *corev1.Service {
 			Protocol:   corev1.ProtocolTCP,
 		})
 	}
-	svc := &corev1.Service{
-		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        ccp.Name,
-			Namespace:   ccp.Namespace,
-			Labels:      childLabels(ccp),
-			Annotations: copyMap(s.Annotations),
-		},
-		Spec: corev1.ServiceSpec{
-			Type:     typ,
-			Selector: selectorLabels(ccp),
-			Ports:    ports,
-		},
-	}
-	if typ == corev1.ServiceTypeLoadBalancer {
-		svc.Spec.LoadBalancerIP = s.LoadBalancerIP
-	}
-	// The API server refuses externalTrafficPolicy on a ClusterIP Service.
-	if typ == corev1.ServiceTypeNodePort || typ == corev1.ServiceTypeLoadBalancer {
-		svc.Spec.ExternalTrafficPolicy = s.ExternalTrafficPolicy
-	}
-	return svc
+	return workload.Service(ccp.Spec.Service, ccp.Name, ccp.Namespace, childLabels(ccp), selectorLabels(ccp), ports)
 }
 
 // desiredServiceAccount is coderd's service account when the operator
@@ -477,7 +360,7 @@ func desiredServiceAccount(ccp *coderv1alpha1.CoderControlPlane) *corev1.Service
 			Name:        serviceAccountName(ccp),
 			Namespace:   ccp.Namespace,
 			Labels:      childLabels(ccp),
-			Annotations: copyMap(ccp.Spec.ServiceAccount.Annotations),
+			Annotations: workload.MergeMaps(ccp.Spec.ServiceAccount.Annotations, nil),
 		},
 	}
 }
@@ -546,7 +429,7 @@ func desiredIngress(ccp *coderv1alpha1.CoderControlPlane) *networkingv1.Ingress 
 			Name:        ccp.Name,
 			Namespace:   ccp.Namespace,
 			Labels:      childLabels(ccp),
-			Annotations: copyMap(spec.Annotations),
+			Annotations: workload.MergeMaps(spec.Annotations, nil),
 		},
 	}
 	if spec.ClassName != "" {
@@ -598,41 +481,7 @@ func desiredHTTPRoute(ccp *coderv1alpha1.CoderControlPlane) *unstructured.Unstru
 	u.SetNamespace(ccp.Namespace)
 	u.SetLabels(childLabels(ccp))
 	if len(spec.Annotations) > 0 {
-		u.SetAnnotations(copyMap(spec.Annotations))
+		u.SetAnnotations(workload.MergeMaps(spec.Annotations, nil))
 	}
 	return u
-}
-
-// dedupeLast keeps the last item of each key, at the position of its first
-// occurrence, so that an override keeps the operator's ordering.
-func dedupeLast[T any](items []T, key func(T) string) []T {
-	if len(items) == 0 {
-		return items
-	}
-	last := make(map[string]int, len(items))
-	for i, it := range items {
-		last[key(it)] = i
-	}
-	out := make([]T, 0, len(last))
-	placed := make(map[string]bool, len(last))
-	for _, it := range items {
-		k := key(it)
-		if placed[k] {
-			continue
-		}
-		placed[k] = true
-		out = append(out, items[last[k]])
-	}
-	return out
-}
-
-func copyMap(m map[string]string) map[string]string {
-	if len(m) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }

@@ -16,6 +16,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/workload"
 	"github.com/coder/coder-k8s/internal/metrics"
 )
 
@@ -48,8 +49,8 @@ type Cleanup struct {
 
 // Finalize runs c for obj, which is being deleted, then releases obj.
 // The cleanup is best effort and bounded: while coderd is unreachable or
-// the operator's access is not ready it is retried every few seconds
-// until CleanupTimeout after the deletion request; then, or at once when
+// the operator's access is not ready it is retried, at the pace of
+// workload.CleanupRetry, until CleanupTimeout after the deletion request; then, or at once when
 // the CoderControlPlane no longer exists, the finalizer is removed anyway
 // and a Warning event names what to delete by hand. Deletion never waits
 // forever on an absent coderd.
@@ -63,10 +64,9 @@ func (b *Base) Finalize(ctx context.Context, obj client.Object, c Cleanup) (ctrl
 	case done && what != "":
 		b.event(obj, corev1.EventTypeNormal, c.DoneReason, c.Action, c.Past+" "+what)
 	case !done && !abandon:
-		deadline := obj.GetDeletionTimestamp().Add(b.cleanupTimeout())
-		if wait := time.Until(deadline); wait > 0 {
-			log.Info("cannot "+c.Verb+" "+c.Noun+" yet; retrying", c.LogKey, what, "reason", msg, "givingUpIn", wait.Round(time.Second))
-			return ctrl.Result{RequeueAfter: min(cleanupRetry, wait)}, nil
+		if retry, giveUp := workload.CleanupRetry(obj, b.cleanupTimeout(), time.Now()); !giveUp {
+			log.Info("cannot "+c.Verb+" "+c.Noun+" yet; retrying", c.LogKey, what, "reason", msg, "retryIn", retry.Round(time.Second))
+			return ctrl.Result{RequeueAfter: retry}, nil
 		}
 		b.event(obj, corev1.EventTypeWarning, c.FailedReason, c.Action,
 			fmt.Sprintf("gave up %s %s after %s: %s; %s", c.Gerund, what, b.cleanupTimeout(), msg, c.ByHand))
@@ -74,13 +74,8 @@ func (b *Base) Finalize(ctx context.Context, obj client.Object, c Cleanup) (ctrl
 		b.event(obj, corev1.EventTypeWarning, c.FailedReason, c.Action,
 			fmt.Sprintf("cannot %s %s: %s; %s", c.Verb, what, msg, c.ByHand))
 	}
-	base, ok := obj.DeepCopyObject().(client.Object)
-	if !ok {
-		return ctrl.Result{}, fmt.Errorf("remove finalizer: cannot copy %T", obj)
-	}
-	controllerutil.RemoveFinalizer(obj, c.Finalizer)
-	if err := b.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(fmt.Errorf("remove finalizer: %w", err))
+	if err := workload.RemoveFinalizers(ctx, b.Client, obj, c.Finalizer); err != nil {
+		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, nil
 }

@@ -4,8 +4,8 @@
 // generation, events only on transitions, emitted after the status is
 // written), the resolution of the referenced control plane and the watch
 // that reconciles its dependents when it changes, the bounded best-effort
-// cleanup in Coder behind a finalizer, and the Deployment they run with
-// restricted defaults, written with server-side apply.
+// cleanup in Coder behind a finalizer (paced by package workload, which
+// also builds and applies their Deployments).
 //
 // The RBAC markers for what this code does stay in the reconciler packages
 // that use it, so that each reconciler states its own permissions.
@@ -26,10 +26,10 @@ import (
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/workload"
 	"github.com/coder/coder-k8s/internal/metrics"
 )
 
@@ -47,9 +47,6 @@ const (
 	// FailedRequeue re-checks an object that needs a change to make
 	// progress (a conflict, a missing organization).
 	FailedRequeue = 5 * time.Minute
-	// cleanupRetry is how often a failed cleanup is retried until the
-	// cleanup timeout.
-	cleanupRetry = 10 * time.Second
 )
 
 // Base is what a dependent kind's reconciler is given: its clients, its
@@ -121,20 +118,8 @@ func (b *Base) ControlPlane(ctx context.Context, st *State, name string) (*coder
 }
 
 // EnsureFinalizer adds finalizer to obj (one patch, only when missing).
-// The patch fails rather than overwrite a concurrent change.
 func (b *Base) EnsureFinalizer(ctx context.Context, obj client.Object, finalizer string) error {
-	if controllerutil.ContainsFinalizer(obj, finalizer) {
-		return nil
-	}
-	base, ok := obj.DeepCopyObject().(client.Object)
-	if !ok {
-		return fmt.Errorf("add finalizer: cannot copy %T", obj)
-	}
-	controllerutil.AddFinalizer(obj, finalizer)
-	if err := b.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("add finalizer: %w", err)
-	}
-	return nil
+	return workload.AddFinalizers(ctx, b.Client, obj, finalizer)
 }
 
 // Finish ends a reconcile that built st and returned res and recErr: it
@@ -159,6 +144,6 @@ func (b *Base) Finish(ctx context.Context, st *State, res ctrl.Result, recErr er
 // writes no status).
 func (b *Base) event(obj client.Object, eventType, reason, action, note string) {
 	if b.Recorder != nil {
-		b.Recorder.Eventf(obj, nil, eventType, reason, action, "%s", truncate(note, maxNote))
+		b.Recorder.Eventf(obj, nil, eventType, reason, action, "%s", workload.Message(note))
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"strings"
 
 	"github.com/coder/coder/v2/codersdk"
 	appsv1 "k8s.io/api/apps/v1"
@@ -19,13 +18,8 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/workload"
 )
-
-// maxNote is the longest event note the events.k8s.io API accepts.
-const maxNote = 1024
-
-// maxConditionMessage bounds condition messages (the API allows 32768).
-const maxConditionMessage = 4096
 
 // Status points at the fields every dependent kind's status has. The
 // status types are distinct API types, so the shared code reaches their
@@ -101,7 +95,7 @@ func (st *State) writeStatus(ctx context.Context, c client.Client) error {
 // status or reason changes and eventType is set, an event with the
 // condition's reason and message is queued (events only on transitions).
 func (st *State) SetCondition(condType string, status metav1.ConditionStatus, reason, message, eventType string) {
-	message = truncate(message, maxConditionMessage)
+	message = workload.Message(message)
 	old := apimeta.FindStatusCondition(*st.status.Conditions, condType)
 	changed := old == nil || old.Status != status || old.Reason != reason
 	apimeta.SetStatusCondition(st.status.Conditions, metav1.Condition{
@@ -126,7 +120,7 @@ func (st *State) emit(rec events.EventRecorder) {
 		return
 	}
 	for _, e := range st.events {
-		rec.Eventf(st.obj, nil, e.eventType, e.reason, e.action, "%s", truncate(e.note, maxNote))
+		rec.Eventf(st.obj, nil, e.eventType, e.reason, e.action, "%s", workload.Message(e.note))
 	}
 	st.events = nil
 }
@@ -176,10 +170,10 @@ func (st *State) Failed(condType, reason, message string) {
 	*st.status.Phase = coderv1alpha1.PhaseFailed
 }
 
-// Conflict reports whether err is a *ConflictError; if so it reports it
+// Conflict reports whether err is a *workload.ConflictError; if so it reports it
 // as condType Failed with the conflict's reason.
 func (st *State) Conflict(condType string, err error) bool {
-	var conflict *ConflictError
+	var conflict *workload.ConflictError
 	if !errors.As(err, &conflict) {
 		return false
 	}
@@ -240,19 +234,4 @@ func (st *State) SetAvailability(dep *appsv1.Deployment) {
 			*st.status.Phase = coderv1alpha1.PhaseProvisioning
 		}
 	}
-}
-
-// ConflictError means an object the reconciler would own exists and
-// belongs to someone else; it is reported in a condition, not retried hot.
-type ConflictError struct {
-	Reason, Msg string
-}
-
-func (e *ConflictError) Error() string { return e.Msg }
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n-3], "") + "..."
 }

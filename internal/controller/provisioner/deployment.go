@@ -5,11 +5,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/controller/dependent"
+	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
 const (
@@ -34,19 +33,20 @@ func selectorLabels(obj *coderv1alpha1.CoderProvisioner) map[string]string {
 func commonLabels(obj *coderv1alpha1.CoderProvisioner) map[string]string {
 	l := selectorLabels(obj)
 	l["app.kubernetes.io/component"] = "provisionerd"
-	l["app.kubernetes.io/managed-by"] = "coder-k8s"
+	l[coderv1alpha1.LabelManagedBy] = coderv1alpha1.ManagedByValue
 	return l
 }
 
 // desiredDeployment is the daemons' Deployment. The key reaches the
 // container through a secretKeyRef; the pod template carries only a hash
 // of the key's identity.
-func (r *Reconciler) desiredDeployment(obj *coderv1alpha1.CoderProvisioner, ccp *coderv1alpha1.CoderControlPlane, id keyIdentity) (*appsv1.Deployment, error) {
-	dep := dependent.Deployment(obj.Spec.PodSpec, dependent.Workload{
+func (r *Reconciler) desiredDeployment(obj *coderv1alpha1.CoderProvisioner, ccp *coderv1alpha1.CoderControlPlane, id keyIdentity) *appsv1.Deployment {
+	return workload.Deployment(obj.Spec.PodSpec, workload.Workload{
 		Name:           deploymentName(obj),
 		Namespace:      obj.Namespace,
 		Labels:         commonLabels(obj),
 		Selector:       selectorLabels(obj),
+		PodLabels:      commonLabels(obj),
 		PodAnnotations: map[string]string{AnnotationKeyHash: id.hash()},
 		Container:      containerName,
 		Image:          r.Image(obj.Spec.Image),
@@ -59,27 +59,20 @@ func (r *Reconciler) desiredDeployment(obj *coderv1alpha1.CoderProvisioner, ccp 
 			}}},
 			// The root filesystem is read-only: caches, Terraform's working
 			// directories and HOME live on an emptyDir.
-			{Name: "CODER_CACHE_DIRECTORY", Value: dependent.TmpPath + "/coder-cache"},
-			{Name: "HOME", Value: dependent.TmpPath},
+			{Name: "CODER_CACHE_DIRECTORY", Value: workload.TmpPath + "/coder-cache"},
+			{Name: "HOME", Value: workload.TmpPath},
 		},
+		TerminationGracePeriodSeconds: ptr.To(terminationGracePeriod),
 	})
-	dep.Spec.Template.Spec.TerminationGracePeriodSeconds = ptr.To(terminationGracePeriod)
-	if err := dependent.SetOwner(obj, dep, r.Scheme); err != nil {
-		return nil, err
-	}
-	return dep, nil
 }
 
-// applyDeployment server-side applies the Deployment (dependent.Apply),
-// refusing to take over one this object does not own.
+// applyDeployment applies the Deployment (workload.Applier), refusing to
+// take over one this object does not own, and returns the live one.
 func (r *Reconciler) applyDeployment(ctx context.Context, obj *coderv1alpha1.CoderProvisioner, ccp *coderv1alpha1.CoderControlPlane, id keyIdentity) (*appsv1.Deployment, error) {
-	key := types.NamespacedName{Namespace: obj.Namespace, Name: deploymentName(obj)}
-	if err := dependent.CheckOwned(ctx, r.Client, obj, "CoderProvisioner", key, &appsv1.Deployment{}, "Deployment", coderv1alpha1.ReasonDeploymentConflict); err != nil {
+	var live appsv1.Deployment
+	owner := workload.Owner{Object: obj, Kind: "CoderProvisioner"}
+	if _, err := (workload.Applier{Client: r.Client, Scheme: r.Scheme}).Apply(ctx, r.Client, owner, r.desiredDeployment(obj, ccp, id), &live); err != nil {
 		return nil, err
 	}
-	desired, err := r.desiredDeployment(obj, ccp, id)
-	if err != nil {
-		return nil, err
-	}
-	return dependent.Apply(ctx, r.Client, desired, &appsv1.Deployment{})
+	return &live, nil
 }

@@ -18,7 +18,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
-	"github.com/coder/coder-k8s/internal/controller/dependent"
+	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
 // KeySecretKey is the key of the provisioner key in its Secret.
@@ -104,8 +104,7 @@ func (r *Reconciler) ensureKey(ctx context.Context, st *state, cl *codersdk.Clie
 		exists = false
 	}
 	if exists && !metav1.IsControlledBy(&secret, obj) {
-		return keyIdentity{}, &dependent.ConflictError{Reason: coderv1alpha1.ReasonSecretConflict,
-			Msg: fmt.Sprintf("Secret %s exists and is not owned by this CoderProvisioner", secretKey.Name)}
+		return keyIdentity{}, workload.NotManaged("Secret", obj.Namespace, secretKey.Name, "CoderProvisioner")
 	}
 
 	ann := secret.Annotations
@@ -163,8 +162,8 @@ func (r *Reconciler) ensureKey(ctx context.Context, st *state, cl *codersdk.Clie
 	if !exists {
 		secret = corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secretKey.Namespace, Name: secretKey.Name}}
 	}
-	secret.Labels = dependent.MergeMaps(secret.Labels, commonLabels(obj))
-	secret.Annotations = dependent.MergeMaps(secret.Annotations, map[string]string{
+	secret.Labels = workload.MergeMaps(secret.Labels, commonLabels(obj))
+	secret.Annotations = workload.MergeMaps(secret.Annotations, map[string]string{
 		AnnotationKeyOrganizationID: id.OrganizationID,
 		AnnotationKeyName:           id.Name,
 		AnnotationKeyID:             id.ID,
@@ -172,7 +171,7 @@ func (r *Reconciler) ensureKey(ctx context.Context, st *state, cl *codersdk.Clie
 	})
 	secret.Type = corev1.SecretTypeOpaque
 	secret.Data = map[string][]byte{KeySecretKey: []byte(created.Key)}
-	if err := dependent.SetOwner(obj, &secret, r.Scheme); err != nil {
+	if err := workload.SetOwner(obj, &secret, r.Scheme); err != nil {
 		revokeNew()
 		return keyIdentity{}, err
 	}

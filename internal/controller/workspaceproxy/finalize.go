@@ -10,6 +10,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/controller/dependent"
+	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
 // proxyCleanup deregisters the proxy the object registered on deletion,
@@ -46,7 +47,7 @@ func (r *Reconciler) registeredProxy(ctx context.Context, obj *coderv1alpha1.Cod
 		// The Secret may be gone first (foreground deletion).
 		id = obj.Status.ProxyID
 	case err != nil:
-		var conflict *dependent.ConflictError
+		var conflict *workload.ConflictError
 		if !errors.As(err, &conflict) {
 			return "", nil, err
 		}

@@ -19,7 +19,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
-	"github.com/coder/coder-k8s/internal/controller/dependent"
+	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
 // TokenSecretKey is the key of the proxy token in the Secret the operator
@@ -97,8 +97,7 @@ func (r *Reconciler) ownedTokenSecret(ctx context.Context, obj *coderv1alpha1.Co
 		return nil, fmt.Errorf("read Secret %s: %w", name, err)
 	}
 	if !metav1.IsControlledBy(&secret, obj) {
-		return nil, &dependent.ConflictError{Reason: coderv1alpha1.ReasonSecretConflict,
-			Msg: fmt.Sprintf("Secret %s exists and is not owned by this CoderWorkspaceProxy", name)}
+		return nil, workload.NotManaged("Secret", obj.Namespace, name, "CoderWorkspaceProxy")
 	}
 	return &secret, nil
 }
@@ -120,7 +119,7 @@ func (r *Reconciler) ensureRegistration(ctx context.Context, st *state, cl *code
 		ours := secret != nil && len(secret.Data[TokenSecretKey]) > 0 && secret.Annotations[AnnotationProxyID] == found.ID.String()
 		if !ours {
 			if found.ID.String() != obj.Status.ProxyID {
-				return credentials{}, &dependent.ConflictError{Reason: coderv1alpha1.ReasonNameConflict,
+				return credentials{}, &workload.ConflictError{Reason: coderv1alpha1.ReasonNameConflict,
 					Msg: fmt.Sprintf("a workspace proxy named %q (ID %s) exists in Coder and was not registered by this object; delete it in Coder or rename this object", name, found.ID)}
 			}
 			// This object registered the proxy but its token is lost:
@@ -182,14 +181,14 @@ func (r *Reconciler) storeToken(ctx context.Context, obj *coderv1alpha1.CoderWor
 		secret = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: obj.Namespace, Name: tokenSecretName(obj)}}
 	}
 	issuedAt := time.Now().UTC().Format(time.RFC3339Nano)
-	secret.Labels = dependent.MergeMaps(secret.Labels, commonLabels(obj))
-	secret.Annotations = dependent.MergeMaps(secret.Annotations, map[string]string{
+	secret.Labels = workload.MergeMaps(secret.Labels, commonLabels(obj))
+	secret.Annotations = workload.MergeMaps(secret.Annotations, map[string]string{
 		AnnotationProxyID:       proxyID.String(),
 		AnnotationTokenIssuedAt: issuedAt,
 	})
 	secret.Type = corev1.SecretTypeOpaque
 	secret.Data = map[string][]byte{TokenSecretKey: []byte(token)}
-	if err := dependent.SetOwner(obj, secret, r.Scheme); err != nil {
+	if err := workload.SetOwner(obj, secret, r.Scheme); err != nil {
 		return "", err
 	}
 	var err error
@@ -235,7 +234,7 @@ func (r *Reconciler) suppliedCredentials(ctx context.Context, obj *coderv1alpha1
 // token was supplied, and deletes its Secret.
 func (r *Reconciler) dropRegistration(ctx context.Context, st *state, cl *codersdk.Client) error {
 	secret, err := r.ownedTokenSecret(ctx, st.obj)
-	var conflict *dependent.ConflictError
+	var conflict *workload.ConflictError
 	if errors.As(err, &conflict) || (err == nil && secret == nil) {
 		// Nothing registered, or a foreign Secret of that name, which is
 		// none of this object's business once a token is supplied.

@@ -6,13 +6,11 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/controller/dependent"
+	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
 const (
@@ -37,7 +35,7 @@ func selectorLabels(obj *coderv1alpha1.CoderWorkspaceProxy) map[string]string {
 func commonLabels(obj *coderv1alpha1.CoderWorkspaceProxy) map[string]string {
 	l := selectorLabels(obj)
 	l["app.kubernetes.io/component"] = "wsproxy"
-	l["app.kubernetes.io/managed-by"] = "coder-k8s"
+	l[coderv1alpha1.LabelManagedBy] = coderv1alpha1.ManagedByValue
 	return l
 }
 
@@ -45,7 +43,7 @@ func commonLabels(obj *coderv1alpha1.CoderWorkspaceProxy) map[string]string {
 // with coderd's access URL as primary access URL and the token from a
 // secretKeyRef; the pod template carries only a hash of the token's
 // identity.
-func (r *Reconciler) desiredDeployment(obj *coderv1alpha1.CoderWorkspaceProxy, ccp *coderv1alpha1.CoderControlPlane, cred credentials) (*appsv1.Deployment, error) {
+func (r *Reconciler) desiredDeployment(obj *coderv1alpha1.CoderWorkspaceProxy, ccp *coderv1alpha1.CoderControlPlane, cred credentials) *appsv1.Deployment {
 	env := []corev1.EnvVar{
 		{Name: "CODER_HTTP_ADDRESS", Value: fmt.Sprintf("0.0.0.0:%d", httpPort)},
 		{Name: "CODER_PRIMARY_ACCESS_URL", Value: primaryAccessURL(ccp)},
@@ -63,35 +61,27 @@ func (r *Reconciler) desiredDeployment(obj *coderv1alpha1.CoderWorkspaceProxy, c
 		corev1.EnvVar{Name: "KUBE_POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 		corev1.EnvVar{Name: "CODER_DERP_SERVER_RELAY_URL", Value: fmt.Sprintf("http://$(KUBE_POD_IP):%d", httpPort)},
 		// The root filesystem is read-only.
-		corev1.EnvVar{Name: "CODER_CACHE_DIRECTORY", Value: dependent.TmpPath + "/coder-cache"},
-		corev1.EnvVar{Name: "HOME", Value: dependent.TmpPath},
+		corev1.EnvVar{Name: "CODER_CACHE_DIRECTORY", Value: workload.TmpPath + "/coder-cache"},
+		corev1.EnvVar{Name: "HOME", Value: workload.TmpPath},
 	)
-	dep := dependent.Deployment(obj.Spec.PodSpec, dependent.Workload{
+	return workload.Deployment(obj.Spec.PodSpec, workload.Workload{
 		Name:           workloadName(obj),
 		Namespace:      obj.Namespace,
 		Labels:         commonLabels(obj),
 		Selector:       selectorLabels(obj),
+		PodLabels:      commonLabels(obj),
 		PodAnnotations: map[string]string{AnnotationTokenHash: cred.hash()},
 		Container:      containerName,
 		Image:          r.Image(obj.Spec.Image),
 		Args:           []string{"wsproxy", "server"},
 		Env:            env,
-	})
-	pod := &dep.Spec.Template.Spec
-	// The proxy talks to coderd only; it needs no Kubernetes credentials.
-	pod.AutomountServiceAccountToken = ptr.To(false)
-	pod.Containers[0].Ports = []corev1.ContainerPort{{
-		Name: httpPortName, ContainerPort: httpPort, Protocol: corev1.ProtocolTCP,
-	}}
-	pod.Containers[0].ReadinessProbe = &corev1.Probe{
-		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+		Ports:          []corev1.ContainerPort{{Name: httpPortName, ContainerPort: httpPort, Protocol: corev1.ProtocolTCP}},
+		ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
 			Path: "/healthz", Port: intstr.FromString(httpPortName),
-		}},
-	}
-	if err := dependent.SetOwner(obj, dep, r.Scheme); err != nil {
-		return nil, err
-	}
-	return dep, nil
+		}}},
+		// The proxy talks to coderd only; it needs no Kubernetes credentials.
+		AutomountServiceAccountToken: ptr.To(false),
+	})
 }
 
 // primaryAccessURL is coderd's access URL, which `coder wsproxy server`
@@ -107,69 +97,25 @@ func primaryAccessURL(ccp *coderv1alpha1.CoderControlPlane) string {
 }
 
 // desiredService fronts the proxy as spec.service says.
-func (r *Reconciler) desiredService(obj *coderv1alpha1.CoderWorkspaceProxy) (*corev1.Service, error) {
-	s := obj.Spec.Service
-	svcType := s.Type
-	if svcType == "" {
-		svcType = corev1.ServiceTypeClusterIP
-	}
-	port := s.Port
-	if port == 0 {
-		port = 80
-	}
-	svc := &corev1.Service{
-		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        workloadName(obj),
-			Namespace:   obj.Namespace,
-			Labels:      commonLabels(obj),
-			Annotations: s.Annotations,
-		},
-		Spec: corev1.ServiceSpec{
-			Type:     svcType,
-			Selector: selectorLabels(obj),
-			Ports: []corev1.ServicePort{{
-				Name: httpPortName, Port: port, TargetPort: intstr.FromString(httpPortName), Protocol: corev1.ProtocolTCP,
-			}},
-		},
-	}
-	if svcType == corev1.ServiceTypeLoadBalancer {
-		svc.Spec.LoadBalancerIP = s.LoadBalancerIP
-	}
-	if svcType == corev1.ServiceTypeLoadBalancer || svcType == corev1.ServiceTypeNodePort {
-		svc.Spec.ExternalTrafficPolicy = s.ExternalTrafficPolicy
-	}
-	if err := dependent.SetOwner(obj, svc, r.Scheme); err != nil {
-		return nil, err
-	}
-	return svc, nil
+func desiredService(obj *coderv1alpha1.CoderWorkspaceProxy) *corev1.Service {
+	return workload.Service(obj.Spec.Service, workloadName(obj), obj.Namespace, commonLabels(obj), selectorLabels(obj),
+		[]corev1.ServicePort{{
+			Name: httpPortName, Port: workload.ServicePort(obj.Spec.Service), TargetPort: intstr.FromString(httpPortName), Protocol: corev1.ProtocolTCP,
+		}})
 }
 
-// applyWorkload server-side applies the Deployment and the Service
-// (dependent.Apply), refusing to take over either when this object does
-// not own it.
+// applyWorkload applies the Deployment and the Service
+// (workload.Applier), refusing to take over either when this object does
+// not own it, and returns the live Deployment.
 func (r *Reconciler) applyWorkload(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy, ccp *coderv1alpha1.CoderControlPlane, cred credentials) (*appsv1.Deployment, error) {
-	name := types.NamespacedName{Namespace: obj.Namespace, Name: workloadName(obj)}
-	if err := dependent.CheckOwned(ctx, r.Client, obj, "CoderWorkspaceProxy", name, &appsv1.Deployment{}, "Deployment", coderv1alpha1.ReasonDeploymentConflict); err != nil {
+	applier := workload.Applier{Client: r.Client, Scheme: r.Scheme}
+	owner := workload.Owner{Object: obj, Kind: "CoderWorkspaceProxy"}
+	var live appsv1.Deployment
+	if _, err := applier.Apply(ctx, r.Client, owner, r.desiredDeployment(obj, ccp, cred), &live); err != nil {
 		return nil, err
 	}
-	if err := dependent.CheckOwned(ctx, r.Client, obj, "CoderWorkspaceProxy", name, &corev1.Service{}, "Service", coderv1alpha1.ReasonServiceConflict); err != nil {
+	if _, err := applier.Apply(ctx, r.Client, owner, desiredService(obj), nil); err != nil {
 		return nil, err
 	}
-	dep, err := r.desiredDeployment(obj, ccp, cred)
-	if err != nil {
-		return nil, err
-	}
-	applied, err := dependent.Apply(ctx, r.Client, dep, &appsv1.Deployment{})
-	if err != nil {
-		return nil, err
-	}
-	svc, err := r.desiredService(obj)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := dependent.Apply(ctx, r.Client, svc, &corev1.Service{}); err != nil {
-		return nil, err
-	}
-	return applied, nil
+	return &live, nil
 }

@@ -1,4 +1,4 @@
-package controlplane
+package workload
 
 import (
 	"context"
@@ -15,23 +15,21 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-
-	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 )
 
 // How children are written
 //
 // Children are written with server-side apply under the field manager
-// "coder-k8s": the API server then removes fields the operator stopped
+// FieldOwner: the API server then removes fields the operator stopped
 // setting (a removed node selector, annotation or port) and leaves fields
-// other managers own alone.
+// other managers own alone (the annotation of kubectl rollout restart).
 //
-// An apply is only sent when it would change something, so that a
-// reconcile with nothing to do makes no write. Two checks decide:
+// An apply is sent only when it would change something, so a reconcile
+// with nothing to do writes nothing. Two checks decide:
 //
-//   - appliedHashAnnotation holds a hash of the last applied object; a
-//     different hash means the spec changed (this catches removals, which
-//     the second check cannot see);
+//   - AppliedHashAnnotation holds a hash of the last applied object; a
+//     different hash means the desired object changed (this catches
+//     removals, which the second check cannot see);
 //   - every field the operator sets must hold the same value in the live
 //     object (desiredIn). Fields the live object has in addition, such as
 //     those the API server defaults or other controllers add, are ignored,
@@ -39,91 +37,35 @@ import (
 //     operator-owned field by someone else is reverted.
 
 const (
-	fieldOwner            = client.FieldOwner("coder-k8s")
-	appliedHashAnnotation = "coder.com/applied-hash"
+	// FieldOwner is the field manager of what the reconcilers apply.
+	FieldOwner = "coder-k8s"
+	// AppliedHashAnnotation holds the hash of the last applied object.
+	AppliedHashAnnotation = "coder.com/applied-hash"
 )
 
-// errNotManaged means a child's name is taken by an object the control
-// plane does not manage; the operator does not take it over.
-type errNotManaged struct {
-	kind, namespace, name string
+// Owner is who the children being applied belong to.
+type Owner struct {
+	// Object is the owner. A child in its namespace gets it as controller
+	// owner reference, so it is garbage collected with it.
+	Object client.Object
+	// Kind names the owner's kind in messages ("CoderProvisioner").
+	Kind string
+	// Labels recognise the owner's children in other namespaces, which
+	// cannot carry an owner reference; nil when it has none there.
+	Labels map[string]string
 }
 
-func (e *errNotManaged) Error() string {
-	return fmt.Sprintf("%s %s/%s exists and is not managed by this control plane; rename or delete it", e.kind, e.namespace, e.name)
-}
-
-// applyChild writes desired (a typed object or an HTTPRoute) unless the
-// live object already matches it. owned children get a controller owner
-// reference; children in other namespaces (workspace RBAC) cannot, and are
-// recognized by their labels instead. reader reads the live object, from
-// the cache for the kinds the controller watches.
-func (r *Reconciler) applyChild(ctx context.Context, reader client.Reader, ccp *coderv1alpha1.CoderControlPlane, desired client.Object, owned bool) (applied bool, err error) {
-	gvk, err := r.gvkFor(desired)
-	if err != nil {
-		return false, err
+// Manages reports whether obj belongs to o: through its controller owner
+// reference in o's namespace, through o's labels elsewhere.
+func (o Owner) Manages(obj client.Object) bool {
+	if obj.GetNamespace() == o.Object.GetNamespace() {
+		return metav1.IsControlledBy(obj, o.Object)
 	}
-	kind := gvk.Kind
-	if owned {
-		if err := controllerutil.SetControllerReference(ccp, desired, r.Scheme); err != nil {
-			return false, fmt.Errorf("set owner of %s %s: %w", kind, desired.GetName(), err)
-		}
-	}
-	want, err := toApplyMap(desired)
-	if err != nil {
-		return false, fmt.Errorf("%s %s/%s: %w", kind, desired.GetNamespace(), desired.GetName(), err)
-	}
-	hash, err := hashOf(want)
-	if err != nil {
-		return false, fmt.Errorf("%s %s/%s: %w", kind, desired.GetNamespace(), desired.GetName(), err)
-	}
-	wantObj := &unstructured.Unstructured{Object: want}
-	ann := wantObj.GetAnnotations()
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[appliedHashAnnotation] = hash
-	wantObj.SetAnnotations(ann)
-	wantObj.SetGroupVersionKind(gvk)
-
-	live, err := r.newObject(desired)
-	if err != nil {
-		return false, err
-	}
-	getErr := reader.Get(ctx, client.ObjectKeyFromObject(desired), live)
-	switch {
-	case apierrors.IsNotFound(getErr):
-		// Created by the apply below.
-	case getErr != nil:
-		return false, fmt.Errorf("get %s %s/%s: %w", kind, desired.GetNamespace(), desired.GetName(), getErr)
-	default:
-		if !managedBy(ccp, live, owned) {
-			return false, &errNotManaged{kind: kind, namespace: live.GetNamespace(), name: live.GetName()}
-		}
-		liveMap, err := runtime.DefaultUnstructuredConverter.ToUnstructured(live)
-		if err != nil {
-			return false, fmt.Errorf("%s %s/%s: %w", kind, live.GetNamespace(), live.GetName(), err)
-		}
-		if live.GetAnnotations()[appliedHashAnnotation] == hash && desiredIn(wantObj.Object, liveMap) {
-			return false, nil
-		}
-	}
-	if err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(wantObj), fieldOwner, client.ForceOwnership); err != nil {
-		return false, fmt.Errorf("apply %s %s/%s: %w", kind, desired.GetNamespace(), desired.GetName(), err)
-	}
-	return true, nil
-}
-
-// managedBy reports whether obj belongs to ccp: through its controller
-// owner reference, or, for children in other namespaces, through the
-// labels the operator puts on them.
-func managedBy(ccp *coderv1alpha1.CoderControlPlane, obj client.Object, owned bool) bool {
-	if owned {
-		ref := metav1.GetControllerOf(obj)
-		return ref != nil && ref.UID == ccp.UID
+	if len(o.Labels) == 0 {
+		return false
 	}
 	l := obj.GetLabels()
-	for k, v := range ownedSelector(ccp) {
+	for k, v := range o.Labels {
 		if l[k] != v {
 			return false
 		}
@@ -131,11 +73,105 @@ func managedBy(ccp *coderv1alpha1.CoderControlPlane, obj client.Object, owned bo
 	return true
 }
 
-func (r *Reconciler) gvkFor(obj client.Object) (gvk schema.GroupVersionKind, err error) {
+// ConflictError means an object the reconciler would own exists and
+// belongs to someone else; it needs a change (rename or delete it), so it
+// is reported in a condition rather than retried hot.
+type ConflictError struct {
+	// Reason is the condition reason, "<Kind>Conflict" for a name taken.
+	Reason, Msg string
+}
+
+func (e *ConflictError) Error() string { return e.Msg }
+
+// NotManaged is the ConflictError for kind namespace/name, which exists
+// and is not managed by the ownerKind being reconciled.
+func NotManaged(kind, namespace, name, ownerKind string) *ConflictError {
+	return &ConflictError{
+		Reason: kind + "Conflict",
+		Msg:    fmt.Sprintf("%s %s/%s exists and is not managed by this %s; rename or delete it", kind, namespace, name, ownerKind),
+	}
+}
+
+// Applier writes children.
+type Applier struct {
+	Client client.Client
+	Scheme *runtime.Scheme
+}
+
+// Apply writes desired (a typed object or an unstructured one) for owner
+// unless the live object, read through reader, already matches it. It
+// refuses with a *ConflictError to take over an object owner does not
+// manage. When out is not nil (an empty object of desired's kind) it
+// receives the live object: as read, or as the API server returned it
+// after the write.
+func (a Applier) Apply(ctx context.Context, reader client.Reader, owner Owner, desired, out client.Object) (applied bool, err error) {
+	gvk, err := a.gvkFor(desired)
+	if err != nil {
+		return false, err
+	}
+	kind, ns, name := gvk.Kind, desired.GetNamespace(), desired.GetName()
+	if ns == owner.Object.GetNamespace() {
+		if err := controllerutil.SetControllerReference(owner.Object, desired, a.Scheme); err != nil {
+			return false, fmt.Errorf("set owner of %s %s/%s: %w", kind, ns, name, err)
+		}
+	}
+	want, err := toApplyMap(desired)
+	if err != nil {
+		return false, fmt.Errorf("%s %s/%s: %w", kind, ns, name, err)
+	}
+	hash, err := hashOf(want)
+	if err != nil {
+		return false, fmt.Errorf("%s %s/%s: %w", kind, ns, name, err)
+	}
+	wantObj := &unstructured.Unstructured{Object: want}
+	ann := wantObj.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[AppliedHashAnnotation] = hash
+	wantObj.SetAnnotations(ann)
+	wantObj.SetGroupVersionKind(gvk)
+
+	live := out
+	if live == nil {
+		if live, err = newObject(desired); err != nil {
+			return false, err
+		}
+	}
+	getErr := reader.Get(ctx, client.ObjectKeyFromObject(desired), live)
+	switch {
+	case apierrors.IsNotFound(getErr):
+		// Created by the apply below.
+	case getErr != nil:
+		return false, fmt.Errorf("get %s %s/%s: %w", kind, ns, name, getErr)
+	default:
+		if !owner.Manages(live) {
+			return false, NotManaged(kind, ns, name, owner.Kind)
+		}
+		liveMap, err := runtime.DefaultUnstructuredConverter.ToUnstructured(live)
+		if err != nil {
+			return false, fmt.Errorf("%s %s/%s: %w", kind, ns, name, err)
+		}
+		if live.GetAnnotations()[AppliedHashAnnotation] == hash && desiredIn(wantObj.Object, liveMap) {
+			return false, nil
+		}
+	}
+	if err := a.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(wantObj), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+		return false, fmt.Errorf("apply %s %s/%s: %w", kind, ns, name, err)
+	}
+	if out != nil {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(wantObj.Object, out); err != nil {
+			return true, fmt.Errorf("decode applied %s %s/%s: %w", kind, ns, name, err)
+		}
+	}
+	return true, nil
+}
+
+func (a Applier) gvkFor(obj client.Object) (gvk schema.GroupVersionKind, err error) {
 	if u, ok := obj.(*unstructured.Unstructured); ok {
 		return u.GroupVersionKind(), nil
 	}
-	gvks, _, err := r.Scheme.ObjectKinds(obj)
+	gvks, _, err := a.Scheme.ObjectKinds(obj)
 	if err != nil || len(gvks) == 0 {
 		return gvk, fmt.Errorf("kind of %T: %w", obj, err)
 	}
@@ -144,7 +180,7 @@ func (r *Reconciler) gvkFor(obj client.Object) (gvk schema.GroupVersionKind, err
 
 // newObject returns an empty object of desired's kind to read the live one
 // into.
-func (r *Reconciler) newObject(desired client.Object) (client.Object, error) {
+func newObject(desired client.Object) (client.Object, error) {
 	if u, ok := desired.(*unstructured.Unstructured); ok {
 		live := &unstructured.Unstructured{}
 		live.SetGroupVersionKind(u.GroupVersionKind())
@@ -295,4 +331,14 @@ func normalizeNumber(v any) any {
 		return n.String()
 	}
 	return v
+}
+
+// SetOwner makes owner the controller of obj, an object it writes other
+// than through Apply (a Secret holding a credential), so it is garbage
+// collected with it.
+func SetOwner(owner, obj metav1.Object, scheme *runtime.Scheme) error {
+	if err := controllerutil.SetControllerReference(owner, obj, scheme); err != nil {
+		return fmt.Errorf("set owner of %s: %w", obj.GetName(), err)
+	}
+	return nil
 }
