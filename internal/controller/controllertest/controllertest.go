@@ -185,3 +185,22 @@ func RandomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// Settle waits until probe (a counter such as Reconciles) has not changed
+// for a second, so that a steady-state check measures steady state rather
+// than the tail of earlier work. It fails the test after 30 seconds.
+func Settle(t *testing.T, what string, probe func() float64) {
+	t.Helper()
+	const quiet, limit = time.Second, 30 * time.Second
+	deadline := time.Now().Add(limit)
+	last, since := probe(), time.Now()
+	for time.Since(since) < quiet {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not settle within %s", what, limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if v := probe(); v != last {
+			last, since = v, time.Now()
+		}
+	}
+}

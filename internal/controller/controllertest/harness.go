@@ -26,25 +26,29 @@ type Harness struct {
 	C client.Client
 	// Recorder counts the events the reconciler records.
 	Recorder *Recorder
+	// Writes counts the reconciler's writes (the client setup is given).
+	Writes *WriteCounter
 	// kind is the kind under test, as events name it.
 	kind string
 }
 
 // NewHarness creates a namespace named after nsPrefix and runs a manager
 // whose cache sees only it, with the reconciler setup registers; setup is
-// given the manager and the events recorder to use. kind is the kind the
+// given the manager, the client to write with (it counts the writes) and
+// the events recorder to use. kind is the kind the
 // reconciler reconciles (for Object and APIEvents).
-func NewHarness(t *testing.T, kind, nsPrefix string, setup func(ctrl.Manager, events.EventRecorder) error) *Harness {
+func NewHarness(t *testing.T, kind, nsPrefix string, setup func(ctrl.Manager, client.Client, events.EventRecorder) error) *Harness {
 	t.Helper()
 	c := Client(t)
 	ns := Namespace(t, nsPrefix)
 	mgr := NewManager(t, kube.Config, ns)
 	rec := &Recorder{inner: mgr.GetEventRecorder("coder-k8s")}
-	if err := setup(mgr, rec); err != nil {
+	writes := CountWrites(mgr.GetClient())
+	if err := setup(mgr, writes, rec); err != nil {
 		t.Fatal(err)
 	}
 	StartManager(t, mgr)
-	return &Harness{T: t, NS: ns, C: c, Recorder: rec, kind: kind}
+	return &Harness{T: t, NS: ns, C: c, Recorder: rec, Writes: writes, kind: kind}
 }
 
 // CreateControlPlane creates a CoderControlPlane for the coderd at url and

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -82,86 +80,10 @@ func readyAccess() operatoraccess.Result {
 	}
 }
 
-// countingClient counts the writes the reconciler makes.
-type countingClient struct {
-	client.Client
-	writes atomic.Int64
-	mu     sync.Mutex
-	log    []string
-}
-
-func (c *countingClient) note(verb string, obj runtime.Object) {
-	c.writes.Add(1)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	desc := fmt.Sprintf("%s %T", verb, obj)
-	if o, ok := obj.(client.Object); ok {
-		desc += " " + o.GetNamespace() + "/" + o.GetName()
-	}
-	c.log = append(c.log, desc)
-}
-
-func (c *countingClient) reset() {
-	c.writes.Store(0)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.log = nil
-}
-
-func (c *countingClient) written() (int64, []string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.writes.Load(), slices.Clone(c.log)
-}
-
-func (c *countingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
-	c.note("create", obj)
-	return c.Client.Create(ctx, obj, opts...)
-}
-
-func (c *countingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
-	c.note("update", obj)
-	return c.Client.Update(ctx, obj, opts...)
-}
-
-func (c *countingClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-	c.note("patch", obj)
-	return c.Client.Patch(ctx, obj, patch, opts...)
-}
-
-func (c *countingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
-	c.note("apply", nil)
-	return c.Client.Apply(ctx, obj, opts...)
-}
-
-func (c *countingClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
-	c.note("delete", obj)
-	return c.Client.Delete(ctx, obj, opts...)
-}
-
-func (c *countingClient) Status() client.SubResourceWriter {
-	return &countingStatus{SubResourceWriter: c.Client.Status(), c: c}
-}
-
-type countingStatus struct {
-	client.SubResourceWriter
-	c *countingClient
-}
-
-func (s *countingStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-	s.c.note("status update", obj)
-	return s.SubResourceWriter.Update(ctx, obj, opts...)
-}
-
-func (s *countingStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-	s.c.note("status patch", obj)
-	return s.SubResourceWriter.Patch(ctx, obj, patch, opts...)
-}
-
 // harness is a running manager with the reconciler under test.
 type harness struct {
 	r      *Reconciler
-	writes *countingClient
+	writes *controllertest.WriteCounter
 	access *fakeAccess
 	c      client.Client // direct client for the test's own reads and writes
 }
@@ -178,7 +100,7 @@ func startManager(t *testing.T, namespaces []string, access AccessManager, tweak
 func startManagerAs(t *testing.T, cfg *rest.Config, namespaces []string, access AccessManager, tweak func(*Reconciler)) *harness {
 	t.Helper()
 	mgr := controllertest.NewManager(t, cfg, namespaces...)
-	h := &harness{c: controllertest.Client(t), writes: &countingClient{Client: mgr.GetClient()}}
+	h := &harness{c: controllertest.Client(t), writes: controllertest.CountWrites(mgr.GetClient())}
 	if access == nil {
 		h.access = &fakeAccess{result: readyAccess()}
 		access = h.access

@@ -308,8 +308,11 @@ expose: {ingress: {host: coder.example.com, className: nginx}}
 		}
 		return rv
 	}
-	time.Sleep(time.Second) // let the reconciles of the transitions above finish
-	h.writes.reset()
+	settle := func() {
+		controllertest.Settle(t, "reconciles", func() float64 { return controllertest.Reconciles(t, "codercontrolplane") })
+	}
+	settle() // the reconciles of the transitions above
+	h.writes.Reset()
 	urlsBefore, _ := h.access.calls()
 	var dep appsv1.Deployment
 	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &dep); err != nil {
@@ -331,8 +334,8 @@ expose: {ingress: {host: coder.example.com, className: nginx}}
 			t.Fatalf("reconcile: %v", err)
 		}
 	}
-	time.Sleep(2 * time.Second)
-	if n, log := h.writes.written(); n != 0 {
+	settle()
+	if n, log := h.writes.Written(); n != 0 {
 		t.Errorf("reconciles without a change made %d writes: %v", n, log)
 	}
 	if after := snapshot(); !mapsEqual(before, after) {

@@ -128,7 +128,7 @@ func testUpgradeKeepsChildren(t *testing.T, fixture string) {
 			t.Errorf("%s %s/%s was written on upgrade (resourceVersion %s -> %s, generation %d)", r.kind, r.ns, r.name, rv, u.GetResourceVersion(), u.GetGeneration())
 		}
 	}
-	if n, log := h.writes.written(); n > 0 {
+	if n, log := h.writes.Written(); n > 0 {
 		for _, w := range log {
 			if !strings.HasPrefix(w, "status") {
 				t.Errorf("write on upgrade: %s", w)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/controllertest"
 	"github.com/coder/coder-k8s/internal/controller/provisioner"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
@@ -110,6 +111,8 @@ func TestProvisionerLifecycle(t *testing.T) {
 
 	// No churn: a reconcile with nothing to do writes nothing and asks
 	// coderd for nothing new.
+	controllertest.Settle(t, "reconciles", func() float64 { return reconciles(t) })
+	h.Writes.Reset()
 	before := reconciles(t)
 	depRV, crRV := dep.ResourceVersion, p.ResourceVersion
 	creates := fake.Count(http.MethodPost, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys")
@@ -120,7 +123,10 @@ func TestProvisionerLifecycle(t *testing.T) {
 	eventually(t, waitTimeout, "a reconcile after touching the Secret", func() (bool, string) {
 		return reconciles(t) > before, "no reconcile yet"
 	})
-	time.Sleep(time.Second)
+	controllertest.Settle(t, "reconciles", func() float64 { return reconciles(t) })
+	if n, log := h.Writes.Written(); n != 0 {
+		t.Errorf("a no-op reconcile made %d writes: %v", n, log)
+	}
 	if got := h.Deployment("eu-provisioner").ResourceVersion; got != depRV {
 		t.Errorf("Deployment rewritten by a no-op reconcile: resourceVersion %s -> %s", depRV, got)
 	}

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/controller/controllertest"
@@ -30,9 +31,9 @@ type harnessOptions struct {
 
 func newHarness(t *testing.T, opts harnessOptions) *harness {
 	t.Helper()
-	return &harness{controllertest.NewHarness(t, "CoderWorkspaceProxy", "wsp", func(mgr ctrl.Manager, rec events.EventRecorder) error {
+	return &harness{controllertest.NewHarness(t, "CoderWorkspaceProxy", "wsp", func(mgr ctrl.Manager, c client.Client, rec events.EventRecorder) error {
 		r := &workspaceproxy.Reconciler{Base: dependent.Base{
-			Client:         mgr.GetClient(),
+			Client:         c,
 			APIReader:      mgr.GetAPIReader(),
 			Scheme:         mgr.GetScheme(),
 			Recorder:       rec,

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/controllertest"
 	"github.com/coder/coder-k8s/internal/controller/workspaceproxy"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
@@ -108,6 +109,8 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 	}
 
 	// No churn on a reconcile with nothing to do.
+	controllertest.Settle(t, "reconciles", func() float64 { return reconciles(t) })
+	h.Writes.Reset()
 	before := reconciles(t)
 	depRV, svcRV, crRV := dep.ResourceVersion, svc.ResourceVersion, p.ResourceVersion
 	secret.Labels["test.coder.com/touch"] = "1"
@@ -117,7 +120,10 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 	eventually(t, waitTimeout, "a reconcile after touching the Secret", func() (bool, string) {
 		return reconciles(t) > before, "no reconcile yet"
 	})
-	time.Sleep(time.Second)
+	controllertest.Settle(t, "reconciles", func() float64 { return reconciles(t) })
+	if n, log := h.Writes.Written(); n != 0 {
+		t.Errorf("a no-op reconcile made %d writes: %v", n, log)
+	}
 	if h.Deployment(workload).ResourceVersion != depRV || h.Service(workload).ResourceVersion != svcRV || h.get("eu").ResourceVersion != crRV {
 		t.Errorf("a no-op reconcile rewrote the Deployment, the Service or the CoderWorkspaceProxy")
 	}
