@@ -330,11 +330,11 @@ func coderdOwnsStatus() []metav1.ManagedFieldsEntry {
 }
 
 // updatedObject is what an update request asks for: objInfo applied to a
-// copy of cur. When the object does not exist (readErr is NotFound) and
+// copy of cur, whose resourceVersion (if given) must still describe cur. When the object does not exist (readErr is NotFound) and
 // forceAllowCreate is set, as for server-side apply's create-on-apply, it
 // creates the object from objInfo applied to empty and returns the result
 // as created.
-func updatedObject[T runtime.Object](ctx context.Context, r *resource, cur T, readErr error, objInfo rest.UpdatedObjectInfo,
+func updatedObject[T object](ctx context.Context, r *resource, name string, cur T, readErr error, objInfo rest.UpdatedObjectInfo,
 	forceAllowCreate bool, empty runtime.Object, create func(runtime.Object) (runtime.Object, error)) (next T, created runtime.Object, err error) {
 	var zero T
 	if readErr != nil {
@@ -355,6 +355,9 @@ func updatedObject[T runtime.Object](ctx context.Context, r *resource, cur T, re
 	next, ok := obj.(T)
 	if !ok {
 		return zero, nil, apierrors.NewBadRequest(fmt.Sprintf("expected a %s, got %T", r.kind, obj))
+	}
+	if err := r.checkResourceVersion(name, next.GetResourceVersion(), cur.GetResourceVersion()); err != nil {
+		return zero, nil, err
 	}
 	return next, nil, nil
 }

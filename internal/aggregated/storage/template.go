@@ -157,12 +157,7 @@ func (s *TemplateStorage) convert(ctx context.Context, t target, tpl *codersdk.T
 }
 
 func (s *TemplateStorage) lookup(ctx context.Context, name string) (target, templateObjectName, error) {
-	n, err := parseTemplateName(name)
-	if err != nil {
-		return target{}, n, s.badName(name, err)
-	}
-	t, err := s.resolve(ctx, namespaceOf(ctx), n.ControlPlane, name)
-	return t, n, err
+	return lookupName(ctx, &s.resource, name, parseTemplateName)
 }
 
 // fetch reads the Coder template an object name refers to.
@@ -195,11 +190,7 @@ func (s *TemplateStorage) read(ctx context.Context, t target, n templateObjectNa
 
 // Get reads the template from coderd.
 func (s *TemplateStorage) Get(ctx context.Context, name string, _ *metav1.GetOptions) (runtime.Object, error) {
-	t, n, err := s.lookup(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	return s.read(ctx, t, n, name)
+	return getObject(ctx, s, name)
 }
 
 // List reads the templates of the namespace (or every namespace).
@@ -208,30 +199,13 @@ func (s *TemplateStorage) List(ctx context.Context, opts *metainternalversion.Li
 	if err != nil {
 		return nil, err
 	}
-	list := &aggv1.CoderTemplateList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: make([]aggv1.CoderTemplate, len(objs))}
-	for i, o := range objs {
-		list.Items[i] = *o.(*aggv1.CoderTemplate)
-	}
-	return list, nil
+	return &aggv1.CoderTemplateList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderTemplate](objs)}, nil
 }
 
 // Create uploads the files, waits for the version to build and creates
 // the template with it; or creates it from an existing version.
 func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error) {
-	tpl, ok := obj.(*aggv1.CoderTemplate)
-	if !ok {
-		return nil, apierrors.NewBadRequest(fmt.Sprintf("expected a CoderTemplate, got %T", obj))
-	}
-	n, errs := s.validateCreate(tpl)
-	if len(errs) > 0 {
-		return nil, s.invalid(tpl.Name, errs)
-	}
-	if createValidation != nil {
-		if err := createValidation(ctx, tpl); err != nil {
-			return nil, err
-		}
-	}
-	t, err := s.resolve(ctx, namespaceOf(ctx), n.ControlPlane, tpl.Name)
+	tpl, n, t, err := toCreate(ctx, &s.resource, obj, s.validateCreate, createValidation)
 	if err != nil {
 		return nil, err
 	}
@@ -325,10 +299,6 @@ func (s *TemplateStorage) buildVersion(ctx context.Context, t target, orgID, tem
 	return built, nil
 }
 
-func (s *TemplateStorage) invalid(name string, errs field.ErrorList) error {
-	return apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), name, errs)
-}
-
 func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObjectName, field.ErrorList) {
 	if tpl.Name == "" && tpl.GenerateName != "" {
 		return templateObjectName{}, field.ErrorList{field.Forbidden(field.NewPath("metadata", "generateName"), "names map to Coder objects; give metadata.name")}
@@ -365,20 +335,13 @@ func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObje
 // version when spec.files changed, or promotes spec.versionID. With
 // forceAllowCreate (server-side apply) a missing template is created.
 func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, opts *metav1.UpdateOptions) (runtime.Object, bool, error) {
-	t, n, err := s.lookup(ctx, name)
-	var cur *aggv1.CoderTemplate
-	if err == nil {
-		cur, err = s.read(ctx, t, n, name)
-	}
-	next, created, err := updatedObject(ctx, &s.resource, cur, err, objInfo, forceAllowCreate, s.New(),
+	t, n, cur, err := current(ctx, s, name)
+	next, created, err := updatedObject(ctx, &s.resource, name, cur, err, objInfo, forceAllowCreate, s.New(),
 		func(obj runtime.Object) (runtime.Object, error) {
 			return s.Create(ctx, obj, createValidation, createOptions(opts))
 		})
 	if created != nil || err != nil {
 		return created, err == nil, err
-	}
-	if err := s.checkResourceVersion(name, next.ResourceVersion, cur.ResourceVersion); err != nil {
-		return nil, false, err
 	}
 	errs := validateTemplateUpdate(next, cur, name)
 	filesChanged := next.Spec.Files != nil && !maps.Equal(next.Spec.Files, cur.Spec.Files)
@@ -463,21 +426,9 @@ func metaUpdate(t *codersdk.Template) codersdk.UpdateTemplateMeta {
 // Delete deletes the template in coderd; coderd refuses while workspaces
 // use it.
 func (s *TemplateStorage) Delete(ctx context.Context, name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (runtime.Object, bool, error) {
-	t, n, err := s.lookup(ctx, name)
+	t, _, cur, err := toDelete(ctx, &s.resource, s, name, deleteValidation, opts)
 	if err != nil {
 		return nil, false, err
-	}
-	cur, err := s.read(ctx, t, n, name)
-	if err != nil {
-		return nil, false, err
-	}
-	if err := s.checkDeletePreconditions(name, cur, opts); err != nil {
-		return nil, false, err
-	}
-	if deleteValidation != nil {
-		if err := deleteValidation(ctx, cur); err != nil {
-			return nil, false, err
-		}
 	}
 	if opts != nil && isDryRun(opts.DryRun) {
 		return cur, true, nil

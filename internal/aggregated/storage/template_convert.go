@@ -5,7 +5,6 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 )
@@ -17,14 +16,8 @@ func toTemplate(t target, tpl *codersdk.Template, active *codersdk.TemplateVersi
 	name := templateObjectName{ControlPlane: t.ControlPlane, Org: tpl.OrganizationName, Name: tpl.Name}
 	obj := &aggv1.CoderTemplate{
 		TypeMeta: metav1.TypeMeta{APIVersion: aggv1.SchemeGroupVersion.String(), Kind: "CoderTemplate"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:              name.String(t.prefixed),
-			Namespace:         t.Namespace,
-			ManagedFields:     coderdOwnsStatus(),
-			UID:               types.UID(tpl.ID.String()),
-			CreationTimestamp: metav1.NewTime(tpl.CreatedAt.Truncate(time.Second)),
-			Labels:            objectLabels(t, tpl.OrganizationName, map[string]string{aggv1.LabelTemplate: tpl.Name}),
-		},
+		ObjectMeta: coderObjectMeta(t, name.String(t.prefixed), tpl.ID, tpl.CreatedAt,
+			objectLabels(t, tpl.OrganizationName, map[string]string{aggv1.LabelTemplate: tpl.Name})),
 		Spec: aggv1.CoderTemplateSpec{
 			Organization: tpl.OrganizationName,
 			DisplayName:  tpl.DisplayName,

@@ -36,13 +36,7 @@ func validateWorkspaceCreate(ws *aggv1.CoderWorkspace) (workspaceName, field.Err
 
 // validateWorkspaceUpdate checks an update against the current object.
 func validateWorkspaceUpdate(next, cur *aggv1.CoderWorkspace, name string) field.ErrorList {
-	var errs field.ErrorList
-	if next.Name != name {
-		errs = append(errs, field.Invalid(namePath, next.Name, "must match the name in the URL ("+name+")"))
-	}
-	if next.Spec.Organization != "" && next.Spec.Organization != cur.Spec.Organization {
-		errs = append(errs, field.Forbidden(specPath.Child("organization"), "a workspace cannot move to another organization"))
-	}
+	errs := validateSameObject("workspace", name, next.Name, cur.Spec.Organization, next.Spec.Organization)
 	if next.Spec.TemplateName != cur.Spec.TemplateName {
 		errs = append(errs, field.Forbidden(specPath.Child("templateName"), "a workspace cannot move to another template; pick a version of "+cur.Spec.TemplateName+" with spec.templateVersionID"))
 	}
@@ -75,13 +69,7 @@ func validateWorkspaceSpec(s *aggv1.CoderWorkspaceSpec) field.ErrorList {
 
 // validateTemplateUpdate checks an update against the current object.
 func validateTemplateUpdate(next, cur *aggv1.CoderTemplate, name string) field.ErrorList {
-	var errs field.ErrorList
-	if next.Name != name {
-		errs = append(errs, field.Invalid(namePath, next.Name, "must match the name in the URL ("+name+")"))
-	}
-	if next.Spec.Organization != "" && next.Spec.Organization != cur.Spec.Organization {
-		errs = append(errs, field.Forbidden(specPath.Child("organization"), "a template cannot move to another organization"))
-	}
+	errs := validateSameObject("template", name, next.Name, cur.Spec.Organization, next.Spec.Organization)
 	if next.Spec.VersionID != "" {
 		if _, err := uuid.Parse(next.Spec.VersionID); err != nil {
 			errs = append(errs, field.Invalid(specPath.Child("versionID"), next.Spec.VersionID, "must be a template version ID (a UUID)"))
@@ -89,6 +77,21 @@ func validateTemplateUpdate(next, cur *aggv1.CoderTemplate, name string) field.E
 	}
 	if next.Spec.VersionID != cur.Spec.VersionID && next.Spec.VersionID != "" && !apiequality.Semantic.DeepEqual(next.Spec.Files, cur.Spec.Files) && next.Spec.Files != nil {
 		errs = append(errs, field.Forbidden(specPath.Child("versionID"), "change either spec.files (which uploads a new version) or spec.versionID (which promotes an existing one), not both"))
+	}
+	return errs
+}
+
+// validateSameObject checks what an update of a what ("workspace",
+// "template") cannot change: the name, which is the Coder object's
+// identity and must match the URL's, and the organization (an empty
+// spec.organization keeps it).
+func validateSameObject(what, name, nextName, curOrg, nextOrg string) field.ErrorList {
+	var errs field.ErrorList
+	if nextName != name {
+		errs = append(errs, field.Invalid(namePath, nextName, "must match the name in the URL ("+name+")"))
+	}
+	if nextOrg != "" && nextOrg != curOrg {
+		errs = append(errs, field.Forbidden(specPath.Child("organization"), "a "+what+" cannot move to another organization"))
 	}
 	return errs
 }

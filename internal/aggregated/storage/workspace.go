@@ -169,21 +169,12 @@ func (s *WorkspaceStorage) read(ctx context.Context, t target, n workspaceName, 
 
 // lookup parses name and finds its backend.
 func (s *WorkspaceStorage) lookup(ctx context.Context, name string) (target, workspaceName, error) {
-	n, err := parseWorkspaceName(name)
-	if err != nil {
-		return target{}, n, s.badName(name, err)
-	}
-	t, err := s.resolve(ctx, namespaceOf(ctx), n.ControlPlane, name)
-	return t, n, err
+	return lookupName(ctx, &s.resource, name, parseWorkspaceName)
 }
 
 // Get reads the workspace from coderd.
 func (s *WorkspaceStorage) Get(ctx context.Context, name string, _ *metav1.GetOptions) (runtime.Object, error) {
-	t, n, err := s.lookup(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	return s.read(ctx, t, n, name)
+	return getObject(ctx, s, name)
 }
 
 // List reads the workspaces of the namespace (or of every namespace) from
@@ -194,29 +185,12 @@ func (s *WorkspaceStorage) List(ctx context.Context, opts *metainternalversion.L
 	if err != nil {
 		return nil, err
 	}
-	list := &aggv1.CoderWorkspaceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: make([]aggv1.CoderWorkspace, len(objs))}
-	for i, o := range objs {
-		list.Items[i] = *o.(*aggv1.CoderWorkspace)
-	}
-	return list, nil
+	return &aggv1.CoderWorkspaceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderWorkspace](objs)}, nil
 }
 
 // Create creates the workspace in coderd.
 func (s *WorkspaceStorage) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error) {
-	ws, ok := obj.(*aggv1.CoderWorkspace)
-	if !ok {
-		return nil, apierrors.NewBadRequest(fmt.Sprintf("expected a CoderWorkspace, got %T", obj))
-	}
-	n, errs := validateWorkspaceCreate(ws)
-	if len(errs) > 0 {
-		return nil, apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), ws.Name, errs)
-	}
-	if createValidation != nil {
-		if err := createValidation(ctx, ws); err != nil {
-			return nil, err
-		}
-	}
-	t, err := s.resolve(ctx, namespaceOf(ctx), n.ControlPlane, ws.Name)
+	ws, n, t, err := toCreate(ctx, &s.resource, obj, validateWorkspaceCreate, createValidation)
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +204,7 @@ func (s *WorkspaceStorage) Create(ctx context.Context, obj runtime.Object, creat
 	tpl, err := t.Client.TemplateByName(ctx, orgID, ws.Spec.TemplateName)
 	if err != nil {
 		if coderapi.IsNotFound(err) {
-			return nil, apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), ws.Name, field.ErrorList{
+			return nil, s.invalid(ws.Name, field.ErrorList{
 				field.NotFound(field.NewPath("spec", "templateName"), ws.Spec.TemplateName)})
 		}
 		return nil, s.coderErr(t, err, ws.Name)
@@ -266,13 +240,13 @@ func (s *WorkspaceStorage) checkVersionOf(ctx context.Context, t target, tpl cod
 	v, err := t.Client.TemplateVersion(ctx, id)
 	if err != nil {
 		if coderapi.IsNotFound(err) {
-			return apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), name, field.ErrorList{
+			return s.invalid(name, field.ErrorList{
 				field.NotFound(field.NewPath("spec", "templateVersionID"), id.String())})
 		}
 		return s.coderErr(t, err, name)
 	}
 	if v.TemplateID == nil || *v.TemplateID != tpl.ID {
-		return apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), name, field.ErrorList{
+		return s.invalid(name, field.ErrorList{
 			field.Invalid(field.NewPath("spec", "templateVersionID"), id.String(), fmt.Sprintf("not a version of template %q", tpl.Name))})
 	}
 	return nil
@@ -323,23 +297,16 @@ func waitBuildDone(ctx context.Context, client *codersdk.Client, id uuid.UUID) (
 // run state, version and parameters through a build. With
 // forceAllowCreate (server-side apply) a missing workspace is created.
 func (s *WorkspaceStorage) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, opts *metav1.UpdateOptions) (runtime.Object, bool, error) {
-	t, n, err := s.lookup(ctx, name)
-	var cur *aggv1.CoderWorkspace
-	if err == nil {
-		cur, err = s.read(ctx, t, n, name)
-	}
-	ws, created, err := updatedObject(ctx, &s.resource, cur, err, objInfo, forceAllowCreate, s.New(),
+	t, n, cur, err := current(ctx, s, name)
+	ws, created, err := updatedObject(ctx, &s.resource, name, cur, err, objInfo, forceAllowCreate, s.New(),
 		func(obj runtime.Object) (runtime.Object, error) {
 			return s.Create(ctx, obj, createValidation, createOptions(opts))
 		})
 	if created != nil || err != nil {
 		return created, err == nil, err
 	}
-	if err := s.checkResourceVersion(name, ws.ResourceVersion, cur.ResourceVersion); err != nil {
-		return nil, false, err
-	}
 	if errs := validateWorkspaceUpdate(ws, cur, name); len(errs) > 0 {
-		return nil, false, apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), name, errs)
+		return nil, false, s.invalid(name, errs)
 	}
 	if updateValidation != nil {
 		if err := updateValidation(ctx, ws, cur); err != nil {
@@ -391,21 +358,9 @@ func (s *WorkspaceStorage) Update(ctx context.Context, name string, objInfo rest
 // Delete starts a delete build. The workspace stays visible, with a
 // deletionTimestamp, until coderd has finished it.
 func (s *WorkspaceStorage) Delete(ctx context.Context, name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (runtime.Object, bool, error) {
-	t, n, err := s.lookup(ctx, name)
+	t, n, cur, err := toDelete(ctx, &s.resource, s, name, deleteValidation, opts)
 	if err != nil {
 		return nil, false, err
-	}
-	cur, err := s.read(ctx, t, n, name)
-	if err != nil {
-		return nil, false, err
-	}
-	if err := s.checkDeletePreconditions(name, cur, opts); err != nil {
-		return nil, false, err
-	}
-	if deleteValidation != nil {
-		if err := deleteValidation(ctx, cur); err != nil {
-			return nil, false, err
-		}
 	}
 	if cur.DeletionTimestamp != nil {
 		return cur, false, nil

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -24,14 +25,8 @@ func toWorkspace(t target, w *codersdk.Workspace, params []aggv1.WorkspaceParame
 	b := &w.LatestBuild
 	obj := &aggv1.CoderWorkspace{
 		TypeMeta: metav1.TypeMeta{APIVersion: aggv1.SchemeGroupVersion.String(), Kind: "CoderWorkspace"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:              name.String(t.prefixed),
-			Namespace:         t.Namespace,
-			ManagedFields:     coderdOwnsStatus(),
-			UID:               types.UID(w.ID.String()),
-			CreationTimestamp: metav1.NewTime(w.CreatedAt.Truncate(time.Second)),
-			Labels:            objectLabels(t, w.OrganizationName, map[string]string{aggv1.LabelOwner: w.OwnerName, aggv1.LabelTemplate: w.TemplateName}),
-		},
+		ObjectMeta: coderObjectMeta(t, name.String(t.prefixed), w.ID, w.CreatedAt,
+			objectLabels(t, w.OrganizationName, map[string]string{aggv1.LabelOwner: w.OwnerName, aggv1.LabelTemplate: w.TemplateName})),
 		Spec: aggv1.CoderWorkspaceSpec{
 			Organization:      w.OrganizationName,
 			TemplateName:      w.TemplateName,
@@ -158,6 +153,20 @@ func workspaceURL(t target, w *codersdk.Workspace) string {
 	u := *t.URL
 	u.Path = "/@" + url.PathEscape(w.OwnerName) + "/" + url.PathEscape(w.Name)
 	return u.String()
+}
+
+// coderObjectMeta is the metadata of the view of a Coder object: the UID
+// is the Coder ID and the creation time is Coder's, at the second
+// precision the API serializes, so the view is the same on every read.
+func coderObjectMeta(t target, name string, id uuid.UUID, created time.Time, labels map[string]string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name:              name,
+		Namespace:         t.Namespace,
+		ManagedFields:     coderdOwnsStatus(),
+		UID:               types.UID(id.String()),
+		CreationTimestamp: metav1.NewTime(created.Truncate(time.Second)),
+		Labels:            labels,
+	}
 }
 
 func objectLabels(t target, org string, extra map[string]string) map[string]string {

@@ -1,0 +1,128 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/registry/rest"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
+)
+
+// The request paths below are the same for templates and workspaces; what
+// differs is the object type T and how an object name N maps onto Coder.
+// The typed REST methods stay on each storage (the apiserver calls them)
+// and hand their kind's part to these.
+
+// object is a CoderTemplate or CoderWorkspace (by pointer).
+type object interface {
+	runtime.Object
+	metav1.Object
+}
+
+// objectName is a parsed object name; the control plane part (empty
+// without a prefix) picks the backend.
+type objectName interface {
+	controlPlane() string
+}
+
+func (n workspaceName) controlPlane() string      { return n.ControlPlane }
+func (n templateObjectName) controlPlane() string { return n.ControlPlane }
+
+// objectStore is what a kind's storage tells the shared paths: how a name
+// is parsed and how the object it names is read from coderd.
+type objectStore[N objectName, T object] interface {
+	lookup(ctx context.Context, name string) (target, N, error)
+	read(ctx context.Context, t target, n N, name string) (T, error)
+}
+
+// lookupName parses name and finds its backend. A malformed name is
+// NotFound: no object can have it.
+func lookupName[N objectName](ctx context.Context, r *resource, name string, parse func(string) (N, error)) (target, N, error) {
+	n, err := parse(name)
+	if err != nil {
+		return target{}, n, r.badName(name, err)
+	}
+	t, err := r.resolve(ctx, namespaceOf(ctx), n.controlPlane(), name)
+	return t, n, err
+}
+
+// current reads the object name refers to from coderd: Get, Update and
+// Delete start from it.
+func current[N objectName, T object](ctx context.Context, s objectStore[N, T], name string) (target, N, T, error) {
+	t, n, err := s.lookup(ctx, name)
+	if err != nil {
+		var zero T
+		return t, n, zero, err
+	}
+	cur, err := s.read(ctx, t, n, name)
+	return t, n, cur, err
+}
+
+// getObject serves Get.
+func getObject[N objectName, T object](ctx context.Context, s objectStore[N, T], name string) (runtime.Object, error) {
+	_, _, obj, err := current(ctx, s, name)
+	if err != nil {
+		return nil, err
+	}
+	return obj, nil
+}
+
+// listItems turns a list's objects (each a *T) into a typed list's items.
+func listItems[T any](objs []watchcache.Object) []T {
+	items := make([]T, len(objs))
+	for i, o := range objs {
+		items[i] = *any(o).(*T)
+	}
+	return items
+}
+
+// invalid is the 422 a request whose object breaks the rules gets.
+func (r *resource) invalid(name string, errs field.ErrorList) error {
+	return apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(r.kind).GroupKind(), name, errs)
+}
+
+// toCreate checks a create request: the object's type, the kind's own
+// rules (validate) and the request's createValidation; it returns the
+// object, its parsed name and the backend it goes to.
+func toCreate[N objectName, T object](ctx context.Context, r *resource, obj runtime.Object, validate func(T) (N, field.ErrorList), createValidation rest.ValidateObjectFunc) (T, N, target, error) {
+	var n N
+	o, ok := obj.(T)
+	if !ok {
+		return o, n, target{}, apierrors.NewBadRequest(fmt.Sprintf("expected a %s, got %T", r.kind, obj))
+	}
+	n, errs := validate(o)
+	if len(errs) > 0 {
+		return o, n, target{}, r.invalid(o.GetName(), errs)
+	}
+	if createValidation != nil {
+		if err := createValidation(ctx, o); err != nil {
+			return o, n, target{}, err
+		}
+	}
+	t, err := r.resolve(ctx, namespaceOf(ctx), n.controlPlane(), o.GetName())
+	return o, n, t, err
+}
+
+// toDelete reads the object a delete request names and checks the
+// request's preconditions and deleteValidation against it.
+func toDelete[N objectName, T object](ctx context.Context, r *resource, s objectStore[N, T], name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (target, N, T, error) {
+	t, n, cur, err := current(ctx, s, name)
+	if err != nil {
+		return t, n, cur, err
+	}
+	if err := r.checkDeletePreconditions(name, cur, opts); err != nil {
+		return t, n, cur, err
+	}
+	if deleteValidation != nil {
+		if err := deleteValidation(ctx, cur); err != nil {
+			return t, n, cur, err
+		}
+	}
+	return t, n, cur, nil
+}
