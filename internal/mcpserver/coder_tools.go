@@ -188,10 +188,9 @@ func listTemplates(ctx context.Context, c *call, in ListInput) (TemplateList, er
 	if err := c.kube.Direct.List(ctx, &list, append(listOptionsFor(in.Continue), client.InNamespace(in.Namespace))...); err != nil {
 		return TemplateList{}, fmt.Errorf("list codertemplates: %w", err)
 	}
-	if len(list.Items) == 0 && in.Namespace != "" && c.namespaceMissing(ctx, in.Namespace) {
-		return TemplateList{}, errNoNamespace(in.Namespace)
+	if err := sortListed(ctx, c, in.Namespace, list.Items, errNoNamespace); err != nil {
+		return TemplateList{}, err
 	}
-	sort.Slice(list.Items, func(i, j int) bool { return key(&list.Items[i]) < key(&list.Items[j]) })
 	items, next, err := pageAt(list.Items, in.Limit, in.Continue, list.ResourceVersion)
 	if err != nil {
 		return TemplateList{}, err
@@ -205,10 +204,7 @@ func listTemplates(ctx context.Context, c *call, in ListInput) (TemplateList, er
 }
 
 func getTemplate(ctx context.Context, c *call, in GetTemplateInput) (TemplateDetail, error) {
-	if err := requireObject(in.Namespace, in.Name); err != nil {
-		return TemplateDetail{}, err
-	}
-	if err := c.authorize(ctx, templatesResource.with("get", in.Namespace, in.Name)); err != nil {
+	if err := c.authorizeObject(ctx, in.Namespace, in.Name, templatesResource.with("get", in.Namespace, in.Name)); err != nil {
 		return TemplateDetail{}, err
 	}
 	var t aggv1.CoderTemplate
@@ -309,10 +305,9 @@ func listWorkspaces(ctx context.Context, c *call, in WorkspaceListInput) (Worksp
 	if err := c.kube.Direct.List(ctx, &list, opts...); err != nil {
 		return WorkspaceList{}, fmt.Errorf("list coderworkspaces: %w", err)
 	}
-	if len(list.Items) == 0 && in.Namespace != "" && c.namespaceMissing(ctx, in.Namespace) {
-		return WorkspaceList{}, errNoNamespace(in.Namespace)
+	if err := sortListed(ctx, c, in.Namespace, list.Items, errNoNamespace); err != nil {
+		return WorkspaceList{}, err
 	}
-	sort.Slice(list.Items, func(i, j int) bool { return key(&list.Items[i]) < key(&list.Items[j]) })
 	items, next, err := pageAt(list.Items, in.Limit, in.Continue, list.ResourceVersion)
 	if err != nil {
 		return WorkspaceList{}, err
@@ -331,10 +326,7 @@ func listWorkspaces(ctx context.Context, c *call, in WorkspaceListInput) (Worksp
 }
 
 func getWorkspace(ctx context.Context, c *call, in ObjectInput) (WorkspaceDetail, error) {
-	if err := requireObject(in.Namespace, in.Name); err != nil {
-		return WorkspaceDetail{}, err
-	}
-	if err := c.authorize(ctx, workspacesResource.with("get", in.Namespace, in.Name)); err != nil {
+	if err := c.authorizeObject(ctx, in.Namespace, in.Name, workspacesResource.with("get", in.Namespace, in.Name)); err != nil {
 		return WorkspaceDetail{}, err
 	}
 	w, err := c.getWorkspace(ctx, in.Namespace, in.Name)
@@ -390,10 +382,7 @@ func setWorkspaceRunning(ctx context.Context, c *call, in SetRunningInput) (SetR
 }
 
 func deleteWorkspace(ctx context.Context, c *call, in ObjectInput) (WorkspaceDetail, error) {
-	if err := requireObject(in.Namespace, in.Name); err != nil {
-		return WorkspaceDetail{}, err
-	}
-	if err := c.authorize(ctx, workspacesResource.with("delete", in.Namespace, in.Name)); err != nil {
+	if err := c.authorizeObject(ctx, in.Namespace, in.Name, workspacesResource.with("delete", in.Namespace, in.Name)); err != nil {
 		return WorkspaceDetail{}, err
 	}
 	w, err := c.getWorkspace(ctx, in.Namespace, in.Name)
@@ -452,15 +441,48 @@ func workspaceDetail(w *aggv1.CoderWorkspace) WorkspaceDetail {
 }
 
 // requireObject says what is missing before any call is made.
-func requireObject(namespace, name string) error {
+func requireObject(namespace, name string) error { return requireNamed(namespace, "name", name) }
+
+// requireNamed is requireObject for an input whose name argument is
+// called arg (for example "pod").
+func requireNamed(namespace, arg, name string) error {
 	switch {
 	case namespace == "" && name == "":
-		return fmt.Errorf("namespace and name are required")
+		return fmt.Errorf("namespace and %s are required", arg)
 	case namespace == "":
 		return fmt.Errorf("namespace is required")
 	case name == "":
-		return fmt.Errorf("name is required")
+		return fmt.Errorf("%s is required", arg)
 	}
+	return nil
+}
+
+// authorizeObject checks a tool's input names an object, then that the
+// caller may do each of need, before anything is read.
+func (c *call) authorizeObject(ctx context.Context, namespace, name string, need ...access) error {
+	if err := requireObject(namespace, name); err != nil {
+		return err
+	}
+	for _, a := range need {
+		if err := c.authorize(ctx, a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sortListed orders a list's items by namespace and name, the order
+// pages are cut in. An empty list in a namespace that does not exist is
+// noNamespace's error rather than an empty page: the namespace is
+// probably misspelt.
+func sortListed[T any, PT interface {
+	*T
+	client.Object
+}](ctx context.Context, c *call, namespace string, items []T, noNamespace func(string) error) error {
+	if len(items) == 0 && namespace != "" && c.namespaceMissing(ctx, namespace) {
+		return noNamespace(namespace)
+	}
+	sort.Slice(items, func(i, j int) bool { return key(PT(&items[i])) < key(PT(&items[j])) })
 	return nil
 }
 

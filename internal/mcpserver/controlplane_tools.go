@@ -220,10 +220,9 @@ func listControlPlanes(ctx context.Context, c *call, in ListInput) (ControlPlane
 	if err := c.kube.Cached.List(ctx, &list, client.InNamespace(in.Namespace)); err != nil {
 		return ControlPlaneList{}, fmt.Errorf("list codercontrolplanes: %w", err)
 	}
-	if len(list.Items) == 0 && in.Namespace != "" && c.namespaceMissing(ctx, in.Namespace) {
-		return ControlPlaneList{}, errNoNamespace(in.Namespace)
+	if err := sortListed(ctx, c, in.Namespace, list.Items, errNoNamespace); err != nil {
+		return ControlPlaneList{}, err
 	}
-	sort.Slice(list.Items, func(i, j int) bool { return key(&list.Items[i]) < key(&list.Items[j]) })
 	items, next, err := page(list.Items, in.Limit, in.Continue)
 	if err != nil {
 		return ControlPlaneList{}, err
@@ -239,10 +238,7 @@ func listControlPlanes(ctx context.Context, c *call, in ListInput) (ControlPlane
 }
 
 func getControlPlane(ctx context.Context, c *call, in ControlPlaneInput) (ControlPlaneDetail, error) {
-	if err := requireObject(in.Namespace, in.Name); err != nil {
-		return ControlPlaneDetail{}, err
-	}
-	if err := c.authorize(ctx, controlPlanesResource.with("get", in.Namespace, in.Name)); err != nil {
+	if err := c.authorizeObject(ctx, in.Namespace, in.Name, controlPlanesResource.with("get", in.Namespace, in.Name)); err != nil {
 		return ControlPlaneDetail{}, err
 	}
 	cp, err := c.controlPlane(ctx, in.Namespace, in.Name)
@@ -278,13 +274,8 @@ func getControlPlane(ctx context.Context, c *call, in ControlPlaneInput) (Contro
 }
 
 func listControlPlanePods(ctx context.Context, c *call, in ControlPlanePodsInput) (ControlPlanePods, error) {
-	if err := requireObject(in.Namespace, in.Name); err != nil {
+	if err := c.authorizeObject(ctx, in.Namespace, in.Name, controlPlanesResource.with("get", in.Namespace, in.Name), controlPlanePods.with("list", in.Namespace, "")); err != nil {
 		return ControlPlanePods{}, err
-	}
-	for _, a := range []access{controlPlanesResource.with("get", in.Namespace, in.Name), controlPlanePods.with("list", in.Namespace, "")} {
-		if err := c.authorize(ctx, a); err != nil {
-			return ControlPlanePods{}, err
-		}
 	}
 	cp, err := c.controlPlane(ctx, in.Namespace, in.Name)
 	if err != nil {
@@ -325,13 +316,8 @@ func listControlPlanePods(ctx context.Context, c *call, in ControlPlanePodsInput
 }
 
 func getControlPlaneRollout(ctx context.Context, c *call, in ControlPlaneInput) (ControlPlaneRollout, error) {
-	if err := requireObject(in.Namespace, in.Name); err != nil {
+	if err := c.authorizeObject(ctx, in.Namespace, in.Name, controlPlanesResource.with("get", in.Namespace, in.Name), controlPlaneDeployments.with("get", in.Namespace, in.Name)); err != nil {
 		return ControlPlaneRollout{}, err
-	}
-	for _, a := range []access{controlPlanesResource.with("get", in.Namespace, in.Name), controlPlaneDeployments.with("get", in.Namespace, in.Name)} {
-		if err := c.authorize(ctx, a); err != nil {
-			return ControlPlaneRollout{}, err
-		}
 	}
 	cp, err := c.controlPlane(ctx, in.Namespace, in.Name)
 	if err != nil {
@@ -389,13 +375,8 @@ func rolloutStatus(d *appsv1.Deployment) (string, bool) {
 }
 
 func getControlPlaneService(ctx context.Context, c *call, in ControlPlaneInput) (ControlPlaneService, error) {
-	if err := requireObject(in.Namespace, in.Name); err != nil {
+	if err := c.authorizeObject(ctx, in.Namespace, in.Name, controlPlanesResource.with("get", in.Namespace, in.Name), controlPlaneServices.with("get", in.Namespace, in.Name)); err != nil {
 		return ControlPlaneService{}, err
-	}
-	for _, a := range []access{controlPlanesResource.with("get", in.Namespace, in.Name), controlPlaneServices.with("get", in.Namespace, in.Name)} {
-		if err := c.authorize(ctx, a); err != nil {
-			return ControlPlaneService{}, err
-		}
 	}
 	cp, err := c.controlPlane(ctx, in.Namespace, in.Name)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"sort"
 	"sync"
 	"time"
 
@@ -88,10 +87,11 @@ func health(ctx context.Context, c *call, in HealthInput) (HealthReport, error) 
 	if err := c.kube.Cached.List(ctx, &list, client.InNamespace(in.Namespace)); err != nil {
 		return HealthReport{}, fmt.Errorf("list codercontrolplanes: %w", err)
 	}
-	if len(list.Items) == 0 && in.Namespace != "" && c.namespaceMissing(ctx, in.Namespace) {
-		return HealthReport{}, fmt.Errorf("namespace %q does not exist; call health without a namespace to check every control plane", in.Namespace)
+	if err := sortListed(ctx, c, in.Namespace, list.Items, func(ns string) error {
+		return fmt.Errorf("namespace %q does not exist; call health without a namespace to check every control plane", ns)
+	}); err != nil {
+		return HealthReport{}, err
 	}
-	sort.Slice(list.Items, func(i, j int) bool { return key(&list.Items[i]) < key(&list.Items[j]) })
 	items, next, err := page(list.Items, in.Limit, in.Continue)
 	if err != nil {
 		return HealthReport{}, err

@@ -54,7 +54,7 @@ func (s *Server) logTools() []tool {
 }
 
 func getPodLogs(ctx context.Context, c *call, in PodLogsInput) (PodLogs, error) {
-	if err := requirePod(in.Namespace, in.Pod); err != nil {
+	if err := requireNamed(in.Namespace, "pod", in.Pod); err != nil {
 		return PodLogs{}, err
 	}
 	tail, err := logCap("tailLines", in.TailLines, defaultTailLines, maxTailLines)
@@ -104,19 +104,6 @@ func getPodLogs(ctx context.Context, c *call, in PodLogsInput) (PodLogs, error) 
 	}
 	out.Log = string(b)
 	return out, nil
-}
-
-// requirePod says what is missing before any call is made.
-func requirePod(namespace, pod string) error {
-	switch {
-	case namespace == "" && pod == "":
-		return fmt.Errorf("namespace and pod are required")
-	case namespace == "":
-		return fmt.Errorf("namespace is required")
-	case pod == "":
-		return fmt.Errorf("pod is required")
-	}
-	return nil
 }
 
 // logCap is v, def when v is zero, and at most max.
