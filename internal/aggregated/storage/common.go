@@ -84,12 +84,23 @@ type resource struct {
 
 const historySize = 2000
 
-// startCache creates the resource's watch cache.
-func (r *resource) startCache(o Options, newObject func() watchcache.Object) error {
+// startCache creates the watch cache of a resource whose objects are *T:
+// list reads every object of one coderd, and selectors match the
+// objects' labels and selectFields. r must be the resource inside its
+// storage: the cache keeps r.sources.
+func startCache[T any, PT interface {
+	*T
+	watchcache.Object
+}](r *resource, o Options, list func(context.Context, target) ([]watchcache.Object, error), selectFields func(PT) fields.Set) error {
+	r.listBackend = list
+	r.selectable = func(o watchcache.Object) (map[string]string, fields.Set) {
+		obj := o.(PT)
+		return obj.GetLabels(), selectFields(obj)
+	}
 	r.interval = o.PollInterval
 	var err error
 	r.cache, err = watchcache.New(watchcache.Options{
-		NewObject: newObject,
+		NewObject: func() watchcache.Object { return PT(new(T)) },
 		Sources:   r.sources,
 		Interval:  o.PollInterval,
 		// Enough to resume a watch across a few polls that changed every

@@ -30,30 +30,19 @@ type workspaceName struct {
 // String is the Kubernetes object name; the control plane prefix is
 // written only when prefixed is true (the namespace has several).
 func (n workspaceName) String(prefixed bool) string {
-	s := n.Org + "." + n.Owner + "." + n.Name
-	if prefixed {
-		s = n.ControlPlane + "." + s
-	}
-	return s
+	return joinName(prefixed, n.ControlPlane, n.Org, n.Owner, n.Name)
 }
 
 // parseWorkspaceName reads an object name. The control plane is empty when
 // the name has no prefix.
 func parseWorkspaceName(s string) (workspaceName, error) {
-	parts := strings.Split(s, ".")
+	cp, parts, err := splitName(s, 3, "a workspace name is <organization>.<owner>.<workspace>, or <control plane>.<organization>.<owner>.<workspace> when the namespace has several control planes")
 	var n workspaceName
-	switch len(parts) {
-	case 3:
-		n = workspaceName{Org: parts[0], Owner: parts[1], Name: parts[2]}
-	case 4:
-		n = workspaceName{ControlPlane: parts[0], Org: parts[1], Owner: parts[2], Name: parts[3]}
-	default:
-		return n, fmt.Errorf("a workspace name is <organization>.<owner>.<workspace>, or <control plane>.<organization>.<owner>.<workspace> when the namespace has several control planes; %q has %d parts", s, len(parts))
+	if parts != nil {
+		n = workspaceName{ControlPlane: cp, Org: parts[0], Owner: parts[1], Name: parts[2]}
 	}
-	if len(parts) == 4 {
-		if err := checkControlPlane(n.ControlPlane); err != nil {
-			return n, err
-		}
+	if err != nil {
+		return n, err
 	}
 	for _, p := range []struct{ what, v string }{{"organization", n.Org}, {"owner", n.Owner}, {"workspace", n.Name}} {
 		if err := checkCoderName(p.what, p.v, coderName, maxCoderName, "letters, digits and single hyphens"); err != nil {
@@ -71,28 +60,17 @@ type templateObjectName struct {
 }
 
 func (n templateObjectName) String(prefixed bool) string {
-	s := n.Org + "." + n.Name
-	if prefixed {
-		s = n.ControlPlane + "." + s
-	}
-	return s
+	return joinName(prefixed, n.ControlPlane, n.Org, n.Name)
 }
 
 func parseTemplateName(s string) (templateObjectName, error) {
-	parts := strings.Split(s, ".")
+	cp, parts, err := splitName(s, 2, "a template name is <organization>.<template>, or <control plane>.<organization>.<template> when the namespace has several control planes")
 	var n templateObjectName
-	switch len(parts) {
-	case 2:
-		n = templateObjectName{Org: parts[0], Name: parts[1]}
-	case 3:
-		n = templateObjectName{ControlPlane: parts[0], Org: parts[1], Name: parts[2]}
-	default:
-		return n, fmt.Errorf("a template name is <organization>.<template>, or <control plane>.<organization>.<template> when the namespace has several control planes; %q has %d parts", s, len(parts))
+	if parts != nil {
+		n = templateObjectName{ControlPlane: cp, Org: parts[0], Name: parts[1]}
 	}
-	if len(parts) == 3 {
-		if err := checkControlPlane(n.ControlPlane); err != nil {
-			return n, err
-		}
+	if err != nil {
+		return n, err
 	}
 	if err := checkCoderName("organization", n.Org, coderName, maxCoderName, "letters, digits and single hyphens"); err != nil {
 		return n, err
@@ -101,6 +79,31 @@ func parseTemplateName(s string) (templateObjectName, error) {
 		return n, err
 	}
 	return n, nil
+}
+
+// joinName writes an object name from its Coder parts, behind the control
+// plane when prefixed.
+func joinName(prefixed bool, controlPlane string, parts ...string) string {
+	s := strings.Join(parts, ".")
+	if prefixed {
+		s = controlPlane + "." + s
+	}
+	return s
+}
+
+// splitName reads an object name of n Coder parts, with or without a
+// control plane in front (which must then be a CoderControlPlane name).
+// Another number of parts is an error that starts with format, the
+// name's rule; parts is nil then.
+func splitName(s string, n int, format string) (controlPlane string, parts []string, err error) {
+	parts = strings.Split(s, ".")
+	switch len(parts) {
+	case n:
+		return "", parts, nil
+	case n + 1:
+		return parts[0], parts[1:], checkControlPlane(parts[0])
+	}
+	return "", nil, fmt.Errorf("%s; %q has %d parts", format, s, len(parts))
 }
 
 func checkCoderName(what, v string, re *regexp.Regexp, max int, rule string) error {

@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -96,12 +95,7 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 		sources: templatesource.NewSourceCache(to.SourceCacheBytes),
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
-	s.listBackend = s.listTemplates
-	s.selectable = func(o watchcache.Object) (map[string]string, fields.Set) {
-		t := o.(*aggv1.CoderTemplate)
-		return t.Labels, aggv1.TemplateFields(t)
-	}
-	if err := s.startCache(o, func() watchcache.Object { return &aggv1.CoderTemplate{} }); err != nil {
+	if err := startCache(&s.resource, o, s.listTemplates, aggv1.TemplateFields); err != nil {
 		return nil, err
 	}
 	return s, nil

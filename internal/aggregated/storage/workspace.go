@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -70,12 +69,7 @@ func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
 		},
 		params: newBuildParams(20000),
 	}
-	s.listBackend = s.listWorkspaces
-	s.selectable = func(o watchcache.Object) (map[string]string, fields.Set) {
-		w := o.(*aggv1.CoderWorkspace)
-		return w.Labels, aggv1.WorkspaceFields(w)
-	}
-	if err := s.startCache(o, func() watchcache.Object { return &aggv1.CoderWorkspace{} }); err != nil {
+	if err := startCache(&s.resource, o, s.listWorkspaces, aggv1.WorkspaceFields); err != nil {
 		return nil, err
 	}
 	return s, nil
