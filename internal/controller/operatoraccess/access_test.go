@@ -85,17 +85,64 @@ func (f *fixture) tokenClient(t *testing.T, ccp *coderv1alpha1.CoderControlPlane
 	return coderapi.NewClient(coderURL, string(s.Data[r.TokenSecretRef.Key]), 5*time.Second, coderapi.Target{})
 }
 
-// expireSoon makes the stored expiry of the operator token in r say it
-// is about to expire, and returns a client with that token.
-func (f *fixture) expireSoon(t *testing.T, ccp *coderv1alpha1.CoderControlPlane, coderURL *url.URL, r operatoraccess.Result) *codersdk.Client {
+// expireIn makes the stored expiry of the operator token in r say it
+// expires in left, and returns a client with that token.
+func (f *fixture) expireIn(t *testing.T, ccp *coderv1alpha1.CoderControlPlane, coderURL *url.URL, r operatoraccess.Result, left time.Duration) *codersdk.Client {
 	t.Helper()
 	s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
 	patch := client.MergeFrom(s.DeepCopy())
-	s.Annotations["coder.com/token-expires-at"] = time.Now().Add(time.Minute).UTC().Format(time.RFC3339)
+	s.Annotations["coder.com/token-expires-at"] = time.Now().Add(left).UTC().Format(time.RFC3339)
 	if err := f.c.Patch(context.Background(), s, patch); err != nil {
 		t.Fatal(err)
 	}
 	return f.tokenClient(t, ccp, coderURL, r)
+}
+
+// expireSoon makes the operator token in r about to expire.
+func (f *fixture) expireSoon(t *testing.T, ccp *coderv1alpha1.CoderControlPlane, coderURL *url.URL, r operatoraccess.Result) *codersdk.Client {
+	t.Helper()
+	return f.expireIn(t, ccp, coderURL, r, time.Minute)
+}
+
+// ownerTokenAccess creates a control plane whose operator access starts
+// from the test coderd's owner token, with the given token lifetime.
+func (f *fixture) ownerTokenAccess(t *testing.T, name string, coder *testenv.Coder, lifetime time.Duration) *coderv1alpha1.CoderControlPlane {
+	t.Helper()
+	ccp := f.controlPlane(t, name, coder.URL.String(), coderv1alpha1.OperatorAccessSpec{
+		OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"},
+		TokenLifetime:       &metav1.Duration{Duration: lifetime},
+	})
+	if err := f.c.Create(context.Background(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: ccp.Namespace},
+		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ccp
+}
+
+// issuedToken is the operator token as its Secret describes it and as
+// coderd reports it.
+type issuedToken struct {
+	secret *corev1.Secret
+	id     string
+	// lifetime is the token Secret's coder.com/token-lifetime-seconds.
+	lifetime string
+	key      codersdk.APIKey
+}
+
+func (f *fixture) issuedToken(t *testing.T, ccp *coderv1alpha1.CoderControlPlane, coderURL *url.URL, r operatoraccess.Result) issuedToken {
+	t.Helper()
+	s := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name)
+	if s == nil {
+		t.Fatalf("token Secret %s does not exist", r.TokenSecretRef.Name)
+	}
+	id := s.Annotations["coder.com/token-id"]
+	key, err := f.tokenClient(t, ccp, coderURL, r).APIKeyByID(context.Background(), codersdk.Me, id)
+	if err != nil {
+		t.Fatalf("read the operator token %s from coderd: %v", id, err)
+	}
+	return issuedToken{secret: s, id: id, lifetime: s.Annotations["coder.com/token-lifetime-seconds"], key: *key}
 }
 
 func mustReady(t *testing.T, r operatoraccess.Result, err error) {
@@ -302,6 +349,66 @@ func TestExistingCoderd(t *testing.T) {
 		mustReady(t, r2, err)
 		if me, err := f.tokenClient(t, ccp, coder.URL, r2).User(ctx, codersdk.Me); err != nil || me.Username != operatoraccess.OperatorUsername {
 			t.Fatalf("renewed operator token: %v %v", me.Username, err)
+		}
+		if _, err := old.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
+			t.Errorf("the replaced token still works after renewal: %v", err)
+		}
+	})
+
+	t.Run("a token lifetime above coderd's maximum is capped at that maximum", func(t *testing.T) {
+		// coderd refuses tokens longer than its maximum (for owners, like
+		// the operator user, --max-admin-token-lifetime: 168h unless
+		// configured otherwise); the operator asks for no more.
+		const coderdMax = 168 * time.Hour
+		ccp := f.ownerTokenAccess(t, "longtoken", coder, 720*time.Hour)
+		before := time.Now()
+		r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		mustReady(t, r, err)
+		after := time.Now()
+		tok := f.issuedToken(t, ccp, coder.URL, r)
+		if want := strconv.Itoa(int(coderdMax / time.Second)); tok.key.LifetimeSeconds != int64(coderdMax/time.Second) || tok.lifetime != want {
+			t.Errorf("token lifetime: coderd says %ds, the Secret says %ss; want %s (168h)", tok.key.LifetimeSeconds, tok.lifetime, want)
+		}
+		if exp := tok.key.ExpiresAt; exp.Before(before.Add(coderdMax).Add(-time.Second)) || exp.After(after.Add(coderdMax).Add(time.Second)) {
+			t.Errorf("token expires at %s, want 168h after it was issued (%s)", exp, before.Add(coderdMax))
+		}
+	})
+
+	t.Run("a token is renewed once less than a third of its lifetime is left", func(t *testing.T) {
+		// A 3h token is kept while more than 1h is left, and renewed
+		// (for another 3h) below that.
+		const lifetime, third = 3 * time.Hour, time.Hour
+		ccp := f.ownerTokenAccess(t, "renewal", coder, lifetime)
+		r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
+		mustReady(t, r, err)
+		issued := f.issuedToken(t, ccp, coder.URL, r)
+		if issued.key.LifetimeSeconds != int64(lifetime/time.Second) || issued.lifetime != "10800" {
+			t.Fatalf("token lifetime: coderd says %ds, the Secret says %ss; want 10800 (3h)", issued.key.LifetimeSeconds, issued.lifetime)
+		}
+
+		old := f.tokenClient(t, ccp, coder.URL, r)
+		f.expireIn(t, ccp, coder.URL, r, third+time.Minute)
+		kept := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name).ResourceVersion
+		r, err = f.m.Reconcile(ctx, ccp, coder.URL.String())
+		mustReady(t, r, err)
+		if now := f.issuedToken(t, ccp, coder.URL, r); now.id != issued.id || now.secret.ResourceVersion != kept {
+			t.Errorf("with 1h1m of 3h left the token was replaced (id %s -> %s, Secret version %s -> %s); want it kept",
+				issued.id, now.id, kept, now.secret.ResourceVersion)
+		}
+
+		f.expireIn(t, ccp, coder.URL, r, third-time.Minute)
+		before := time.Now()
+		r, err = f.m.Reconcile(ctx, ccp, coder.URL.String())
+		mustReady(t, r, err)
+		renewed := f.issuedToken(t, ccp, coder.URL, r)
+		if renewed.id == issued.id {
+			t.Fatalf("with 59m of 3h left the token %s was kept; want it renewed", issued.id)
+		}
+		if renewed.key.LifetimeSeconds != int64(lifetime/time.Second) || renewed.lifetime != "10800" {
+			t.Errorf("renewed token lifetime: coderd says %ds, the Secret says %ss; want 10800 (3h)", renewed.key.LifetimeSeconds, renewed.lifetime)
+		}
+		if exp := renewed.key.ExpiresAt; exp.Before(before.Add(lifetime).Add(-time.Second)) {
+			t.Errorf("renewed token expires at %s, want 3h after renewal (%s)", exp, before.Add(lifetime))
 		}
 		if _, err := old.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
 			t.Errorf("the replaced token still works after renewal: %v", err)
