@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
 )
 
 // Harness runs one reconciler of a kind that references a control plane
@@ -60,7 +61,7 @@ func (h *Harness) CreateControlPlane(name, url, token string) {
 	h.T.Helper()
 	ctx := h.T.Context()
 	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: h.NS, Name: name + "-operator-token"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: h.NS, Name: coderapi.TokenSecretName(name)},
 		Data:       map[string][]byte{"token": []byte(token)},
 	}
 	if err := h.C.Create(ctx, secret); err != nil {
