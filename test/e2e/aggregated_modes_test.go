@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,13 +16,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
-	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -31,12 +27,9 @@ import (
 // aggregated-apiserver mode, serving one coderd given in the configuration
 // file (no CoderControlPlane anywhere), behind a real kube-apiserver.
 func TestAggregatedStandaloneStaticBackend(t *testing.T) {
-	kubectl, err := testenv.Binary("kubectl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
-	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	s := newStack(t, withStaticBackend(tokenFile))
+	k, coder, op := s.k, s.coder, s.op
 	ctx := context.Background()
 	if _, err := coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
 		t.Fatal(err)
@@ -44,28 +37,13 @@ func TestAggregatedStandaloneStaticBackend(t *testing.T) {
 	if _, err := coder.CreateWorkspace(ctx, "base", "ws-static"); err != nil {
 		t.Fatal(err)
 	}
-	const ns, other = "coder", "other"
+	ns, other := s.ns, "other"
 	for _, n := range []string{ns, other} {
 		if err := k.EnsureNamespace(ctx, n); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	modesWriteToken(t, tokenFile, coder.SessionToken)
-	certDir, caPEM := modesServingCert(t)
-	op := StartOperator(t, OperatorOptions{
-		Mode: "aggregated-apiserver", Kubeconfig: k.KubeconfigPath,
-		Aggregated: fmt.Sprintf(`certDir: %q, watchPollInterval: %s, coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s}}`,
-			certDir, pollInterval, coder.URL.String(), tokenFile, ns),
-	})
-	op.WaitOK(t, op.Aggregated+"/readyz")
-	modesRegisterAPIService(t, k, op, caPEM)
-
-	s := &aggStack{k: k, coder: coder, op: op, kubectl: kubectl, org: "coder", ns: ns}
-	if s.dyn, err = dynamic.NewForConfig(k.Config); err != nil {
-		t.Fatal(err)
-	}
 	wsName := s.workspaceName("ws-static")
 	if wsName != "coder.admin.ws-static" {
 		t.Fatalf("workspace name %q, want coder.admin.ws-static", wsName)
@@ -134,7 +112,7 @@ func TestAggregatedStandaloneStaticBackend(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		modesWriteToken(t, tokenFile, newToken.Key)
+		writeTokenFile(t, tokenFile, newToken.Key)
 		waitFor(t, 15*time.Second, func() error {
 			if log, _ := os.ReadFile(op.LogPath); !strings.Contains(string(log), "session token file changed: using the new token") {
 				return errNotYet("the operator has not logged picking up the new token")
@@ -158,7 +136,7 @@ func TestAggregatedStandaloneStaticBackend(t *testing.T) {
 		}
 
 		// A token coderd refuses (the revoked one).
-		modesWriteToken(t, tokenFile, original)
+		writeTokenFile(t, tokenFile, original)
 		var listErr error
 		waitFor(t, 15*time.Second, func() error {
 			_, listErr = workspaces.Namespace(ns).List(ctx, metav1.ListOptions{})
@@ -180,7 +158,7 @@ func TestAggregatedStandaloneStaticBackend(t *testing.T) {
 		}
 
 		// Restoring a valid token recovers without a restart.
-		modesWriteToken(t, tokenFile, newToken.Key)
+		writeTokenFile(t, tokenFile, newToken.Key)
 		waitFor(t, 15*time.Second, func() error {
 			_, err := workspaces.Namespace(ns).Get(ctx, wsName, metav1.GetOptions{})
 			return err
@@ -200,7 +178,7 @@ func TestAggregatedCoderdDown(t *testing.T) {
 	// The slack covers kube-apiserver's proxying and the client; a
 	// request held for the default 30s Coder timeout exceeds it.
 	const bound = coderTimeout + 5*time.Second
-	s := modesAggStack(t, fmt.Sprintf("coder: {requestTimeout: %s}", coderTimeout))
+	s := newStack(t, withAggregated(fmt.Sprintf("coder: {requestTimeout: %s}", coderTimeout)))
 	ctx := context.Background()
 	if _, err := s.coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
 		t.Fatal(err)
@@ -318,87 +296,6 @@ func TestAggregatedCoderdDown(t *testing.T) {
 		expect503(t, "LIST coderworkspaces 35s later", list)
 		stillServed(t)
 	})
-}
-
-// modesAggStack is newAggStack with extra entries in the operator's
-// aggregatedAPIServer configuration.
-func modesAggStack(t *testing.T, aggregated string) *aggStack {
-	t.Helper()
-	kubectl, err := testenv.Binary("kubectl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
-	coder := testenv.NewCoder(t, testenv.CoderOptions{})
-	certDir, caPEM := modesServingCert(t)
-	op := StartOperator(t, OperatorOptions{
-		Mode: "all", Kubeconfig: k.KubeconfigPath,
-		Aggregated: fmt.Sprintf("certDir: %q, watchPollInterval: %s, %s", certDir, pollInterval, aggregated),
-	})
-	op.WaitOK(t, op.Health+"/readyz")
-
-	s := &aggStack{k: k, coder: coder, op: op, kubectl: kubectl, org: "coder", ns: "coder"}
-	sch := scheme.New()
-	if err := aggv1.AddToScheme(sch); err != nil {
-		t.Fatal(err)
-	}
-	if s.c, err = client.New(k.Config, client.Options{Scheme: sch}); err != nil {
-		t.Fatal(err)
-	}
-	if s.dyn, err = dynamic.NewForConfig(k.Config); err != nil {
-		t.Fatal(err)
-	}
-	s.adopt(t, s.ns, "coder")
-	modesRegisterAPIService(t, k, op, caPEM)
-	return s
-}
-
-// modesServingCert writes a serving certificate for the test Service (and
-// localhost) to a new directory and returns it with the CA's PEM.
-func modesServingCert(t *testing.T) (string, []byte) {
-	t.Helper()
-	ca, err := testenv.NewCA("coder-k8s-e2e-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serving, err := ca.ServingCert([]string{testenv.ServiceDNSName(aggServiceName, aggServiceNamespace), "localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := serving.WriteTo(dir); err != nil {
-		t.Fatal(err)
-	}
-	return dir, ca.CertPEM
-}
-
-// modesRegisterAPIService routes aggregation.coder.com/v1alpha1 to op's
-// secure port and waits for discovery.
-func modesRegisterAPIService(t *testing.T, k *testenv.KubeAPI, op *Operator, caPEM []byte) {
-	t.Helper()
-	port := 0
-	if _, err := fmt.Sscanf(op.Aggregated, "https://127.0.0.1:%d", &port); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.RegisterAPIService(context.Background(), testenv.APIService{
-		Group: aggv1.GroupName, Version: "v1alpha1", Port: port, CABundle: caPEM,
-		ServiceName: aggServiceName, ServiceNamespace: aggServiceNamespace,
-	}); err != nil {
-		t.Fatalf("register APIService: %v\noperator log:\n%s", err, op.LogTail(40))
-	}
-}
-
-// modesWriteToken replaces the token file atomically (a new file renamed
-// over it), as the kubelet updates a mounted Secret.
-func modesWriteToken(t *testing.T, path, token string) {
-	t.Helper()
-	tmp := path + ".new"
-	if err := os.WriteFile(tmp, []byte(token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // modesAPIServiceAvailable returns the Available condition of the

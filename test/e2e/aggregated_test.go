@@ -40,7 +40,7 @@ output "greeting" {
 // aggregation layer with kubectl, client-go and informers, against a real
 // coderd, and checks every change in coderd itself.
 func TestAggregatedAPI(t *testing.T) {
-	s := newAggStack(t)
+	s := newStack(t)
 	ctx := context.Background()
 	if _, err := s.coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
 		t.Fatal(err)
@@ -452,7 +452,7 @@ spec: {templateName: base, running: true}
 	})
 
 	t.Run("several control planes in one namespace get prefixed names", func(t *testing.T) {
-		s.adopt(t, s.ns, "second")
+		adoptControlPlane(t, s, s.ns, "second", s.coder.URL.String())
 		var list *unstructured.UnstructuredList
 		waitFor(t, 30*time.Second, func() error {
 			var err error
@@ -498,7 +498,7 @@ spec: {templateName: base, running: true}
 	})
 
 	t.Run("deleting a namespace never deletes Coder workspaces or templates", func(t *testing.T) {
-		s.adopt(t, "team", "coder")
+		adoptControlPlane(t, s, "team", "coder", s.coder.URL.String())
 		waitFor(t, 30*time.Second, func() error {
 			_, err := s.dyn.Resource(workspacesGVR).Namespace("team").Get(ctx, wsA, metav1.GetOptions{})
 			return err

@@ -193,7 +193,8 @@ func TestAutoTLS(t *testing.T) {
 	})
 }
 
-func operatorPort(t *testing.T, op *Operator) int {
+// operatorPort is the port of op's aggregated API server.
+func operatorPort(t testing.TB, op *Operator) int {
 	t.Helper()
 	port := 0
 	if _, err := fmt.Sscanf(op.Aggregated, "https://127.0.0.1:%d", &port); err != nil {

@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,20 +19,14 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
-	corev1 "k8s.io/api/core/v1"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -127,22 +119,14 @@ func (st *benchStack) benchAggregated(b *testing.B, n int) {
 		rss, anon, file, s.mib("RssShmem"), s.mib("VmHWM"), idle.mib("VmRSS"), n)
 }
 
-// benchStack is kube-apiserver, coderd and coder-k8s in all mode serving
-// aggregation.coder.com through an APIService, with one CoderControlPlane
-// adopting the coderd, and a counting proxy in front of coderd. It is the
-// stack of BenchmarkWorkspaces.
+// benchStack is the stack of BenchmarkWorkspaces: kube-apiserver, coderd
+// and coder-k8s in all mode serving aggregation.coder.com through an
+// APIService, with one CoderControlPlane adopting the coderd, and a
+// counting proxy in front of coderd.
 type benchStack struct {
-	k        *testenv.KubeAPI
-	coder    *testenv.Coder
-	proxy    *testenv.CountingProxy
-	op       *Operator
+	*aggStack
 	pid      int
-	c        client.Client
-	dyn      dynamic.Interface
-	kubectl  string
 	coderBin string
-	// caPEM is the CA of the operator's serving certificate.
-	caPEM []byte
 	// listURL is the aggregated LIST of every coderworkspace through
 	// kube-apiserver.
 	listURL string
@@ -155,78 +139,28 @@ type benchStack struct {
 // operator's Kubernetes client rate limit.
 func newBenchStack(b *testing.B, kubeQPS int) *benchStack {
 	b.Helper()
-	kubectl, err := testenv.Binary("kubectl")
-	if err != nil {
-		b.Fatal(err)
-	}
 	coderBin, err := testenv.Binary("coder")
 	if err != nil {
 		b.Fatal(err)
 	}
-	k := testenv.NewKubeAPI(b, testenv.KubeAPIOptions{})
-	coder := testenv.NewCoder(b, testenv.CoderOptions{})
-	st := &benchStack{
-		k: k, coder: coder, proxy: testenv.NewCountingProxy(b, coder.URL), kubectl: kubectl, coderBin: coderBin,
-		listURL: strings.TrimRight(k.Config.Host, "/") + "/apis/aggregation.coder.com/v1alpha1/coderworkspaces",
-	}
-
-	ca, err := testenv.NewCA("coder-k8s-bench-ca")
-	if err != nil {
-		b.Fatal(err)
-	}
-	st.caPEM = ca.CertPEM
-	serving, err := ca.ServingCert([]string{testenv.ServiceDNSName(aggServiceName, aggServiceNamespace), "localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
-	if err != nil {
-		b.Fatal(err)
-	}
-	certDir := b.TempDir()
-	if err := serving.WriteTo(certDir); err != nil {
-		b.Fatal(err)
-	}
-	// Log at info, the default: debug logging (among others a line per MCP
-	// tool call) is not what a deployment pays for.
-	st.op = StartOperator(b, OperatorOptions{
-		Mode: "all", Kubeconfig: k.KubeconfigPath, KubeQPS: kubeQPS,
-		Aggregated: fmt.Sprintf("certDir: %s, watchPollInterval: %s", certDir, pollInterval),
-		Args:       []string{"--log-level", "info"},
-	})
-	st.op.WaitOK(b, st.op.Health+"/readyz")
-	if st.pid, err = processID(st.op); err != nil {
-		b.Fatal(err)
-	}
-
-	sch := scheme.New()
-	if err := aggv1.AddToScheme(sch); err != nil {
-		b.Fatal(err)
-	}
-	if st.c, err = client.New(k.Config, client.Options{Scheme: sch}); err != nil {
-		b.Fatal(err)
-	}
-	// 50 watches at once would wait for client-go's default rate limit.
-	cfg := rest.CopyConfig(k.Config)
-	cfg.QPS, cfg.Burst = 1000, 2000
-	if st.dyn, err = dynamic.NewForConfig(cfg); err != nil {
-		b.Fatal(err)
-	}
-
-	// The measurement client: one transport for both servers.
-	st.hc = st.httpClient(b, coder.URL.Host, codersdk.SessionTokenHeader, coder.SessionToken)
-
 	// The control plane talks to coderd directly for the list and CLI
 	// figures (a test-only hop would weigh on them); benchWatch points it
 	// at the proxy.
-	st.adopt(b, coder.URL.String())
-
-	port := 0
-	if _, err := fmt.Sscanf(st.op.Aggregated, "https://127.0.0.1:%d", &port); err != nil {
+	s := newStack(b, withCoderdProxy(false),
+		// Log at info, the default: debug logging (among others a line per
+		// MCP tool call) is not what a deployment pays for.
+		withOperator(OperatorOptions{KubeQPS: kubeQPS, Args: []string{"--log-level", "info"}}),
+		// 50 watches at once would wait for client-go's default rate limit.
+		withClientRate(1000, 2000))
+	st := &benchStack{
+		aggStack: s, coderBin: coderBin,
+		listURL: strings.TrimRight(s.k.Config.Host, "/") + "/apis/aggregation.coder.com/v1alpha1/coderworkspaces",
+	}
+	if st.pid, err = processID(st.op); err != nil {
 		b.Fatal(err)
 	}
-	if err := k.RegisterAPIService(context.Background(), testenv.APIService{
-		Group: aggv1.GroupName, Version: "v1alpha1", Port: port, CABundle: ca.CertPEM,
-		ServiceName: aggServiceName, ServiceNamespace: aggServiceNamespace,
-	}); err != nil {
-		b.Fatalf("register APIService: %v\noperator log:\n%s", err, st.op.LogTail(40))
-	}
+	// The measurement client: one transport for both servers.
+	st.hc = st.httpClient(b, s.coder.URL.Host, codersdk.SessionTokenHeader, s.coder.SessionToken)
 	return st
 }
 
@@ -271,55 +205,6 @@ func (t *hostHeaderTransport) RoundTrip(r *http.Request) (*http.Response, error)
 		r.Header.Set(t.header, t.value)
 	}
 	return t.base.RoundTrip(r)
-}
-
-// adopt creates the owner token Secret and the CoderControlPlane adopting
-// coderd at url, and waits for its operator access.
-func (st *benchStack) adopt(b *testing.B, url string) {
-	b.Helper()
-	ctx := context.Background()
-	if err := st.k.EnsureNamespace(ctx, benchNS); err != nil {
-		b.Fatal(err)
-	}
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: benchNS},
-		Data:       map[string][]byte{"token": []byte(st.coder.SessionToken)},
-	}
-	if err := st.c.Create(ctx, secret); err != nil {
-		b.Fatal(err)
-	}
-	ccp := &coderv1alpha1.CoderControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Name: benchCCPName, Namespace: benchNS},
-		Spec: coderv1alpha1.CoderControlPlaneSpec{
-			ExternalURL: url,
-			OperatorAccess: coderv1alpha1.OperatorAccessSpec{
-				OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"},
-			},
-		},
-	}
-	if err := st.c.Create(ctx, ccp); err != nil {
-		b.Fatal(err)
-	}
-	st.waitAccess(b, url)
-}
-
-// waitAccess waits until the control plane serves url with operator access.
-func (st *benchStack) waitAccess(b *testing.B, url string) {
-	b.Helper()
-	ctx := context.Background()
-	waitFor(b, 60*time.Second, func() error {
-		var ccp coderv1alpha1.CoderControlPlane
-		if err := st.c.Get(ctx, types.NamespacedName{Namespace: benchNS, Name: benchCCPName}, &ccp); err != nil {
-			return err
-		}
-		if ccp.Status.URL != url {
-			return fmt.Errorf("status.url is %q, want %q", ccp.Status.URL, url)
-		}
-		if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) {
-			return errors.New("OperatorAccessReady is not True: " + conditionSummary(ccp.Status.Conditions))
-		}
-		return nil
-	})
 }
 
 // benchWorkspace is the Coder name of workspace i.
@@ -696,7 +581,7 @@ func (st *benchStack) pointAt(b *testing.B, url string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st.waitAccess(b, url)
+	waitOperatorAccess(b, st.aggStack, benchNS, benchCCPName, url, 60*time.Second)
 	// The aggregated server follows once its informers see the change.
 	viaProxy := url == st.proxy.URL.String()
 	waitFor(b, 60*time.Second, func() error {
@@ -742,11 +627,6 @@ func (st *benchStack) pollBefore(t time.Time) time.Time {
 		}
 	}
 	return last
-}
-
-func (st *benchStack) coderEnv(b *testing.B) []string {
-	return append(os.Environ(), "CODER_URL="+st.coder.URL.String(), "CODER_SESSION_TOKEN="+st.coder.SessionToken,
-		"CODER_CONFIG_DIR="+b.TempDir(), "CODER_NO_VERSION_WARNING=1", "CODER_TELEMETRY_ENABLE=false")
 }
 
 // listRV lists every coderworkspace (from coderd) and returns the list's

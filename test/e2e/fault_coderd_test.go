@@ -13,16 +13,13 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,7 +27,6 @@ import (
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
-	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -65,7 +61,17 @@ func TestFaultCoderd(t *testing.T) {
 		t.Skip("needs kube-apiserver, etcd, PostgreSQL and coderd from bin/ (make tools)")
 	}
 	start := time.Now()
-	s, proxy := newCoderdFaultStack(t)
+	// coder/coder adopts coderd directly; "slow" (below) through the
+	// proxy, which delays requests on demand.
+	s := newStack(t, withCoderdProxy(false), withOperator(OperatorOptions{
+		Aggregated: fmt.Sprintf("coder: {requestTimeout: %s}", cfCoderTimeout),
+		Controller: []string{
+			"coderRequestTimeout: " + cfCoderTimeout.String(),
+			"operatorAccessCheckInterval: " + cfCheckInterval.String(),
+		},
+		MCP: "toolTimeout: " + cfToolTimeout.String(),
+	}))
+	proxy := s.proxy
 	ctx := context.Background()
 	if _, err := s.coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
 		t.Fatal(err)
@@ -75,7 +81,8 @@ func TestFaultCoderd(t *testing.T) {
 	}
 	wsName := s.workspaceName("ws-fault")
 	const slowNS = "slow"
-	cfAdopt(t, s, slowNS, proxy.URL.String())
+	adoptControlPlane(t, s, slowNS, "coder", proxy.URL.String())
+	cfWaitAccess(t, s, slowNS, 60*time.Second, metav1.ConditionTrue, metav1.ConditionTrue)
 
 	// An agent allowed to list workspaces everywhere.
 	agentToken := e2eMCPServiceAccountToken(t, s, "fault-agent")
@@ -291,15 +298,11 @@ func testTokenRevoked(t *testing.T, s *aggStack, wsName string) {
 	if err := s.c.Get(ctx, types.NamespacedName{Namespace: s.ns, Name: "coder"}, &ccp); err != nil {
 		t.Fatal(err)
 	}
-	ref := ccp.Status.OperatorTokenSecretRef
-	if ref == nil {
-		t.Fatalf("control plane %s/coder has no status.operatorTokenSecretRef: %s", s.ns, conditionSummary(ccp.Status.Conditions))
-	}
-	oldToken := cfSecretToken(t, s, ref)
+	oldToken := operatorToken(t, s, &ccp)
 	// The token's ID is the part of the key before the dash.
 	oldID, _, ok := strings.Cut(oldToken, "-")
 	if !ok {
-		t.Fatalf("the operator token in Secret %s is not a Coder API key", ref.Name)
+		t.Fatalf("the operator token in Secret %s is not a Coder API key", ccp.Status.OperatorTokenSecretRef.Name)
 	}
 	if err := s.coder.Client.DeleteAPIKey(ctx, operatoraccess.OperatorUsername, oldID); err != nil {
 		t.Fatalf("revoke the operator's token as coderd's admin: %v", err)
@@ -345,7 +348,7 @@ func testTokenRevoked(t *testing.T, s *aggStack, wsName string) {
 	if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) || ccp.Status.OperatorTokenSecretRef == nil {
 		t.Fatalf("control plane %s/coder after recovery: %s", s.ns, conditionSummary(ccp.Status.Conditions))
 	}
-	newToken := cfSecretToken(t, s, ccp.Status.OperatorTokenSecretRef)
+	newToken := operatorToken(t, s, &ccp)
 	if newToken == oldToken {
 		t.Error("the operator token Secret still holds the revoked token")
 	}
@@ -537,77 +540,6 @@ func testCoderdRestart(t *testing.T, s *aggStack, agent *e2eMCPAgent, wsName str
 	})
 }
 
-// newCoderdFaultStack is the aggregated stack with the fault settings, and a
-// delaying proxy in front of its coderd (no delay yet).
-func newCoderdFaultStack(t *testing.T) (*aggStack, *testenv.CountingProxy) {
-	t.Helper()
-	kubectl, err := testenv.Binary("kubectl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
-	coder := testenv.NewCoder(t, testenv.CoderOptions{})
-	proxy := testenv.NewCountingProxy(t, coder.URL)
-	certDir, caPEM := modesServingCert(t)
-	op := StartOperator(t, OperatorOptions{
-		Mode: "all", Kubeconfig: k.KubeconfigPath,
-		Aggregated: fmt.Sprintf("certDir: %q, watchPollInterval: %s, coder: {requestTimeout: %s}", certDir, pollInterval, cfCoderTimeout),
-		Controller: []string{
-			"coderRequestTimeout: " + cfCoderTimeout.String(),
-			"operatorAccessCheckInterval: " + cfCheckInterval.String(),
-		},
-		MCP: "toolTimeout: " + cfToolTimeout.String(),
-	})
-	op.WaitOK(t, op.Health+"/readyz")
-	s := &aggStack{k: k, coder: coder, op: op, kubectl: kubectl, org: "coder", ns: "coder"}
-	if s.c, err = client.New(k.Config, client.Options{Scheme: cfScheme(t)}); err != nil {
-		t.Fatal(err)
-	}
-	if s.dyn, err = dynamic.NewForConfig(k.Config); err != nil {
-		t.Fatal(err)
-	}
-	s.adopt(t, s.ns, "coder")
-	modesRegisterAPIService(t, k, op, caPEM)
-	return s, proxy
-}
-
-func cfScheme(t *testing.T) *runtime.Scheme {
-	t.Helper()
-	sch := scheme.New()
-	if err := aggv1.AddToScheme(sch); err != nil {
-		t.Fatal(err)
-	}
-	return sch
-}
-
-// cfAdopt creates a CoderControlPlane "coder" in namespace ns adopting
-// the coderd at coderURL (the stack's, or a proxy in front of it) with the
-// stack's owner token, and waits for its operator access.
-func cfAdopt(t *testing.T, s *aggStack, ns, coderURL string) {
-	t.Helper()
-	ctx := context.Background()
-	if err := s.k.EnsureNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.c.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: ns},
-		Data:       map[string][]byte{"token": []byte(s.coder.SessionToken)},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	ccp := &coderv1alpha1.CoderControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Name: "coder", Namespace: ns},
-		Spec: coderv1alpha1.CoderControlPlaneSpec{
-			ExternalURL:    coderURL,
-			OperatorAccess: coderv1alpha1.OperatorAccessSpec{OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"}},
-		},
-	}
-	if err := s.c.Create(ctx, ccp); err != nil {
-		t.Fatal(err)
-	}
-	cfWaitAccess(t, s, ns, 60*time.Second, metav1.ConditionTrue, metav1.ConditionTrue)
-}
-
 // cfWaitAccess waits until control plane ns/coder reports, for the
 // generation it has, OperatorAccessReady with status access and Available
 // with status available; anything but True must carry the reason
@@ -655,21 +587,6 @@ func cfExpectUnavailable(t *testing.T, what string, err error, took, bound time.
 	if took > bound {
 		t.Errorf("%s took %s; with a Coder request timeout of %s it must end within %s", what, took, cfCoderTimeout, bound)
 	}
-}
-
-// cfSecretToken reads the operator token a control plane's status
-// references.
-func cfSecretToken(t *testing.T, s *aggStack, ref *coderv1alpha1.SecretKeyReference) string {
-	t.Helper()
-	var secret corev1.Secret
-	if err := s.c.Get(context.Background(), types.NamespacedName{Namespace: s.ns, Name: ref.Name}, &secret); err != nil {
-		t.Fatal(err)
-	}
-	token := string(secret.Data[ref.Key])
-	if token == "" {
-		t.Fatalf("Secret %s has no key %q", ref.Name, ref.Key)
-	}
-	return token
 }
 
 // cfExpectEvent waits for an event with reason about control plane

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -27,14 +26,12 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -59,17 +56,13 @@ func TestProcessFaults(t *testing.T) {
 	t.Run("SIGTERM during a template build and a workspace start", f.sigtermDuringBuilds)
 }
 
-// faultStack is what the scenarios share: kube-apiserver, coderd, the
-// CoderControlPlane "coder/coder" adopting that coderd, a serving
-// certificate for the APIService, an agent's ServiceAccount token and the
+// faultStack is what the scenarios share: the stack without an operator
+// (each scenario starts its own with startOperator and routes the
+// APIService to it with routeAPIService), whose CoderControlPlane
+// "coder/coder" adopts its coderd, an agent's ServiceAccount token and the
 // Terraform state gate.
 type faultStack struct {
-	k       *testenv.KubeAPI
-	coder   *testenv.Coder
-	c       client.Client
-	kubectl string
-	certDir string
-	caPEM   []byte
+	*aggStack
 	// token is a ServiceAccount token allowed to read the aggregated
 	// resources and the control planes, for direct calls and MCP.
 	token string
@@ -80,103 +73,17 @@ const faultNS = "coder"
 
 func newFaultStack(t *testing.T) *faultStack {
 	t.Helper()
-	kubectl, err := testenv.Binary("kubectl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &faultStack{kubectl: kubectl}
-	f.k = testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
-	f.coder = testenv.NewCoder(t, testenv.CoderOptions{})
-	sch := scheme.New()
-	if err := aggv1.AddToScheme(sch); err != nil {
-		t.Fatal(err)
-	}
-	if f.c, err = client.New(f.k.Config, client.Options{Scheme: sch}); err != nil {
-		t.Fatal(err)
-	}
-
-	ca, err := testenv.NewCA("coder-k8s-fault-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serving, err := ca.ServingCert([]string{testenv.ServiceDNSName(aggServiceName, aggServiceNamespace), "localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.certDir = t.TempDir()
-	if err := serving.WriteTo(f.certDir); err != nil {
-		t.Fatal(err)
-	}
-	f.caPEM = ca.CertPEM
-
-	ctx := context.Background()
-	if err := f.k.EnsureNamespace(ctx, faultNS); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.c.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "owner", Namespace: faultNS},
-		Data:       map[string][]byte{"token": []byte(f.coder.SessionToken)},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	// Reconciled by whichever operator a scenario starts first.
-	if err := f.c.Create(ctx, &coderv1alpha1.CoderControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Name: "coder", Namespace: faultNS},
-		Spec: coderv1alpha1.CoderControlPlaneSpec{
-			ExternalURL: f.coder.URL.String(),
-			OperatorAccess: coderv1alpha1.OperatorAccessSpec{
-				OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"},
-			},
-		},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	f := &faultStack{aggStack: newStack(t, withoutOperator())}
 	f.token = f.agentToken(t)
 	f.gate = newStateGate(t)
 	return f
-}
-
-// startOperator runs the operator in all mode with the stack's serving
-// certificate and a one-second watch poll interval.
-func (f *faultStack) startOperator(t *testing.T, opts OperatorOptions) *Operator {
-	t.Helper()
-	opts.Mode = "all"
-	opts.Kubeconfig = f.k.KubeconfigPath
-	opts.Aggregated = fmt.Sprintf("certDir: %s, watchPollInterval: %s", f.certDir, pollInterval)
-	op := StartOperator(t, opts)
-	op.WaitOK(t, op.Health+"/readyz")
-	op.WaitOK(t, op.Aggregated+"/readyz")
-	op.WaitOK(t, op.MCP+"/readyz")
-	return op
-}
-
-// route points the APIService at op, as a Service would select its pod,
-// and waits for kube-apiserver's discovery to list the resources.
-func (f *faultStack) route(t *testing.T, op *Operator) {
-	t.Helper()
-	if err := f.k.RegisterAPIService(context.Background(), testenv.APIService{
-		Group: aggv1.GroupName, Version: "v1alpha1", Port: operatorPort(t, op), CABundle: f.caPEM,
-		ServiceName: aggServiceName, ServiceNamespace: aggServiceNamespace,
-	}); err != nil {
-		t.Fatalf("register APIService: %v\noperator log:\n%s", err, op.LogTail(40))
-	}
 }
 
 // waitAccess waits until the control plane "coder/coder" has working
 // operator access, which the aggregated API needs to reach coderd.
 func (f *faultStack) waitAccess(t *testing.T) {
 	t.Helper()
-	ctx := context.Background()
-	waitFor(t, 90*time.Second, func() error {
-		var ccp coderv1alpha1.CoderControlPlane
-		if err := f.c.Get(ctx, types.NamespacedName{Namespace: faultNS, Name: "coder"}, &ccp); err != nil {
-			return err
-		}
-		if !apimeta.IsStatusConditionTrue(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) {
-			return errNotYet("OperatorAccessReady is not True: " + conditionSummary(ccp.Status.Conditions))
-		}
-		return nil
-	})
+	waitOperatorAccess(t, f.aggStack, faultNS, "coder", f.coder.URL.String(), 90*time.Second)
 }
 
 // kubectlRun runs kubectl as the cluster admin, bounded by timeout.
@@ -197,7 +104,7 @@ func (f *faultStack) kubeAPIServerRestart(t *testing.T) {
 	// restart on a loaded two-core machine can take longer than the 10s
 	// default, so the deadline here is generous.
 	op := f.startOperator(t, OperatorOptions{LeaderElection: "leaseDuration: 60s, renewDeadline: 45s, retryPeriod: 2s"})
-	f.route(t, op)
+	f.routeAPIService(t, op)
 	f.waitAccess(t)
 	const ns = "fault-restart"
 	if err := f.k.EnsureNamespace(ctx, ns); err != nil {
@@ -731,7 +638,7 @@ spec:
 
 	t.Run("during a template build wait", func(t *testing.T) {
 		op := f.startOperator(t, OperatorOptions{})
-		f.route(t, op)
+		f.routeAPIService(t, op)
 		f.waitAccess(t)
 
 		f.gate.hold()
@@ -764,7 +671,7 @@ spec:
 		f.gate.release()
 
 		op2 := f.startOperator(t, OperatorOptions{})
-		f.route(t, op2)
+		f.routeAPIService(t, op2)
 		f.waitAccess(t)
 		out, err := f.kubectlRun(time.Minute, "", "get", "codertemplate", k8sTemplate, "-n", faultNS)
 		if err == nil || !strings.Contains(out, "NotFound") {
@@ -789,7 +696,7 @@ spec:
 
 	t.Run("during a workspace start", func(t *testing.T) {
 		op := f.startOperator(t, OperatorOptions{})
-		f.route(t, op)
+		f.routeAPIService(t, op)
 		f.waitAccess(t)
 		if out, err := f.kubectlRun(3*time.Minute, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
 kind: CoderWorkspace
@@ -836,7 +743,7 @@ spec: {templateName: %s, running: false}
 		}
 
 		op2 := f.startOperator(t, OperatorOptions{})
-		f.route(t, op2)
+		f.routeAPIService(t, op2)
 		f.waitAccess(t)
 		// kubectl wait retried through the outage and sees the workspace
 		// Ready once the restarted operator serves it.

@@ -49,7 +49,7 @@ func TestHostileRequests(t *testing.T) {
 		t.Skip("needs the real stack built by `make tools`; skipped with -short")
 	}
 	start := time.Now()
-	s := newAggStack(t)
+	s := newStack(t)
 	ctx := context.Background()
 	if _, err := s.coder.PushTemplate(ctx, "hostile", testenv.ProviderFreeTemplate()); err != nil {
 		t.Fatal(err)

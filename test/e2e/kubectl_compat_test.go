@@ -27,7 +27,7 @@ func TestOldKubectl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newAggStack(t)
+	s := newStack(t)
 	// The stack's helpers run s.kubectl; k runs them with the old binary.
 	k := *s
 	k.kubectl = bin

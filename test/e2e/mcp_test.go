@@ -45,7 +45,7 @@ const e2eMCPAgentNamespace = "agents"
 // ServiceAccounts with real RBAC, against kube-apiserver, the aggregated API
 // and a real coderd, and checks every change in coderd itself.
 func TestMCP(t *testing.T) {
-	s := newAggStack(t)
+	s := newStack(t)
 	ctx := context.Background()
 	// The stack's operator (all mode) serves MCP with the default tools.
 	// Two more processes serve MCP alone against the same kube-apiserver:

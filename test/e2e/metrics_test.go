@@ -27,7 +27,7 @@ import (
 // scrapes /metrics for the coder_k8s_ series an SRE would look at, and
 // finds the request IDs of those requests in the operator's log.
 func TestMetrics(t *testing.T) {
-	s := newAggStack(t)
+	s := newStack(t)
 	ctx := context.Background()
 	if _, err := s.coder.PushTemplate(ctx, "metrics", testenv.ProviderFreeTemplate()); err != nil {
 		t.Fatal(err)
@@ -191,7 +191,7 @@ func metricPositive(v float64) bool { return v > 0 }
 // once, and scrapes their own /metrics.
 func checkStandaloneMetrics(t *testing.T, s *aggStack, token, wsName string) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	modesWriteToken(t, tokenFile, s.coder.SessionToken)
+	writeTokenFile(t, tokenFile, s.coder.SessionToken)
 	agg := StartOperator(t, OperatorOptions{Mode: "aggregated-apiserver", Kubeconfig: s.k.KubeconfigPath,
 		Aggregated: fmt.Sprintf(`coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s}}`, s.coder.URL.String(), tokenFile, s.ns)})
 	mcpOnly := StartOperator(t, OperatorOptions{Mode: "mcp-http", Kubeconfig: s.k.KubeconfigPath})
