@@ -107,7 +107,7 @@ spec:
 		if _, err := apply(mainTF); err != nil {
 			t.Fatal(err)
 		}
-		again, _ := s.coder.Client.TemplateByName(ctx, s.coder.OrganizationID, "demo")
+		again := s.coderTemplate(t, "demo")
 		if again.ActiveVersionID != tpl.ActiveVersionID {
 			t.Errorf("re-applying the same files made a new version: %s → %s", tpl.ActiveVersionID, again.ActiveVersionID)
 		}
@@ -116,7 +116,7 @@ spec:
 		if _, err := apply(mainTF + "\noutput \"extra\" {\n  value = 1\n}\n"); err != nil {
 			t.Fatal(err)
 		}
-		after, _ := s.coder.Client.TemplateByName(ctx, s.coder.OrganizationID, "demo")
+		after := s.coderTemplate(t, "demo")
 		if after.ActiveVersionID == tpl.ActiveVersionID {
 			t.Fatalf("changing spec.files did not promote a new version")
 		}
@@ -190,14 +190,14 @@ spec:
 
 		s.must(t, "patch", "cws", wsA, "-n", s.ns, "--type", "merge", "-p", `{"spec":{"running":true}}`)
 		s.must(t, "wait", "--for=condition=Ready", "cws/"+wsA, "-n", s.ns, "--timeout=90s")
-		w, _ = s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-a", codersdk.WorkspaceOptions{})
+		w = s.coderWorkspace(t, "ws-a")
 		if w.LatestBuild.Transition != codersdk.WorkspaceTransitionStart || w.LatestBuild.Job.Status != codersdk.ProvisionerJobSucceeded {
 			t.Errorf("coderd: latest build %s %s", w.LatestBuild.Transition, w.LatestBuild.Job.Status)
 		}
 
 		s.must(t, "patch", "cws", wsA, "-n", s.ns, "--type", "json", "-p", `[{"op":"add","path":"/spec/ttlMillis","value":3600000}]`)
 		s.must(t, "patch", "cws", wsA, "-n", s.ns, "--type", "strategic", "-p", `{"spec":{"autostartSchedule":"CRON_TZ=UTC 30 9 * * 1-5"}}`)
-		w, _ = s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-a", codersdk.WorkspaceOptions{})
+		w = s.coderWorkspace(t, "ws-a")
 		if w.TTLMillis == nil || *w.TTLMillis != 3600000 {
 			t.Errorf("JSON patch of spec.ttlMillis: coderd has %v", w.TTLMillis)
 		}
@@ -260,7 +260,7 @@ spec:
 				}
 				transition := "start"
 				want := "running"
-				w, _ := s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-a", codersdk.WorkspaceOptions{})
+				w := s.coderWorkspace(t, "ws-a")
 				if w.LatestBuild.Transition == codersdk.WorkspaceTransitionStart {
 					transition, want = "stop", "stopped"
 				}
@@ -285,16 +285,22 @@ spec:
 		if err := s.c.Get(ctx, types.NamespacedName{Namespace: s.ns, Name: wsA}, &old); err != nil {
 			t.Fatal(err)
 		}
-		w, _ := s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-a", codersdk.WorkspaceOptions{})
+		w := s.coderWorkspace(t, "ws-a")
 		ttl := int64(7200000)
 		if err := s.coder.Client.UpdateWorkspaceTTL(ctx, w.ID, codersdk.UpdateWorkspaceTTLRequest{TTLMillis: &ttl}); err != nil {
 			t.Fatal(err)
+		}
+		if got := s.coderWorkspace(t, "ws-a").TTLMillis; got == nil || *got != ttl {
+			t.Fatalf("coderd has TTL %v ms after UpdateWorkspaceTTL, want %d", ptrString(got), ttl)
 		}
 		stale := old.DeepCopy()
 		other := int64(1800000)
 		stale.Spec.TTLMillis = &other
 		if err := s.c.Update(ctx, stale); !apierrors.IsConflict(err) {
 			t.Fatalf("update with a stale resourceVersion: %v, want 409 Conflict", err)
+		}
+		if got := s.coderWorkspace(t, "ws-a").TTLMillis; got == nil || *got != ttl {
+			t.Fatalf("after the refused stale update coderd has TTL %v ms, want %d", ptrString(got), ttl)
 		}
 		var fresh aggv1.CoderWorkspace
 		if err := s.c.Get(ctx, types.NamespacedName{Namespace: s.ns, Name: wsA}, &fresh); err != nil {
@@ -307,6 +313,10 @@ spec:
 		if err := s.c.Update(ctx, &fresh); err != nil {
 			t.Fatalf("update with the current resourceVersion: %v", err)
 		}
+		// The update reached coderd, and the stale one before it did not.
+		if got := s.coderWorkspace(t, "ws-a").TTLMillis; got == nil || *got != other {
+			t.Errorf("after the update with the current resourceVersion coderd has TTL %v ms, want %d", ptrString(got), other)
+		}
 	})
 
 	t.Run("dry run makes no change in Coder", func(t *testing.T) {
@@ -318,10 +328,10 @@ spec: {templateName: base, running: true}
 		if _, err := s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-dry", codersdk.WorkspaceOptions{}); err == nil {
 			t.Errorf("a dry-run create made a workspace in coderd")
 		}
-		before, _ := s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-a", codersdk.WorkspaceOptions{})
+		before := s.coderWorkspace(t, "ws-a")
 		s.must(t, "delete", "cws", wsA, "-n", s.ns, "--dry-run=server")
 		s.must(t, "patch", "cws", wsA, "-n", s.ns, "--dry-run=server", "--type", "merge", "-p", fmt.Sprintf(`{"spec":{"running":%v}}`, before.LatestBuild.Transition != codersdk.WorkspaceTransitionStart))
-		after, _ := s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-a", codersdk.WorkspaceOptions{})
+		after := s.coderWorkspace(t, "ws-a")
 		if after.LatestBuild.ID != before.LatestBuild.ID {
 			t.Errorf("a dry-run delete or patch started build %d", after.LatestBuild.BuildNumber)
 		}
@@ -526,4 +536,12 @@ func getWith(c *http.Client, url string) (int, string, error) {
 	var b strings.Builder
 	_, _ = fmt.Fprint(&b, resp.Status)
 	return resp.StatusCode, b.String(), nil
+}
+
+// ptrString prints what p points at, or nil.
+func ptrString[T any](p *T) string {
+	if p == nil {
+		return "nil"
+	}
+	return fmt.Sprint(*p)
 }

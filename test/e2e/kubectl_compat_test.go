@@ -106,7 +106,7 @@ spec:
 			t.Errorf("patch printed %q, want %q", out, want)
 		}
 		k.must(t, "wait", "--for=jsonpath={.status.phase}=running", "coderworkspace/"+wsApplied, "-n", s.ns, "--timeout=90s")
-		w, _ = s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-applied", codersdk.WorkspaceOptions{})
+		w = s.coderWorkspace(t, "ws-applied")
 		if w.LatestBuild.Transition != codersdk.WorkspaceTransitionStart || w.LatestBuild.Job.Status != codersdk.ProvisionerJobSucceeded {
 			t.Errorf("coderd after patching spec.running to true: latest build %s %s", w.LatestBuild.Transition, w.LatestBuild.Job.Status)
 		}
