@@ -397,6 +397,9 @@ spec: {templateName: base, running: true}
 	})
 
 	t.Run("delete starts a delete build; the object stays until coderd removes it", func(t *testing.T) {
+		// coderd refuses a delete build (409) while another build of the
+		// workspace runs: wait for the builds of its creation to end.
+		s.must(t, "wait", "--for=condition=Building=False", "cws/"+wsB, "-n", s.ns, "--timeout=90s")
 		raw, err := s.k.Clientset.CoreV1().RESTClient().Delete().
 			AbsPath("/apis/aggregation.coder.com/v1alpha1/namespaces", s.ns, "coderworkspaces", wsB).Do(ctx).Raw()
 		if err != nil {
