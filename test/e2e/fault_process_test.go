@@ -669,6 +669,12 @@ spec:
 			t.Errorf("coderd has template %q although its create was cut off", tplName)
 		}
 		f.gate.release()
+		// coderd still runs the cut-off create's import (its version is
+		// orphaned, not cancelled). The retry below waits for its own
+		// import inside kube-apiserver's request timeout; let the
+		// provisioner finish the orphan first so that the retry's wait is
+		// one import, not two, on a loaded machine.
+		f.waitProvisionerIdle(t, 2*time.Minute)
 
 		op2 := f.startOperator(t, OperatorOptions{})
 		f.routeAPIService(t, op2)
@@ -762,6 +768,26 @@ spec: {templateName: %s, running: false}
 			t.Errorf("the template is gone after the second restart: %v\n%s", err, out)
 		}
 	})
+}
+
+// waitProvisionerIdle waits until coderd has no pending or running
+// provisioner job in the organization.
+func (f *faultStack) waitProvisionerIdle(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	start := time.Now()
+	waitFor(t, timeout, func() error {
+		jobs, err := f.coder.Client.OrganizationProvisionerJobs(context.Background(), f.coder.OrganizationID, &codersdk.OrganizationProvisionerJobsOptions{
+			Status: []codersdk.ProvisionerJobStatus{codersdk.ProvisionerJobPending, codersdk.ProvisionerJobRunning},
+		})
+		if err != nil {
+			return err
+		}
+		if len(jobs) > 0 {
+			return fmt.Errorf("%d provisioner jobs pending or running (first: %s %s)", len(jobs), jobs[0].Type, jobs[0].Status)
+		}
+		return nil
+	})
+	t.Logf("provisioner idle %s after the gate was released", time.Since(start).Round(time.Millisecond))
 }
 
 // waitCoderBuild waits until coderd's latest build of workspace name is a
