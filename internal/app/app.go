@@ -33,6 +33,7 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/controller"
+	"github.com/coder/coder-k8s/internal/kubecache"
 	"github.com/coder/coder-k8s/internal/mcpserver"
 	"github.com/coder/coder-k8s/internal/scheme"
 )
@@ -108,6 +109,10 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 		RenewDeadline:                 &le.RenewDeadline.Duration,
 		RetryPeriod:                   &le.RetryPeriod.Duration,
 		GracefulShutdownTimeout:       ptr(gracefulShutdown),
+		// Only what coder-k8s owns is cached, and Secrets are read
+		// uncached (see package kubecache).
+		Cache:  kubecache.Options(),
+		Client: kubecache.ClientOptions(),
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
