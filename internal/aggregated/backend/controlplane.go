@@ -161,8 +161,8 @@ const maxTokenBytes = 1024
 //   - controlled (controller owner reference) by the CoderControlPlane
 //     <cp>;
 //
-// it keeps its name, namespace, UID, resourceVersion, that owner
-// reference and the token (data["token"], at most maxTokenBytes). Every
+// it keeps its name, namespace, UID, resourceVersion, that label, that
+// owner reference and the token (data["token"], at most maxTokenBytes). Every
 // other Secret is cut down to name, namespace, UID and resourceVersion:
 // no labels, annotations or data. The owner reference's UID is checked
 // against the control plane's when the Secret is used (Backends), so a
@@ -180,6 +180,9 @@ func transformSecret(in any) (any, error) {
 	owner := metav1.GetControllerOfNoCopy(s)
 	token := s.Data[coderapi.TokenKey]
 	if cp != "" && s.Name == coderapi.TokenSecretName(cp) && ownedByControlPlane(owner, cp) && len(token) <= maxTokenBytes {
+		// The label stays: a transform must give the same result when
+		// it is applied again to its own output.
+		out.Labels = map[string]string{coderv1alpha1.LabelControlPlane: cp}
 		out.OwnerReferences = []metav1.OwnerReference{*owner}
 		out.Data = map[string][]byte{coderapi.TokenKey: token}
 	}

@@ -426,7 +426,7 @@ func TestSecretCacheDropsOthersSecrets(t *testing.T) {
 			s.Name, s.Labels = coderapi.TokenSecretName("ghost"), coderapi.OperatorSecretLabels("ghost")
 			s.OwnerReferences = []metav1.OwnerReference{{APIVersion: coderv1alpha1.GroupVersion.String(), Kind: "CoderControlPlane",
 				Name: "ghost", UID: "0b5e7c3e-0000-4000-8000-000000000000", Controller: ptr.To(true)}}
-			s.Data = map[string][]byte{coderapi.TokenKey: payload, "blob": payload[:size/2]}
+			s.Data = map[string][]byte{coderapi.TokenKey: payload[:size/2], "blob": payload[size/2:]}
 		}
 		return s
 	}
@@ -456,8 +456,8 @@ func TestSecretCacheDropsOthersSecrets(t *testing.T) {
 	})
 	for _, s := range cached.Items {
 		if s.Name == coderapi.TokenSecretName("coder") {
-			if string(s.Data[coderapi.TokenKey]) != coderd.SessionToken || len(s.Data) != 1 || len(s.OwnerReferences) != 1 {
-				t.Errorf("token Secret cached as data keys %v, owners %v; want the token and its owner", keysOf(s.Data), s.OwnerReferences)
+			if string(s.Data[coderapi.TokenKey]) != coderd.SessionToken || len(s.Data) != 1 || len(s.OwnerReferences) != 1 || len(s.Annotations) != 0 {
+				t.Errorf("token Secret cached as data keys %v, owners %v, annotations %v; want the token and its owner", keysOf(s.Data), s.OwnerReferences, s.Annotations)
 			}
 			continue
 		}
