@@ -86,6 +86,10 @@ bench-mcp: tools build ## list_workspaces over MCP vs the same LIST through the 
 bench-startup: tools build ## all mode against kube-apiserver, no control plane: process start to every /readyz OK vs kubectl get --raw /readyz; idle RSS.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkStartup$$' -benchtime 1x -timeout 10m
 
+.PHONY: bench-memory
+bench-memory: tools build ## all mode against kube-apiserver, empty and with 5,000 unrelated Secrets, Deployments and ConfigMaps: idle RSS of each and their ratio (target ≤ 1.10).
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkMemory$$' -benchtime 1x -timeout 15m
+
 # Each fuzz target in turn (go test -fuzz takes one); their seeds run with
 # every `go test`.
 FUZZTIME ?= 10s

@@ -171,6 +171,7 @@ const (
 	mcp        = "BenchmarkWorkspaces/MCP"
 	startupCP  = "BenchmarkWorkspaces/Startup"
 	startup    = "BenchmarkStartup"
+	memory     = "BenchmarkMemory"
 )
 
 // rows are the table, in order. Targets are those the benchmarks print
@@ -203,6 +204,11 @@ var rows = []row{
 	{label: "RSS idle, control plane with workspaces", bench: startupCP, unit: "rss-idle-MiB", shown: "MiB", digits: 1},
 	{label: "RSS loaded, workspaces cached", bench: aggregated, unit: "rss-MiB", shown: "MiB", digits: 1,
 		target: atMost(80, "≤ 80")},
+	{label: "RSS idle, empty cluster", bench: memory, unit: "rss-empty-MiB", shown: "MiB", digits: 1},
+	{label: "RSS idle, 5,000 unrelated Secrets+Deployments+ConfigMaps", bench: memory, unit: "rss-loaded-MiB", shown: "MiB", digits: 1,
+		ref: "empty cluster %.1f MiB", refUnits: []string{"rss-empty-MiB"}},
+	{label: "RSS ratio, unrelated objects / empty", bench: memory, unit: "rss-ratio", shown: "×", digits: 3,
+		ref: "empty cluster", target: atMost(1.10, "≤ 1.10")},
 	{label: "start-to-ready, no control plane", bench: startup, unit: "ready-s", shown: "s", digits: 2,
 		ref: "kubectl get --raw /readyz %.2f s", refUnits: []string{"ref-kubectl-s"}, target: atMost(5, "≤ 5 s (the chart's readiness probe period)")},
 	{label: "start-to-ready ratio, no control plane", bench: startup, unit: "ready-ratio", shown: "×", digits: 1,

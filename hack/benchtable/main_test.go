@@ -8,7 +8,8 @@ import (
 	"testing"
 )
 
-// testdata/bench.txt is the output of one real `make bench` run (2 cores):
+// testdata/bench.txt is the output of one real `make bench` run (2 cores),
+// with the BenchmarkMemory lines of a later `make bench-memory` run added:
 // the benchmarks' own printouts, a controller-runtime warning with a stack
 // trace, `--- BENCH:` log blocks, the goos/pkg header and the result lines.
 func readFixture(t *testing.T) results {
@@ -32,7 +33,7 @@ func TestParseRealOutput(t *testing.T) {
 	for n := range res {
 		names = append(names, n)
 	}
-	want := []string{"BenchmarkController", "BenchmarkStartup", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Startup"}
+	want := []string{"BenchmarkController", "BenchmarkMemory", "BenchmarkStartup", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Startup"}
 	if len(names) != len(want) {
 		t.Fatalf("parsed benchmarks %v, want %v", names, want)
 	}
@@ -57,6 +58,8 @@ func TestParseRealOutput(t *testing.T) {
 		{"BenchmarkController", "steady-writes/CR", 0},
 		{"BenchmarkController", "s/100-control-planes", 6.412},
 		{"BenchmarkStartup", "rss-idle-MiB", 83.69},
+		{"BenchmarkMemory", "rss-ratio", 1.009},
+		{"BenchmarkMemory", "rss-loaded-MiB", 90.39},
 	} {
 		got, ok := res.value(c.bench, c.unit)
 		if !ok || got != c.want {
@@ -123,6 +126,8 @@ func TestRenderRealOutput(t *testing.T) {
 		{"MCP tool calls/s, 10 clients", "14.3", "—", "aggregated LIST, 10 clients: 8.5/s"},
 		{"controller steady-state writes", "0.00", "yes", "target 0 (goal)"},
 		{"RSS idle, no control plane", "83.7", "—", ""},
+		{"RSS ratio, unrelated objects / empty", "1.009", "yes", "empty cluster; target ≤ 1.10"},
+		{"RSS idle, 5,000 unrelated Secrets+Deployments+ConfigMaps", "90.4", "—", "empty cluster 89.6 MiB"},
 		{"RSS loaded, workspaces cached", "103.0", "NO", "target ≤ 80"},
 		{"start-to-ready, no control plane", "0.49", "yes", "kubectl get --raw /readyz 0.07 s"},
 		{"start-to-ready, control plane with workspaces", "0.58", "yes", ""},

@@ -33,6 +33,7 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/controller"
+	"github.com/coder/coder-k8s/internal/kubecache"
 	"github.com/coder/coder-k8s/internal/mcpserver"
 	"github.com/coder/coder-k8s/internal/scheme"
 )
@@ -93,22 +94,7 @@ var modes = map[config.AppMode]runFunc{
 // hosts the reconcilers (leader only) and, in all mode, the aggregated API
 // server and MCP server (every replica).
 func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, log logr.Logger, all bool) error {
-	le := cfg.Controller.LeaderElection
-	mgr, err := ctrl.NewManager(kube.rest, ctrl.Options{
-		Scheme:                        scheme.New(),
-		Logger:                        log,
-		Metrics:                       metricsserver.Options{BindAddress: cfg.Controller.MetricsBindAddress},
-		HealthProbeBindAddress:        cfg.Controller.HealthProbeBindAddress,
-		LeaderElection:                le.Enabled,
-		LeaderElectionID:              le.LeaseName,
-		LeaderElectionNamespace:       le.Namespace,
-		LeaderElectionResourceLock:    resourcelock.LeasesResourceLock,
-		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 &le.LeaseDuration.Duration,
-		RenewDeadline:                 &le.RenewDeadline.Duration,
-		RetryPeriod:                   &le.RetryPeriod.Duration,
-		GracefulShutdownTimeout:       ptr(gracefulShutdown),
-	})
+	mgr, err := ctrl.NewManager(kube.rest, managerOptions(cfg, log))
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
@@ -194,6 +180,30 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 		return fmt.Errorf("manager: %w", err)
 	}
 	return nil
+}
+
+// managerOptions are the options of the manager of runManager.
+func managerOptions(cfg *config.Configuration, log logr.Logger) ctrl.Options {
+	le := cfg.Controller.LeaderElection
+	return ctrl.Options{
+		Scheme:                        scheme.New(),
+		Logger:                        log,
+		Metrics:                       metricsserver.Options{BindAddress: cfg.Controller.MetricsBindAddress},
+		HealthProbeBindAddress:        cfg.Controller.HealthProbeBindAddress,
+		LeaderElection:                le.Enabled,
+		LeaderElectionID:              le.LeaseName,
+		LeaderElectionNamespace:       le.Namespace,
+		LeaderElectionResourceLock:    resourcelock.LeasesResourceLock,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &le.LeaseDuration.Duration,
+		RenewDeadline:                 &le.RenewDeadline.Duration,
+		RetryPeriod:                   &le.RetryPeriod.Duration,
+		GracefulShutdownTimeout:       ptr(gracefulShutdown),
+		// Only what coder-k8s owns is cached, and Secrets are read
+		// uncached (see package kubecache).
+		Cache:  kubecache.Options(),
+		Client: kubecache.ClientOptions(),
+	}
 }
 
 // runAggregatedAPIServer serves the aggregated API alone, backed by the

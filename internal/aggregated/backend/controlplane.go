@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -144,23 +145,58 @@ type everyReplica struct{ manager.Runnable }
 
 func (everyReplica) NeedLeaderElection() bool { return false }
 
-// transformSecret strips managedFields and, from every labeled Secret
-// that is not a control plane's operator token Secret (the first user's
-// credentials carry the same labels), its data: this process never needs
-// it, and a password should not sit in every replica's memory.
+// maxTokenBytes bounds the token kept from a token Secret: Coder API
+// keys are 33 bytes ("<10-char id>-<22-char secret>"). A longer value is
+// not a token the operator wrote and is not held.
+const maxTokenBytes = 1024
+
+// transformSecret decides what of a Secret the label selector let
+// through stays in memory. The label is not proof of anything: whoever
+// may create Secrets in a namespace can copy it. So only a Secret that
+// looks like a control plane's operator token Secret as operatoraccess
+// writes it keeps anything beyond its identity:
+//
+//   - named <cp>-operator-token (coderapi.TokenSecretName) for the
+//     control plane <cp> its coder.com/control-plane label names, and
+//   - controlled (controller owner reference) by the CoderControlPlane
+//     <cp>;
+//
+// it keeps its name, namespace, UID, resourceVersion, that label, that
+// owner reference and the token (data["token"], at most maxTokenBytes). Every
+// other Secret is cut down to name, namespace, UID and resourceVersion:
+// no labels, annotations or data. The owner reference's UID is checked
+// against the control plane's when the Secret is used (Backends), so a
+// Secret made by someone else to look like a token Secret is never used;
+// at most one such Secret per name holds at most maxTokenBytes.
 func transformSecret(in any) (any, error) {
-	obj, ok := in.(metav1.Object)
+	s, ok := in.(*corev1.Secret)
 	if !ok {
 		return in, nil
 	}
-	obj.SetManagedFields(nil)
-	if s, ok := in.(*corev1.Secret); ok {
-		owner := s.Labels[coderv1alpha1.LabelControlPlane]
-		if owner == "" || s.Name != coderapi.TokenSecretName(owner) {
-			s.Data, s.StringData = nil, nil
-		}
+	out := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{
+		Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion,
+	}}
+	cp := s.Labels[coderv1alpha1.LabelControlPlane]
+	owner := metav1.GetControllerOfNoCopy(s)
+	token := s.Data[coderapi.TokenKey]
+	if cp != "" && s.Name == coderapi.TokenSecretName(cp) && ownedByControlPlane(owner, cp) && len(token) <= maxTokenBytes {
+		// The label stays: a transform must give the same result when
+		// it is applied again to its own output.
+		out.Labels = map[string]string{coderv1alpha1.LabelControlPlane: cp}
+		out.OwnerReferences = []metav1.OwnerReference{*owner}
+		out.Data = map[string][]byte{coderapi.TokenKey: token}
 	}
-	return in, nil
+	return out, nil
+}
+
+// ownedByControlPlane reports whether ref is a CoderControlPlane called
+// name.
+func ownedByControlPlane(ref *metav1.OwnerReference, name string) bool {
+	if ref == nil || ref.Kind != "CoderControlPlane" || ref.Name != name {
+		return false
+	}
+	gv, err := schema.ParseGroupVersion(ref.APIVersion)
+	return err == nil && gv.Group == coderv1alpha1.GroupVersion.Group
 }
 
 // Ready reports whether the control plane, namespace and token Secret
@@ -229,6 +265,10 @@ func (p *ControlPlaneProvider) Backends(ctx context.Context, namespace string) (
 		}
 		if err != nil {
 			return nil, fmt.Errorf("control plane %s: read operator token Secret %s: %w", key, ref.Name, notReady(err))
+		}
+		if !metav1.IsControlledBy(&secret, ccp) {
+			p.log.V(1).Info("control plane not served: operator token Secret is not controlled by the control plane", "controlPlane", key, "secret", ref.Name)
+			continue
 		}
 		token := string(secret.Data[ref.Key])
 		if token == "" {

@@ -1,7 +1,9 @@
 package backend
 
 import (
+	"crypto/rand"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -12,7 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
@@ -32,6 +36,9 @@ type controlPlane struct {
 	noSecret bool
 	// unlabeled writes the token Secret without the operator's labels.
 	unlabeled bool
+	// unowned writes the token Secret, labeled, without the control
+	// plane as its controller: someone else's Secret.
+	unowned bool
 	// finalizer keeps the object around once deleted.
 	finalizer bool
 }
@@ -47,18 +54,6 @@ func createControlPlane(t *testing.T, c client.Client, ns string, cp controlPlan
 		cp.token = coderd.SessionToken
 	}
 	secretName := coderapi.TokenSecretName(cp.name)
-	if !cp.noSecret {
-		secret := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: secretName},
-			Data:       map[string][]byte{coderapi.TokenKey: []byte(cp.token)},
-		}
-		if !cp.unlabeled {
-			secret.Labels = coderapi.OperatorSecretLabels(cp.name)
-		}
-		if err := c.Create(ctx, secret); err != nil {
-			t.Fatal(err)
-		}
-	}
 	ccp := &coderv1alpha1.CoderControlPlane{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cp.name},
 		Spec:       coderv1alpha1.CoderControlPlaneSpec{ExternalURL: coderd.URL.String()},
@@ -69,6 +64,23 @@ func createControlPlane(t *testing.T, c client.Client, ns string, cp controlPlan
 	}
 	if err := c.Create(ctx, ccp); err != nil {
 		t.Fatal(err)
+	}
+	if !cp.noSecret {
+		secret := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: secretName},
+			Data:       map[string][]byte{coderapi.TokenKey: []byte(cp.token)},
+		}
+		if !cp.unlabeled {
+			secret.Labels = coderapi.OperatorSecretLabels(cp.name)
+		}
+		if !cp.unowned {
+			if err := controllerutil.SetControllerReference(ccp, secret, c.Scheme()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.Create(ctx, secret); err != nil {
+			t.Fatal(err)
+		}
 	}
 	status := metav1.ConditionTrue
 	if cp.notReady {
@@ -176,6 +188,7 @@ func TestControlPlaneBackends(t *testing.T) {
 	createControlPlane(t, c, nsA, controlPlane{name: "disabled", disabled: true})
 	createControlPlane(t, c, nsA, controlPlane{name: "no-secret", noSecret: true})
 	createControlPlane(t, c, nsA, controlPlane{name: "unlabeled", unlabeled: true})
+	createControlPlane(t, c, nsA, controlPlane{name: "unowned", unowned: true})
 	deleting := createControlPlane(t, c, nsA, controlPlane{name: "deleting", finalizer: true})
 	if err := c.Delete(ctx, deleting); err != nil {
 		t.Fatal(err)
@@ -379,4 +392,88 @@ func keysOf(m map[string][]byte) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestSecretCacheDropsOthersSecrets: Secrets anyone may create with the
+// operator's labels, with large payloads, are cut down to their identity
+// in the token Secret cache (no labels, annotations or data), also one
+// shaped like a token Secret (name, labels, a controller owner reference
+// to a CoderControlPlane) whose token is longer than any Coder API key.
+// The heap of this process does not grow by their size.
+func TestSecretCacheDropsOthersSecrets(t *testing.T) {
+	c := kubeClient(t)
+	ctx := t.Context()
+	ns := namespace(t, "backends-hostile")
+	createControlPlane(t, c, ns, controlPlane{name: "coder"})
+
+	const count, size = 16, 900 << 10
+	payload := make([]byte, size)
+	_, _ = rand.Read(payload)
+	hostile := func(i int) *corev1.Secret {
+		s := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("hostile-%d", i), Labels: coderapi.OperatorSecretLabels("coder"),
+				Annotations: map[string]string{"note": strings.Repeat("x", 1024)}},
+			Data: map[string][]byte{"blob": payload},
+		}
+		switch i {
+		case 0:
+			// Named like a token Secret, owned by nobody.
+			s.Name, s.Labels = coderapi.TokenSecretName("impostor"), coderapi.OperatorSecretLabels("impostor")
+			s.Data = map[string][]byte{coderapi.TokenKey: payload}
+		case 1:
+			// Shaped like a token Secret in every way, with an owner
+			// reference to a control plane that does not exist.
+			s.Name, s.Labels = coderapi.TokenSecretName("ghost"), coderapi.OperatorSecretLabels("ghost")
+			s.OwnerReferences = []metav1.OwnerReference{{APIVersion: coderv1alpha1.GroupVersion.String(), Kind: "CoderControlPlane",
+				Name: "ghost", UID: "0b5e7c3e-0000-4000-8000-000000000000", Controller: ptr.To(true)}}
+			s.Data = map[string][]byte{coderapi.TokenKey: payload[:size/2], "blob": payload[size/2:]}
+		}
+		return s
+	}
+	// Half exist when the cache lists, half arrive by watch.
+	for i := range count / 2 {
+		if err := c.Create(ctx, hostile(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+
+	p := startProvider(t, ns)
+	for i := count / 2; i < count; i++ {
+		if err := c.Create(ctx, hostile(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitBackends(t, p, ns, ns+"/coder")
+	var cached corev1.SecretList
+	eventually(t, "every labeled Secret seen", func() (bool, string) {
+		if err := p.secrets.List(ctx, &cached, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		return len(cached.Items) == count+1, fmt.Sprintf("%d Secrets cached, want %d", len(cached.Items), count+1)
+	})
+	for _, s := range cached.Items {
+		if s.Name == coderapi.TokenSecretName("coder") {
+			if string(s.Data[coderapi.TokenKey]) != coderd.SessionToken || len(s.Data) != 1 || len(s.OwnerReferences) != 1 || len(s.Annotations) != 0 {
+				t.Errorf("token Secret cached as data keys %v, owners %v, annotations %v; want the token and its owner", keysOf(s.Data), s.OwnerReferences, s.Annotations)
+			}
+			continue
+		}
+		if len(s.Data) != 0 || len(s.Labels) != 0 || len(s.Annotations) != 0 || len(s.OwnerReferences) != 0 || s.UID == "" || s.ResourceVersion == "" {
+			t.Errorf("Secret %s cached with data keys %v, labels %v, annotations %d, owners %v, uid %q, resourceVersion %q; want its identity only",
+				s.Name, keysOf(s.Data), s.Labels, len(s.Annotations), s.OwnerReferences, s.UID, s.ResourceVersion)
+		}
+	}
+
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("heap grew by %.1f MiB while %d Secrets of %d KiB each were listed and watched", float64(grew)/(1<<20), count, size>>10)
+	if held := int64(count) * size; grew > held/4 {
+		t.Errorf("heap grew by %.1f MiB with %.1f MiB of other people's Secrets in the cluster: their data is held", float64(grew)/(1<<20), float64(held)/(1<<20))
+	}
+	runtime.KeepAlive(p)
 }

@@ -30,6 +30,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/kubecache"
 	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
@@ -89,18 +90,21 @@ func Namespace(t *testing.T, prefix string) string {
 }
 
 // NewManager returns a manager authenticating with cfg whose cache sees
-// only namespaces, with no metrics or health endpoints.
+// only namespaces, with no metrics or health endpoints. Its cache and
+// client select what the product's do (package kubecache).
 func NewManager(t *testing.T, cfg *rest.Config, namespaces ...string) ctrl.Manager {
 	t.Helper()
-	defaults := map[string]cache.Config{}
+	opts := kubecache.Options()
+	opts.DefaultNamespaces = map[string]cache.Config{}
 	for _, ns := range namespaces {
-		defaults[ns] = cache.Config{}
+		opts.DefaultNamespaces[ns] = cache.Config{}
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.New(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: defaults},
+		Cache:                  opts,
+		Client:                 kubecache.ClientOptions(),
 		// Every test runs its own manager with the same controller names.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -16,6 +17,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/kubecache"
 )
 
 // Harness runs one reconciler of a kind that references a control plane
@@ -196,4 +198,17 @@ func (r *Recorder) Warnings(name string) []string {
 		}
 	}
 	return out
+}
+
+// CheckCached fails the test unless every object carries the labels the
+// manager's cache selects (package kubecache): children it misses would
+// be written but never watched.
+func CheckCached(t *testing.T, objs ...client.Object) {
+	t.Helper()
+	sel := kubecache.Selector()
+	for _, o := range objs {
+		if !sel.Matches(labels.Set(o.GetLabels())) {
+			t.Errorf("%T %s is not selected by the manager's cache (%s): labels %v", o, o.GetName(), sel, o.GetLabels())
+		}
+	}
 }

@@ -87,6 +87,10 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 	if !res.Ready && res.RequeueAfter <= 0 {
 		return accessBackoff(apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady), time.Now())
 	}
+	if res.License != nil && res.License.Reason == coderv1alpha1.ReasonLicenseSecretMissing {
+		// Users' Secrets are not watched: look for it again soon.
+		return minPositive(res.RequeueAfter, missingSecretRecheck)
+	}
 	return res.RequeueAfter
 }
 

@@ -75,10 +75,7 @@ func (r *Reconciler) prune(ctx context.Context, ccp *coderv1alpha1.CoderControlP
 // lists from the API server: it runs before a finalizer is removed, when
 // a missed object would leak.
 func (r *Reconciler) deleteWorkspaceRBAC(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, keep keepSet) error {
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
+	reader := r.apiReader()
 	sel := client.MatchingLabels(ownedSelector(ccp))
 	if err := r.pruneList(ctx, reader, ccp, "Role", &rbacv1.RoleList{}, []client.ListOption{sel}, keep, false); err != nil {
 		return err

@@ -81,6 +81,10 @@ const (
 	gatewayAPIRecheck = time.Minute
 	minAccessBackoff  = 5 * time.Second
 	maxAccessBackoff  = 5 * time.Minute
+	// missingSecretRecheck is how often a control plane whose pods
+	// mount a Secret that does not exist looks for it again: users'
+	// Secrets are read uncached and not watched.
+	missingSecretRecheck = 10 * time.Second
 )
 
 // Reconciler reconciles CoderControlPlane objects.
@@ -204,6 +208,11 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 	if err != nil {
 		return 0, err
 	}
+	var requeue time.Duration
+	if len(missing) > 0 {
+		// Users' Secrets are not watched: look again soon.
+		requeue = missingSecretRecheck
+	}
 
 	keep := keepSet{}
 	var errs []error
@@ -212,7 +221,7 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 		if obj.GetObjectKind().GroupVersionKind() == httpRouteGVK {
 			reader = r.routeReader
 		}
-		if _, err := (workload.Applier{Client: r.Client, Scheme: r.Scheme}).Apply(ctx, reader, owner(ccp), obj, nil); err != nil {
+		if _, err := (workload.Applier{Client: r.Client, Scheme: r.Scheme, Uncached: r.APIReader}).Apply(ctx, reader, owner(ccp), obj, nil); err != nil {
 			errs = append(errs, err)
 		}
 		keep.add(obj)
@@ -231,7 +240,6 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 	// Exposure reports in its own condition; its errors are retried like
 	// the others but do not make the workload itself look broken.
 	workloadErrs := len(errs)
-	var requeue time.Duration
 	if exp := ccp.Spec.Expose; exp == nil || (exp.Ingress == nil && exp.HTTPRoute == nil) {
 		apimeta.RemoveStatusCondition(&ccp.Status.Conditions, coderv1alpha1.ConditionExposed)
 	} else if exp.Ingress != nil {
@@ -242,11 +250,11 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 		switch {
 		case err != nil:
 			setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionUnknown, coderv1alpha1.ReasonApplyError, err.Error())
-			requeue = valueOr(r.GatewayAPIRecheckPeriod, gatewayAPIRecheck)
+			requeue = minPositive(requeue, valueOr(r.GatewayAPIRecheckPeriod, gatewayAPIRecheck))
 		case !installed:
 			setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, coderv1alpha1.ReasonGatewayAPINotInstalled,
 				"spec.expose.httpRoute needs the Gateway API: the HTTPRoute kind (gateway.networking.k8s.io/v1) is not installed in the cluster; install the Gateway API CRDs or use spec.expose.ingress")
-			requeue = valueOr(r.GatewayAPIRecheckPeriod, gatewayAPIRecheck)
+			requeue = minPositive(requeue, valueOr(r.GatewayAPIRecheckPeriod, gatewayAPIRecheck))
 		default:
 			apply(desiredHTTPRoute(ccp))
 			r.setExposed(ccp, errs[workloadErrs:], coderv1alpha1.ReasonHTTPRouteApplied, fmt.Sprintf("HTTPRoute %s attaches coderd to %d Gateway(s)", ccp.Name, len(exp.HTTPRoute.ParentRefs)))
@@ -271,13 +279,14 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 }
 
 // missingSecrets returns the Secrets the pods mount that do not exist. It
-// reads metadata only, from the cache the Secret watch fills.
+// reads their metadata from the API server: they are the user's, and the
+// cache holds only the operator's own Secrets (package kubecache).
 func (r *Reconciler) missingSecrets(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) ([]string, error) {
 	var missing []string
 	for _, name := range referencedSecrets(ccp) {
 		var meta metav1.PartialObjectMetadata
 		meta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
-		err := r.Client.Get(ctx, types.NamespacedName{Namespace: ccp.Namespace, Name: name}, &meta)
+		err := r.apiReader().Get(ctx, types.NamespacedName{Namespace: ccp.Namespace, Name: name}, &meta)
 		switch {
 		case apierrors.IsNotFound(err):
 			missing = append(missing, name)
@@ -286,6 +295,15 @@ func (r *Reconciler) missingSecrets(ctx context.Context, ccp *coderv1alpha1.Code
 		}
 	}
 	return missing, nil
+}
+
+// apiReader reads from the API server (the Client when no APIReader is
+// set).
+func (r *Reconciler) apiReader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
 }
 
 func valueOr[T comparable](v, def T) T {

@@ -94,8 +94,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// control plane: map them back by label (same namespace too).
 		Watches(&rbacv1.Role{}, handler.EnqueueRequestsFromMapFunc(mapByLabels)).
 		Watches(&rbacv1.RoleBinding{}, handler.EnqueueRequestsFromMapFunc(mapByLabels)).
-		// Secrets the pods mount: metadata only, so Secret data is not
-		// cached cluster-wide.
+		// Secrets: metadata only, and only the operator's own (the cache
+		// selects by label, package kubecache), so that a deleted token
+		// Secret is replaced at once. Users' Secrets are not watched:
+		// they are read uncached, a missing one again every
+		// missingSecretRecheck.
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.mapSecret)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: valueOr(r.MaxConcurrentReconciles, DefaultMaxConcurrentReconciles)})
 	// HTTPRoutes are watched only if the Gateway API is installed when

@@ -312,7 +312,10 @@ func referencedSecrets(ccp *coderv1alpha1.CoderControlPlane) []string {
 // watchedSecrets are all Secrets whose appearance or change should
 // reconcile ccp: the pod's and the access manager's, including the
 // operator's own token Secret, so that deleting it gets a new token at
-// once rather than at the next periodic check.
+// once rather than at the next periodic check. Only Secrets labelled as
+// coder-k8s's reach the watch (package kubecache): users' Secrets are
+// noticed at the next reconcile (missingSecretRecheck while one the pods
+// mount is missing).
 func watchedSecrets(ccp *coderv1alpha1.CoderControlPlane) []string {
 	names := referencedSecrets(ccp)
 	names = append(names, coderapi.TokenSecretName(ccp.Name))

@@ -71,7 +71,7 @@ func (r *Reconciler) desiredDeployment(obj *coderv1alpha1.CoderProvisioner, ccp 
 func (r *Reconciler) applyDeployment(ctx context.Context, obj *coderv1alpha1.CoderProvisioner, ccp *coderv1alpha1.CoderControlPlane, id keyIdentity) (*appsv1.Deployment, error) {
 	var live appsv1.Deployment
 	owner := workload.Owner{Object: obj, Kind: "CoderProvisioner"}
-	if _, err := (workload.Applier{Client: r.Client, Scheme: r.Scheme}).Apply(ctx, r.Client, owner, r.desiredDeployment(obj, ccp, id), &live); err != nil {
+	if _, err := (workload.Applier{Client: r.Client, Scheme: r.Scheme, Uncached: r.APIReader}).Apply(ctx, r.Client, owner, r.desiredDeployment(obj, ccp, id), &live); err != nil {
 		return nil, err
 	}
 	return &live, nil

@@ -102,6 +102,7 @@ func TestProvisionerLifecycle(t *testing.T) {
 	}
 	dep := h.Deployment("eu-provisioner")
 	checkDeployment(t, dep, p, fake.URL.String(), secretName, issued.secret)
+	controllertest.CheckCached(t, secret, dep)
 	if n := h.Recorder.Count("eu", corev1.EventTypeNormal, provisioner.EventKeyIssued); n != 1 {
 		t.Errorf("KeyIssued events = %d, want 1", n)
 	}

@@ -96,6 +96,12 @@ func NotManaged(kind, namespace, name, ownerKind string) *ConflictError {
 type Applier struct {
 	Client client.Client
 	Scheme *runtime.Scheme
+	// Uncached reads from the API server an object the reader given to
+	// Apply does not have. The manager's cache holds only objects
+	// labeled as coder-k8s's (package kubecache): an object of the same
+	// name without that label, someone else's, is missing there, and
+	// must be seen so that it is refused rather than taken over.
+	Uncached client.Reader
 }
 
 // Apply writes desired (a typed object or an unstructured one) for owner
@@ -139,6 +145,9 @@ func (a Applier) Apply(ctx context.Context, reader client.Reader, owner Owner, d
 		}
 	}
 	getErr := reader.Get(ctx, client.ObjectKeyFromObject(desired), live)
+	if apierrors.IsNotFound(getErr) && a.Uncached != nil {
+		getErr = a.Uncached.Get(ctx, client.ObjectKeyFromObject(desired), live)
+	}
 	switch {
 	case apierrors.IsNotFound(getErr):
 		// Created by the apply below.

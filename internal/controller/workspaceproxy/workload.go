@@ -108,7 +108,7 @@ func desiredService(obj *coderv1alpha1.CoderWorkspaceProxy) *corev1.Service {
 // (workload.Applier), refusing to take over either when this object does
 // not own it, and returns the live Deployment.
 func (r *Reconciler) applyWorkload(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy, ccp *coderv1alpha1.CoderControlPlane, cred credentials) (*appsv1.Deployment, error) {
-	applier := workload.Applier{Client: r.Client, Scheme: r.Scheme}
+	applier := workload.Applier{Client: r.Client, Scheme: r.Scheme, Uncached: r.APIReader}
 	owner := workload.Owner{Object: obj, Kind: "CoderWorkspaceProxy"}
 	var live appsv1.Deployment
 	if _, err := applier.Apply(ctx, r.Client, owner, r.desiredDeployment(obj, ccp, cred), &live); err != nil {

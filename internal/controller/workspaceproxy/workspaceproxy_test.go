@@ -94,6 +94,7 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 	dep := h.Deployment(workload)
 	checkDeployment(t, dep, p, fake.URL.String(), secretName, "token", registered.token)
 	svc := h.Service(workload)
+	controllertest.CheckCached(t, secret, dep, svc)
 	if !metav1.IsControlledBy(svc, p) || svc.Spec.Type != corev1.ServiceTypeLoadBalancer || len(svc.Spec.Ports) != 1 ||
 		svc.Spec.Ports[0].Port != 443 || svc.Spec.Ports[0].TargetPort.String() != "http" ||
 		svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal ||
