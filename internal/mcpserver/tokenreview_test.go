@@ -1,11 +1,16 @@
 package mcpserver
 
 import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
 
 	"github.com/coder/coder-k8s/internal/metrics/metricstest"
 )
@@ -74,6 +79,21 @@ func TestRejectedTokensAreRemembered(t *testing.T) {
 	}
 	if got := h.tokenReviews(t) - before; got != 1 {
 		t.Errorf("5 requests with a valid token cost %v TokenReviews, want 1", got)
+	}
+
+	// Bounded: with the failure cache full of live entries, a new
+	// rejection still gets in and the cache stays at its bound.
+	r := newTokenReviewer(h.cs)
+	expires := time.Now().Add(time.Hour)
+	for i := range maxCachedFailure {
+		r.failures[sha256.Sum256([]byte(fmt.Sprint("filler-", i)))] = failedReview{msg: "filler", expires: expires}
+	}
+	_, err := r.verify(t.Context(), "one-more-bad-token", nil)
+	if !errors.Is(err, auth.ErrInvalidToken) || !strings.Contains(err.Error(), "the bearer token is not valid for this cluster") {
+		t.Fatalf("verify of a bad token: %v, want ErrInvalidToken", err)
+	}
+	if _, ok := r.failures[sha256.Sum256([]byte("one-more-bad-token"))]; !ok || len(r.failures) != maxCachedFailure {
+		t.Errorf("after a rejection with the cache full: new entry kept %v, %d entries (bound %d)", ok, len(r.failures), maxCachedFailure)
 	}
 
 	// Briefly: after the TTL the bad token is reviewed again.
