@@ -3,6 +3,8 @@ package coderapi
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -55,9 +57,12 @@ type instrumented struct {
 func newInstrumented(u *url.URL, transport *http.Transport, timeout time.Duration, target Target) *instrumented {
 	return &instrumented{
 		transport: transport,
-		client:    &http.Client{Transport: transport, Timeout: timeout},
-		base:      strings.TrimSuffix(u.Path, "/"),
-		target:    target,
+		// Redirects come back as responses: roundTrip refuses them.
+		client: &http.Client{Transport: transport, Timeout: timeout, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		}},
+		base:   strings.TrimSuffix(u.Path, "/"),
+		target: target,
 	}
 }
 
@@ -77,15 +82,22 @@ func (t *instrumented) RoundTrip(req *http.Request) (*http.Response, error) {
 			err = ue.Err
 		}
 	}
+	if err == nil {
+		resp, err = checkResponse(req, resp)
+	}
 	d := time.Since(start)
 
 	ctx := req.Context()
 	op := Operation(req.Method, t.routePath(req.URL.Path))
 	status, code := 0, ""
+	var redirect *RedirectError
 	switch {
 	case err == nil:
 		status = resp.StatusCode
 		code = statusClass(status)
+	case errors.As(err, &redirect):
+		// coderd answered, but with nothing a caller may use.
+		code = statusClass(redirect.Status)
 	case errors.Is(ctx.Err(), context.Canceled):
 		code = metrics.CodeCanceled
 	default:
@@ -98,6 +110,104 @@ func (t *instrumented) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.log(ctx, op, status, code, d, err)
 	return resp, err
 }
+
+// MaxResponseBytes bounds the body of every response from coderd, so a
+// misbehaving coderd cannot make coder-k8s hold unbounded memory. It is
+// above real answers: coderd accepts uploads (template source archives,
+// read back by downloads) of at most 100 MiB (coderd.HTTPFileMaxBytes),
+// and the list of all workspaces, read in one answer, holds 10,000
+// workspaces of up to 26 KiB each (measured: 2.7 KiB for a workspace
+// without agents; agents, apps and scripts add a few KiB each).
+const MaxResponseBytes int64 = 256 << 20
+
+// ResponseTooLargeError is a coderd response body beyond MaxResponseBytes:
+// it is cut off there with this error, never decoded as a shorter answer.
+type ResponseTooLargeError struct {
+	Operation string
+	Limit     int64
+}
+
+func (e *ResponseTooLargeError) Error() string {
+	return fmt.Sprintf("coderd's response to %s is larger than %d MiB, the most coder-k8s reads from coderd", e.Operation, e.Limit>>20)
+}
+
+// RedirectError is a redirect from coderd. Redirects are never followed:
+// Go's client would send the Coder-Session-Token header (it drops only
+// Authorization and cookies) to wherever coderd points, another host
+// included.
+type RedirectError struct {
+	Operation string
+	Status    int
+	// Location is where coderd pointed, without query or user
+	// information.
+	Location string
+}
+
+func (e *RedirectError) Error() string {
+	return fmt.Sprintf("coderd answered %s with a redirect (%d) to %s; coder-k8s does not follow redirects, so no credentials are sent there: configure coderd's final URL (the one it serves from without redirecting)",
+		e.Operation, e.Status, e.Location)
+}
+
+// checkResponse turns a redirect into a RedirectError and bounds the body
+// of every other response but a protocol switch (a websocket's body is the
+// connection).
+func checkResponse(req *http.Request, resp *http.Response) (*http.Response, error) {
+	op := req.Method + " " + req.URL.Path
+	switch resp.StatusCode {
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+		_ = resp.Body.Close()
+		return nil, &RedirectError{Operation: op, Status: resp.StatusCode, Location: redirectTarget(req.URL, resp.Header.Get("Location"))}
+	case http.StatusSwitchingProtocols:
+		return resp, nil
+	}
+	tooLarge := &ResponseTooLargeError{Operation: op, Limit: MaxResponseBytes}
+	if resp.ContentLength > MaxResponseBytes {
+		_ = resp.Body.Close()
+		return nil, tooLarge
+	}
+	resp.Body = &limitedBody{body: resp.Body, left: MaxResponseBytes, err: tooLarge}
+	return resp, nil
+}
+
+// redirectTarget is the absolute form of a Location header without its
+// query, fragment and user information, which may hold more than a place.
+func redirectTarget(base *url.URL, location string) string {
+	if location == "" {
+		return "(no Location header)"
+	}
+	u, err := base.Parse(location)
+	if err != nil {
+		return fmt.Sprintf("an unparsable location (%v)", err)
+	}
+	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+	return u.String()
+}
+
+// limitedBody reads at most left bytes and fails with err beyond them.
+type limitedBody struct {
+	body io.ReadCloser
+	left int64
+	err  error
+}
+
+func (b *limitedBody) Read(p []byte) (int, error) {
+	if b.left < 0 {
+		return 0, b.err
+	}
+	// Read one byte past the limit to tell a body of exactly the limit
+	// from a longer one.
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1]
+	}
+	n, err := b.body.Read(p)
+	b.left -= int64(n)
+	if b.left < 0 {
+		return n + int(b.left), b.err
+	}
+	return n, err
+}
+
+func (b *limitedBody) Close() error { return b.body.Close() }
 
 // log writes one line per request at debug level, and failures that
 // concern a user's request (the context carries a request ID) at info

@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/coder/coder/v2/codersdk"
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/coder/coder-k8s/internal/coderapi"
@@ -248,4 +250,152 @@ func closedURL(t *testing.T) *url.URL {
 		t.Fatal(err)
 	}
 	return &url.URL{Scheme: "http", Host: addr}
+}
+
+// recorder is an HTTP server that records every request it receives and
+// answers 200.
+type recorder struct {
+	*httptest.Server
+	mu  sync.Mutex
+	got []*http.Request
+}
+
+func newRecorder(t *testing.T) *recorder {
+	t.Helper()
+	r := &recorder{}
+	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		r.got = append(r.got, req.Clone(context.Background()))
+		r.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"00000000-0000-0000-0000-000000000001","username":"elsewhere"}`))
+	}))
+	t.Cleanup(r.Close)
+	return r
+}
+
+func (r *recorder) requests() []*http.Request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*http.Request(nil), r.got...)
+}
+
+// TestRedirectsAreNotFollowed has a coderd that redirects every request
+// to another server, which must never see a request, let alone the
+// session token or a password, and the caller learns why.
+func TestRedirectsAreNotFollowed(t *testing.T) {
+	elsewhere := newRecorder(t)
+	for _, status := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			redirecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, elsewhere.URL+r.URL.Path+"?state=secret-state#frag", status)
+			}))
+			t.Cleanup(redirecting.Close)
+			u, _ := url.Parse(redirecting.URL)
+			c := coderapi.NewClient(u, secretToken, 5*time.Second, coderapi.Target{ControlPlane: "ns/redirect", Component: "controller"})
+			ctx := context.Background()
+
+			_, err := c.User(ctx, codersdk.Me)
+			var redirect *coderapi.RedirectError
+			if !errors.As(err, &redirect) {
+				t.Fatalf("User(me) through a redirecting coderd: %v, want a RedirectError", err)
+			}
+			wantTarget := elsewhere.URL + "/api/v2/users/me"
+			if redirect.Status != status || redirect.Location != wantTarget {
+				t.Errorf("RedirectError %+v, want status %d to %s", redirect, status, wantTarget)
+			}
+			for _, want := range []string{
+				fmt.Sprintf("coderd answered GET /api/v2/users/me with a redirect (%d) to %s;", status, wantTarget),
+				"coder-k8s does not follow redirects, so no credentials are sent there",
+				"configure coderd's final URL",
+			} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not say %q", err, want)
+				}
+			}
+			if strings.Contains(err.Error(), "secret-state") {
+				t.Errorf("error %q shows the redirect's query", err)
+			}
+
+			// A login sends a password in its body: a 307 or 308 would
+			// resend it.
+			anon := coderapi.NewClient(u, "", 5*time.Second, coderapi.Target{})
+			if _, err := anon.LoginWithPassword(ctx, codersdk.LoginWithPasswordRequest{Email: "owner@example.com", Password: "owner-password"}); !errors.As(err, &redirect) {
+				t.Fatalf("login through a redirecting coderd: %v, want a RedirectError", err)
+			}
+			if got := elsewhere.requests(); len(got) != 0 {
+				t.Fatalf("the redirect target received %d requests (first %s %s with token %q)", len(got), got[0].Method, got[0].URL, got[0].Header.Get(codersdk.SessionTokenHeader))
+			}
+			if got := metricstest.Value(t, requestsMetric, map[string]string{"operation": "GET /api/v2/users/me", "control_plane": "ns/redirect", "component": "controller", "code": "3xx"}); got < 1 {
+				t.Errorf("redirect counted %v times as 3xx", got)
+			}
+		})
+	}
+
+	t.Run("a redirect to the same host is refused too", func(t *testing.T) {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/api/v2/buildinfo" {
+				http.Redirect(w, r, "/coder/api/v2/buildinfo", http.StatusFound)
+				return
+			}
+			t.Errorf("the redirect was followed to %s", r.URL.Path)
+		}))
+		t.Cleanup(srv.Close)
+		u, _ := url.Parse(srv.URL)
+		_, err := coderapi.NewClient(u, secretToken, 5*time.Second, coderapi.Target{}).BuildInfo(context.Background())
+		if err == nil || !strings.Contains(err.Error(), "redirect (302) to "+srv.URL+"/coder/api/v2/buildinfo") {
+			t.Fatalf("got %v, want the redirect refused", err)
+		}
+	})
+}
+
+// TestResponseSizeLimit has a coderd whose answers exceed
+// MaxResponseBytes: the caller gets an error naming the limit instead of
+// a truncated answer.
+func TestResponseSizeLimit(t *testing.T) {
+	limit := coderapi.MaxResponseBytes
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/api/v2/buildinfo":
+			// Declares more than the limit, then sends nothing.
+			w.Header().Set("Content-Length", strconv.FormatInt(limit+1, 10))
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		case "/api/v2/workspaces":
+			// A valid JSON answer one byte longer than the limit, sent
+			// without a length: cut at the limit it would still parse
+			// as a shorter list.
+			const head, tail = `{"workspaces":[`, `],"count":0}`
+			w.WriteHeader(http.StatusOK)
+			chunk := []byte(strings.Repeat(`{}, `, 16<<10))
+			n := int64(len(head) + len(tail))
+			_, _ = w.Write([]byte(head))
+			for n+int64(len(chunk)) < limit+1 {
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+				n += int64(len(chunk))
+			}
+			rest := int(limit + 1 - n)
+			pad := strings.Repeat(" ", rest-2) + "{}"
+			_, _ = w.Write([]byte(pad + tail))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	c := coderapi.NewClient(u, secretToken, time.Minute, coderapi.Target{})
+	ctx := context.Background()
+
+	_, err := c.BuildInfo(ctx)
+	var tooLarge *coderapi.ResponseTooLargeError
+	if !errors.As(err, &tooLarge) || !strings.Contains(err.Error(), "coderd's response to GET /api/v2/buildinfo is larger than 256 MiB, the most coder-k8s reads from coderd") {
+		t.Fatalf("a declared length over the limit: %v, want a ResponseTooLargeError", err)
+	}
+
+	_, err = c.Workspaces(ctx, codersdk.WorkspaceFilter{})
+	if !errors.As(err, &tooLarge) || !strings.Contains(err.Error(), "coderd's response to GET /api/v2/workspaces is larger than 256 MiB") {
+		t.Fatalf("an answer one byte over the limit: %v, want a ResponseTooLargeError", err)
+	}
 }

@@ -320,3 +320,31 @@ func assertEqual[T comparable](t *testing.T, what string, got, want T) {
 		t.Errorf("%s = %v, want %v", what, got, want)
 	}
 }
+
+// mcp.auth none serves every caller with coder-k8s's own permissions, so
+// it must only listen where nothing but this machine can connect.
+func TestMCPAuthNoneOnlyOnLoopback(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1:8090", "127.3.4.5:0", "[::1]:8090", "localhost:8090", "LocalHost:8090"} {
+		cfg, err := Load(Source{File: writeFile(t, envelope+"mcp: {auth: none, bindAddress: \""+addr+"\"}\n"), Environ: []string{}})
+		if err != nil {
+			t.Errorf("auth none on %s: %v", addr, err)
+			continue
+		}
+		assertEqual(t, "mcp.auth", cfg.MCP.Auth, MCPAuthNone)
+	}
+	for _, addr := range []string{":8090", "0.0.0.0:8090", "[::]:8090", "10.0.0.7:8090", "[::ffff:10.0.0.7]:8090", "coder-k8s.example.com:8090", "127.0.0.1.example.com:8090"} {
+		_, err := Load(Source{File: writeFile(t, envelope+"mcp: {auth: none, bindAddress: \""+addr+"\"}\n"), Environ: []string{}})
+		want := `mcp.auth: Invalid value: "none": allowed only when mcp.bindAddress is a loopback address (127.0.0.0/8, ::1 or localhost), and it is "` + addr + `"`
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("auth none on %s: %v, want an error saying %q", addr, err, want)
+		}
+	}
+	// The default bind address listens everywhere.
+	if _, err := Load(Source{File: writeFile(t, envelope+"mcp: {auth: none}\n"), Environ: []string{}}); err == nil || !strings.Contains(err.Error(), `and it is ":8090"`) {
+		t.Errorf("auth none on the default address: %v, want refused", err)
+	}
+	// Kubernetes authentication may listen anywhere.
+	if _, err := Load(Source{File: writeFile(t, envelope+"mcp: {auth: kubernetes, bindAddress: \":8090\"}\n"), Environ: []string{}}); err != nil {
+		t.Errorf("auth kubernetes on all interfaces: %v", err)
+	}
+}

@@ -214,7 +214,8 @@ type MCP struct {
 	// with a TokenReview; every tool call is authorized with a
 	// SubjectAccessReview for the equivalent Kubernetes request) or "none"
 	// (no authentication, tools act with the operator's own rights: local
-	// development only, logged as a warning).
+	// development only, logged as a warning, and refused unless bindAddress
+	// is a loopback address: 127.0.0.0/8, ::1 or localhost).
 	Auth MCPAuth `json:"auth"`
 	// ReadOnly registers no tool that changes anything.
 	ReadOnly bool `json:"readOnly"`

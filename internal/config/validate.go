@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -163,7 +164,13 @@ func validateAggregated(cfg *Configuration, p *field.Path) field.ErrorList {
 func validateMCP(m *MCP, p *field.Path) field.ErrorList {
 	errs := validateAddress(m.BindAddress, p.Child("bindAddress"), false)
 	switch m.Auth {
-	case MCPAuthKubernetes, MCPAuthNone:
+	case MCPAuthKubernetes:
+	case MCPAuthNone:
+		if !loopbackAddress(m.BindAddress) {
+			errs = append(errs, field.Invalid(p.Child("auth"), m.Auth, fmt.Sprintf(
+				"allowed only when mcp.bindAddress is a loopback address (127.0.0.0/8, ::1 or localhost), and it is %q: without authentication every caller acts with coder-k8s's own permissions",
+				m.BindAddress)))
+		}
 	default:
 		errs = append(errs, field.NotSupported(p.Child("auth"), m.Auth, []MCPAuth{MCPAuthKubernetes, MCPAuthNone}))
 	}
@@ -178,6 +185,20 @@ func validateMCP(m *MCP, p *field.Path) field.ErrorList {
 		}
 	}
 	return errs
+}
+
+// loopbackAddress reports whether the listen address addr accepts
+// connections from this machine only. An empty host listens everywhere.
+func loopbackAddress(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func positive(d Duration, p *field.Path) field.ErrorList {

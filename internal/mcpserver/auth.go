@@ -11,6 +11,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/sync/singleflight"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +21,15 @@ import (
 // tokenCacheTTL is how long a TokenReview answer is reused: agents call
 // tools in bursts, and a revoked token stops working within this time.
 const tokenCacheTTL = 10 * time.Second
+
+// Rejected tokens are remembered briefly too, so that a caller repeating a
+// bad token (a misconfigured agent, or someone probing) cannot make every
+// request cost a TokenReview. The bound keeps the memory of a flood of
+// distinct bad tokens small; each of those costs one TokenReview anyway.
+const (
+	failureCacheTTL  = 10 * time.Second
+	maxCachedFailure = 10000
+)
 
 // identityKey holds the caller's Kubernetes identity in auth.TokenInfo.Extra.
 const identityKey = "kubernetes.identity"
@@ -33,12 +43,16 @@ type identity struct {
 }
 
 // tokenReviewer checks bearer tokens with kube-apiserver's TokenReview.
+// Its caches are keyed by a SHA-256 of the token; tokens are never kept.
 type tokenReviewer struct {
 	kube kubernetes.Interface
 	now  func() time.Time
+	// inflight makes concurrent checks of one token share one TokenReview.
+	inflight singleflight.Group
 
-	mu    sync.Mutex
-	cache map[[sha256.Size]byte]cachedReview
+	mu       sync.Mutex
+	cache    map[[sha256.Size]byte]cachedReview
+	failures map[[sha256.Size]byte]failedReview
 }
 
 type cachedReview struct {
@@ -46,56 +60,127 @@ type cachedReview struct {
 	expires time.Time
 }
 
-func newTokenReviewer(kube kubernetes.Interface) *tokenReviewer {
-	return &tokenReviewer{kube: kube, now: time.Now, cache: map[[sha256.Size]byte]cachedReview{}}
+// failedReview is a token kube-apiserver did not authenticate, and why.
+type failedReview struct {
+	msg     string
+	expires time.Time
 }
 
-// verify is an auth.TokenVerifier. Only a hash of the token is kept.
+func newTokenReviewer(kube kubernetes.Interface) *tokenReviewer {
+	return &tokenReviewer{kube: kube, now: time.Now,
+		cache: map[[sha256.Size]byte]cachedReview{}, failures: map[[sha256.Size]byte]failedReview{}}
+}
+
+// verify is an auth.TokenVerifier.
 func (r *tokenReviewer) verify(ctx context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 	key := sha256.Sum256([]byte(token))
-	now := r.now()
-	r.mu.Lock()
-	c, ok := r.cache[key]
-	if ok && now.After(c.expires) {
-		delete(r.cache, key)
-		ok = false
-	}
-	r.mu.Unlock()
+	c, msg, ok := r.cached(key)
 	if !ok {
-		review, err := r.kube.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
-			Spec: authenticationv1.TokenReviewSpec{Token: token},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			// Not the caller's fault: a 500 says so, unlike a 401.
-			return nil, fmt.Errorf("check the token with kube-apiserver: %w", err)
-		}
-		if !review.Status.Authenticated {
-			msg := "the bearer token is not valid for this cluster"
-			if review.Status.Error != "" {
-				msg += ": " + review.Status.Error
+		// Detached from the first caller, whose cancellation must not fail
+		// the others sharing the review; bounded on its own.
+		ch := r.inflight.DoChan(string(key[:]), func() (any, error) {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tokenReviewTimeout)
+			defer cancel()
+			return r.review(rctx, key, token)
+		})
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case res := <-ch:
+			if res.Err != nil {
+				return nil, res.Err
 			}
-			return nil, fmt.Errorf("%s: %w", msg, auth.ErrInvalidToken)
+			c, msg = res.Val.(reviewed).ok, res.Val.(reviewed).rejected
 		}
-		u := review.Status.User
-		id := &identity{User: u.Username, UID: u.UID, Groups: u.Groups, Extra: map[string]authorizationv1.ExtraValue{}}
-		for k, v := range u.Extra {
-			id.Extra[k] = authorizationv1.ExtraValue(v)
-		}
-		c = cachedReview{id: id, expires: now.Add(tokenCacheTTL)}
-		r.mu.Lock()
-		r.prune(now)
-		r.cache[key] = c
-		r.mu.Unlock()
+	}
+	if c.id == nil {
+		return nil, fmt.Errorf("%s: %w", msg, auth.ErrInvalidToken)
 	}
 	return &auth.TokenInfo{UserID: c.id.User, Expiration: c.expires, Extra: map[string]any{identityKey: c.id}}, nil
 }
 
-// prune drops expired entries so the cache stays as small as the set of
-// active tokens.
-func (r *tokenReviewer) prune(now time.Time) {
-	for k, c := range r.cache {
-		if now.After(c.expires) {
-			delete(r.cache, k)
+// tokenReviewTimeout bounds one TokenReview.
+const tokenReviewTimeout = 10 * time.Second
+
+// reviewed is a TokenReview's outcome: ok.id set, or why the token was
+// rejected.
+type reviewed struct {
+	ok       cachedReview
+	rejected string
+}
+
+// cached returns the remembered outcome for the token hashed to key:
+// c.id set when it was authenticated, msg when it was rejected.
+func (r *tokenReviewer) cached(key [sha256.Size]byte) (c cachedReview, msg string, ok bool) {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.cache[key]; ok {
+		if now.Before(c.expires) {
+			return c, "", true
+		}
+		delete(r.cache, key)
+	}
+	if f, ok := r.failures[key]; ok {
+		if now.Before(f.expires) {
+			return cachedReview{}, f.msg, true
+		}
+		delete(r.failures, key)
+	}
+	return cachedReview{}, "", false
+}
+
+// review asks kube-apiserver about token and remembers the answer.
+func (r *tokenReviewer) review(ctx context.Context, key [sha256.Size]byte, token string) (reviewed, error) {
+	review, err := r.kube.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+		Spec: authenticationv1.TokenReviewSpec{Token: token},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		// Not the caller's fault, and not remembered: a 500 says so,
+		// unlike a 401.
+		return reviewed{}, fmt.Errorf("check the token with kube-apiserver: %w", err)
+	}
+	now := r.now()
+	if !review.Status.Authenticated {
+		msg := "the bearer token is not valid for this cluster"
+		if review.Status.Error != "" {
+			msg += ": " + review.Status.Error
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if len(r.failures) >= maxCachedFailure {
+			pruneExpired(r.failures, now, func(f failedReview) time.Time { return f.expires })
+		}
+		// Still full of live entries: drop some at random (map order).
+		for k := range r.failures {
+			if len(r.failures) < maxCachedFailure {
+				break
+			}
+			delete(r.failures, k)
+		}
+		r.failures[key] = failedReview{msg: msg, expires: now.Add(failureCacheTTL)}
+		return reviewed{rejected: msg}, nil
+	}
+	u := review.Status.User
+	id := &identity{User: u.Username, UID: u.UID, Groups: u.Groups, Extra: map[string]authorizationv1.ExtraValue{}}
+	for k, v := range u.Extra {
+		id.Extra[k] = authorizationv1.ExtraValue(v)
+	}
+	c := cachedReview{id: id, expires: now.Add(tokenCacheTTL)}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// Drop expired entries so the cache stays as small as the set of
+	// active tokens.
+	pruneExpired(r.cache, now, func(c cachedReview) time.Time { return c.expires })
+	r.cache[key] = c
+	return reviewed{ok: c}, nil
+}
+
+// pruneExpired deletes the entries of m that expired before now.
+func pruneExpired[V any](m map[[sha256.Size]byte]V, now time.Time, expires func(V) time.Time) {
+	for k, v := range m {
+		if now.After(expires(v)) {
+			delete(m, k)
 		}
 	}
 }

@@ -351,7 +351,9 @@ func setWorkspaceRunning(ctx context.Context, c *call, in SetRunningInput) (SetR
 	if in.WaitSeconds < 0 || in.WaitSeconds > maxWaitSeconds {
 		return SetRunningResult{}, fmt.Errorf("waitSeconds must be between 0 and %d, got %d", maxWaitSeconds, in.WaitSeconds)
 	}
-	if err := c.authorize(ctx, workspacesResource.with("update", in.Namespace, in.Name)); err != nil {
+	// The same verb as the request sent below, so the caller needs what
+	// kubectl patch would need.
+	if err := c.authorize(ctx, workspacesResource.with("patch", in.Namespace, in.Name)); err != nil {
 		return SetRunningResult{}, err
 	}
 	w, err := c.getWorkspace(ctx, in.Namespace, in.Name)

@@ -8,4 +8,9 @@ package mcpserver
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 // +kubebuilder:rbac:groups="",resources=pods;events,verbs=get;list
 // +kubebuilder:rbac:groups="",resources=pods/log,verbs=get
-// +kubebuilder:rbac:groups=aggregation.coder.com,resources=coderworkspaces;codertemplates,verbs=get;list;watch;update;patch;delete
+//
+// The aggregated resources are read uncached (no watch); set_workspace_running
+// sends a patch and delete_workspace a delete, nothing updates.
+//
+// +kubebuilder:rbac:groups=aggregation.coder.com,resources=coderworkspaces,verbs=get;list;patch;delete
+// +kubebuilder:rbac:groups=aggregation.coder.com,resources=codertemplates,verbs=get;list

@@ -183,6 +183,11 @@ func (s *Server) build() (*genericapiserver.GenericAPIServer, error) {
 
 	authn := options.NewDelegatingAuthenticationOptions()
 	authn.RemoteKubeConfigFile = s.kubeconfig
+	// Acceptances and rejections alike (one TTL for both in this
+	// version), so that repeating a bad token does not cost a TokenReview
+	// per request.
+	authn.CacheTTL = tokenCacheTTL
+	authn.CustomRoundTripperFn = rememberRejections(s.log)
 	authz := options.NewDelegatingAuthorizationOptions()
 	authz.RemoteKubeConfigFile = s.kubeconfig
 	authz.AlwaysAllowPaths = healthPaths

@@ -184,7 +184,15 @@ func forbiddenHint(sdkErr *codersdk.Error, tgt Target) string {
 // fromTransport maps errors for which coderd gave no answer.
 func fromTransport(err error, tgt Target) *apierrors.StatusError {
 	timeout := isTimeout(err)
+	var redirect *coderapi.RedirectError
+	var tooLarge *coderapi.ResponseTooLargeError
 	switch {
+	case errors.As(err, &redirect) || errors.As(err, &tooLarge):
+		// coderd answered, with nothing coder-k8s may use: the error says
+		// what and why.
+		st := apierrors.NewServiceUnavailable(fmt.Sprintf("coderd%s gave an unusable answer: %s", at(tgt, err), transportMessage(err)))
+		st.ErrStatus.Details = details(tgt)
+		return st
 	case errors.Is(err, context.Canceled) && !timeout:
 		return apierrors.NewTimeoutError(fmt.Sprintf("the request to coderd%s was cancelled before it answered", at(tgt, err)), 0)
 	case timeout || isNetwork(err):

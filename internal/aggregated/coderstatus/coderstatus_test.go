@@ -366,3 +366,22 @@ func hungCoderd(t *testing.T) *url.URL {
 	}
 	return u
 }
+
+// TestUnusableAnswer: a coderd that redirects, or answers more than
+// coder-k8s reads, is not "unreachable"; the status says what it did.
+func TestUnusableAnswer(t *testing.T) {
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("the redirect was followed: %s %s", r.Method, r.URL)
+	}))
+	t.Cleanup(elsewhere.Close)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.URL+"/login", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	_, err := coderapi.NewClient(u, "token", 0, coderapi.Target{}).Workspaces(t.Context(), codersdk.WorkspaceFilter{})
+	o := coderstatus.Target{Resource: workspaces, Kind: "CoderWorkspace", CoderURL: u.String()}
+	wantStatus(t, statusOf(t, coderstatus.Error(err, o)), 503, metav1.StatusReasonServiceUnavailable,
+		"coderd at "+u.String()+" gave an unusable answer: coderd answered GET /api/v2/workspaces with a redirect (307) to "+elsewhere.URL+"/login;",
+		"configure coderd's final URL")
+}

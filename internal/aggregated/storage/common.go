@@ -50,6 +50,19 @@ type target struct {
 	prefixed bool
 }
 
+// coderdKey identifies, for the caches of what coderd answered, the
+// coderd behind t and who asks it: the backend (namespace and control
+// plane) and the URL its client calls. IDs are only unique within one
+// coderd, and a tenant's coderd may answer with any ID it likes, so an
+// entry read from one backend's coderd is never served for another.
+func (t target) coderdKey() string {
+	u := ""
+	if t.Client != nil && t.Client.URL != nil {
+		u = t.Client.URL.String()
+	}
+	return t.Key() + " " + u
+}
+
 // targetsOf marks the backends of namespaces that have several.
 func targetsOf(backends []backend.Backend) []target {
 	perNamespace := map[string]int{}

@@ -21,7 +21,7 @@ type orgIDs struct {
 }
 
 func (o *orgIDs) get(ctx context.Context, t target, org string) (uuid.UUID, error) {
-	key := t.Key() + "/" + org
+	key := t.coderdKey() + "/" + org
 	o.mu.Lock()
 	id, ok := o.ids[key]
 	o.mu.Unlock()
@@ -41,28 +41,34 @@ func (o *orgIDs) get(ctx context.Context, t target, org string) (uuid.UUID, erro
 	return got.ID, nil
 }
 
-// buildParams remembers each build's parameter values. A build's
-// parameters never change, so a steady-state poll asks coderd only about
-// builds it has not seen.
+// coderdID is an ID as one coderd (target.coderdKey) knows it.
+type coderdID struct {
+	coderd string
+	id     uuid.UUID
+}
+
+// buildParams remembers each build's parameter values, per coderd. A
+// build's parameters never change, so a steady-state poll asks coderd only
+// about builds it has not seen.
 type buildParams struct {
 	mu    sync.Mutex
-	byID  map[uuid.UUID][]aggv1.WorkspaceParameter
-	order []uuid.UUID
+	byID  map[coderdID][]aggv1.WorkspaceParameter
+	order []coderdID
 	max   int
 }
 
 func newBuildParams(max int) *buildParams {
-	return &buildParams{byID: map[uuid.UUID][]aggv1.WorkspaceParameter{}, max: max}
+	return &buildParams{byID: map[coderdID][]aggv1.WorkspaceParameter{}, max: max}
 }
 
-func (p *buildParams) lookup(id uuid.UUID) ([]aggv1.WorkspaceParameter, bool) {
+func (p *buildParams) lookup(id coderdID) ([]aggv1.WorkspaceParameter, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	v, ok := p.byID[id]
 	return v, ok
 }
 
-func (p *buildParams) store(id uuid.UUID, v []aggv1.WorkspaceParameter) {
+func (p *buildParams) store(id coderdID, v []aggv1.WorkspaceParameter) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.byID[id]; ok {
@@ -76,16 +82,17 @@ func (p *buildParams) store(id uuid.UUID, v []aggv1.WorkspaceParameter) {
 	}
 }
 
-// fill returns the parameters of every build in ids, asking coderd (at
-// most 8 at a time) for those not remembered.
-func (p *buildParams) fill(ctx context.Context, client *codersdk.Client, ids []uuid.UUID) (map[uuid.UUID][]aggv1.WorkspaceParameter, error) {
+// fill returns the parameters of every build in ids of t's coderd, asking
+// it (at most 8 at a time) for those not remembered.
+func (p *buildParams) fill(ctx context.Context, t target, ids []uuid.UUID) (map[uuid.UUID][]aggv1.WorkspaceParameter, error) {
 	out := make(map[uuid.UUID][]aggv1.WorkspaceParameter, len(ids))
+	coderd := t.coderdKey()
 	var missing []uuid.UUID
 	for _, id := range ids {
 		if id == uuid.Nil {
 			continue
 		}
-		if v, ok := p.lookup(id); ok {
+		if v, ok := p.lookup(coderdID{coderd, id}); ok {
 			out[id] = v
 		} else {
 			missing = append(missing, id)
@@ -99,12 +106,12 @@ func (p *buildParams) fill(ctx context.Context, client *codersdk.Client, ids []u
 	g.SetLimit(8)
 	for _, id := range missing {
 		g.Go(func() error {
-			got, err := client.WorkspaceBuildParameters(gctx, id)
+			got, err := t.Client.WorkspaceBuildParameters(gctx, id)
 			if err != nil {
 				return fmt.Errorf("parameters of build %s: %w", id, err)
 			}
 			v := toParameters(got)
-			p.store(id, v)
+			p.store(coderdID{coderd, id}, v)
 			mu.Lock()
 			out[id] = v
 			mu.Unlock()
@@ -128,7 +135,7 @@ func toParameters(in []codersdk.WorkspaceBuildParameter) []aggv1.WorkspaceParame
 	return out
 }
 
-// listMemo remembers, per backend, the objects the last list built, by a
+// listMemo remembers, per backend and coderd, the objects the last list built, by a
 // hash of each object's JSON from coderd.
 type listMemo struct {
 	mu   sync.Mutex

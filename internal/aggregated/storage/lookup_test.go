@@ -12,7 +12,7 @@ import (
 
 func TestBuildParamsEvictsOldest(t *testing.T) {
 	p := newBuildParams(2)
-	ids := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
+	ids := []coderdID{{"a", uuid.New()}, {"a", uuid.New()}, {"a", uuid.New()}}
 	vals := [][]aggv1.WorkspaceParameter{{{Name: "a", Value: "0"}}, {{Name: "a", Value: "1"}}, nil}
 	p.store(ids[0], vals[0])
 	p.store(ids[1], vals[1])
@@ -40,8 +40,9 @@ func TestBuildParamsEvictsOldest(t *testing.T) {
 func TestBuildParamsFillFromMemory(t *testing.T) {
 	p := newBuildParams(10)
 	known := uuid.New()
-	p.store(known, []aggv1.WorkspaceParameter{{Name: "region", Value: "eu"}})
-	got, err := p.fill(context.Background(), nil, []uuid.UUID{known, uuid.Nil, known})
+	tgt := fxTarget(t, "prod", false)
+	p.store(coderdID{tgt.coderdKey(), known}, []aggv1.WorkspaceParameter{{Name: "region", Value: "eu"}})
+	got, err := p.fill(context.Background(), tgt, []uuid.UUID{known, uuid.Nil, known})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func TestBuildParamsFillFromMemory(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("fill = %v, want %v (no entry for the nil build)", got, want)
 	}
-	if got, err := p.fill(context.Background(), nil, nil); err != nil || len(got) != 0 {
+	if got, err := p.fill(context.Background(), tgt, nil); err != nil || len(got) != 0 {
 		t.Errorf("fill(nil) = %v, %v", got, err)
 	}
 }

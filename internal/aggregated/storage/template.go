@@ -136,7 +136,7 @@ func (s *TemplateStorage) convert(ctx context.Context, t target, tpl *codersdk.T
 	if err != nil {
 		return nil, fmt.Errorf("active version of template %s: %w", tpl.Name, err)
 	}
-	files, err := s.sources.Files(ctx, t.Client, v.Job.FileID, s.opts.Limits)
+	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, v.Job.FileID, s.opts.Limits)
 	if err != nil {
 		var fe *templatesource.FileError
 		if !errors.As(err, &fe) {
@@ -434,16 +434,17 @@ func (s *TemplateStorage) Delete(ctx context.Context, name string, deleteValidat
 	return cur, true, nil
 }
 
-// versionCache remembers template versions whose build has ended: they
-// no longer change.
+// versionCache remembers template versions whose build has ended, per
+// coderd: they no longer change.
 type versionCache struct {
 	mu   sync.Mutex
-	byID map[uuid.UUID]codersdk.TemplateVersion
+	byID map[coderdID]codersdk.TemplateVersion
 }
 
 func (c *versionCache) get(ctx context.Context, t target, id uuid.UUID) (codersdk.TemplateVersion, error) {
+	key := coderdID{t.coderdKey(), id}
 	c.mu.Lock()
-	v, ok := c.byID[id]
+	v, ok := c.byID[key]
 	c.mu.Unlock()
 	if ok {
 		return v, nil
@@ -455,12 +456,12 @@ func (c *versionCache) get(ctx context.Context, t target, id uuid.UUID) (codersd
 	if !buildInProgress(v.Job.Status) {
 		c.mu.Lock()
 		if c.byID == nil {
-			c.byID = map[uuid.UUID]codersdk.TemplateVersion{}
+			c.byID = map[coderdID]codersdk.TemplateVersion{}
 		}
 		if len(c.byID) > 10000 {
 			clear(c.byID)
 		}
-		c.byID[id] = v
+		c.byID[key] = v
 		c.mu.Unlock()
 	}
 	return v, nil

@@ -100,7 +100,7 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 		return nil, fmt.Errorf("list workspaces: decode coderd's answer: %w", err)
 	}
 
-	memoKey := t.Key() + "/" + strconv.FormatBool(t.prefixed)
+	memoKey := t.coderdKey() + "/" + strconv.FormatBool(t.prefixed)
 	prev := s.memo.get(memoKey)
 	next := make(map[uint64]*aggv1.CoderWorkspace, len(page.Workspaces))
 	out := make([]watchcache.Object, len(page.Workspaces))
@@ -127,7 +127,7 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 	for i := range todo {
 		ids[i] = todo[i].ws.LatestBuild.ID
 	}
-	params, err := s.params.fill(ctx, t.Client, ids)
+	params, err := s.params.fill(ctx, t, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +153,7 @@ func (s *WorkspaceStorage) read(ctx context.Context, t target, n workspaceName, 
 	if w.OrganizationName != n.Org {
 		return nil, s.notFound(name, fmt.Sprintf("workspace %s/%s belongs to organization %q", n.Owner, n.Name, w.OrganizationName))
 	}
-	params, err := s.params.fill(ctx, t.Client, []uuid.UUID{w.LatestBuild.ID})
+	params, err := s.params.fill(ctx, t, []uuid.UUID{w.LatestBuild.ID})
 	if err != nil {
 		return nil, s.coderErr(t, err, name)
 	}

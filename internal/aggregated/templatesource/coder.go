@@ -40,9 +40,10 @@ const entryOverhead = 64
 // safe for concurrent use.
 //
 // The cache does not repeat coderd's authorization: a hit returns the
-// files to any caller. Share one cache only among callers that act with
-// the same coderd identity (for the aggregated API server: the operator's
-// token of the control plane).
+// files to any caller that names the same coderd. Callers name the coderd
+// and the identity acting on it (for the aggregated API server: the
+// backend and its URL), so that one tenant's coderd, which may claim any
+// file ID, never reads another's sources.
 type SourceCache struct {
 	maxBytes int64
 
@@ -53,10 +54,10 @@ type SourceCache struct {
 	inflight map[cacheKey]*download
 }
 
-// cacheKey includes the server, so that one cache can serve several
+// cacheKey includes the coderd, so that one cache can serve several
 // coderd deployments.
 type cacheKey struct {
-	server string
+	coderd string
 	id     uuid.UUID
 }
 
@@ -87,16 +88,17 @@ func NewSourceCache(maxBytes int64) *SourceCache {
 	}
 }
 
-// Files returns the files of coderd upload fileID, downloading and
-// extracting it (see Extract; limits apply) only when it is not cached.
+// Files returns the files of upload fileID of the coderd named coderd
+// (see SourceCache), downloading them with client and extracting them
+// (see Extract; limits apply) only when they are not cached.
 // The map is the caller's own copy. Cached sources were checked against
 // the limits of the call that downloaded them, so use the same limits for
 // every call on one cache.
-func (c *SourceCache) Files(ctx context.Context, client *codersdk.Client, fileID uuid.UUID, limits Limits) (map[string]string, error) {
+func (c *SourceCache) Files(ctx context.Context, coderd string, client *codersdk.Client, fileID uuid.UUID, limits Limits) (map[string]string, error) {
 	if client == nil || client.URL == nil {
 		return nil, errors.New("get template source: no coderd client")
 	}
-	key := cacheKey{server: client.URL.String(), id: fileID}
+	key := cacheKey{coderd: coderd, id: fileID}
 	for {
 		c.mu.Lock()
 		if el, ok := c.entries[key]; ok {

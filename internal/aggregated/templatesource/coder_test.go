@@ -339,7 +339,7 @@ func TestAgainstCoderd(t *testing.T) {
 		client := clientWith(coder, rt, coder.SessionToken)
 		cache := NewSourceCache(1 << 20)
 
-		got, err := cache.Files(ctx, client, fileID, DefaultLimits)
+		got, err := cache.Files(ctx, client.URL.String(), client, fileID, DefaultLimits)
 		if err != nil {
 			t.Fatalf("Files() error = %v", err)
 		}
@@ -347,7 +347,7 @@ func TestAgainstCoderd(t *testing.T) {
 			t.Fatalf("Files() = %q after %d downloads, want %q after 1", got, rt.downloads.Load(), files)
 		}
 		got["main.tf"] = "changed by the caller"
-		again, err := cache.Files(ctx, client, fileID, DefaultLimits)
+		again, err := cache.Files(ctx, client.URL.String(), client, fileID, DefaultLimits)
 		if err != nil {
 			t.Fatalf("Files() error = %v", err)
 		}
@@ -364,7 +364,7 @@ func TestAgainstCoderd(t *testing.T) {
 		errs := make(chan error, 8)
 		for range 8 {
 			wg.Go(func() {
-				got, err := fresh.Files(ctx, client, fileID, DefaultLimits)
+				got, err := fresh.Files(ctx, client.URL.String(), client, fileID, DefaultLimits)
 				if err == nil && !reflect.DeepEqual(got, files) {
 					err = errors.New("wrong files")
 				}
@@ -389,7 +389,7 @@ func TestAgainstCoderd(t *testing.T) {
 		leaderCtx, leaderCancel := context.WithCancel(ctx)
 		leaderDone := make(chan error, 1)
 		go func() {
-			_, err := abandoned.Files(leaderCtx, client, fileID, DefaultLimits)
+			_, err := abandoned.Files(leaderCtx, client.URL.String(), client, fileID, DefaultLimits)
 			leaderDone <- err
 		}()
 		for rt.downloads.Load() == 0 { // the leader's download is under way
@@ -397,7 +397,7 @@ func TestAgainstCoderd(t *testing.T) {
 		}
 		waiterDone := make(chan error, 1)
 		go func() {
-			got, err := abandoned.Files(ctx, client, fileID, DefaultLimits)
+			got, err := abandoned.Files(ctx, client.URL.String(), client, fileID, DefaultLimits)
 			if err == nil && !reflect.DeepEqual(got, files) {
 				err = errors.New("wrong files")
 			}
@@ -420,7 +420,7 @@ func TestAgainstCoderd(t *testing.T) {
 		rt.downloads.Store(0)
 		missing := uuid.New()
 		for range 2 {
-			_, err := fresh.Files(ctx, client, missing, DefaultLimits)
+			_, err := fresh.Files(ctx, client.URL.String(), client, missing, DefaultLimits)
 			var sdkErr *codersdk.Error
 			if !errors.As(err, &sdkErr) || sdkErr.StatusCode() != http.StatusNotFound {
 				t.Errorf("Files(unknown ID) error = %v, want coderd's 404", err)
@@ -439,7 +439,7 @@ func TestAgainstCoderd(t *testing.T) {
 		rt.downloads.Store(0)
 		small := NewSourceCache(max(sourceSize(files), sourceSize(otherFiles)))
 		for _, id := range []uuid.UUID{fileID, other, fileID} {
-			if _, err := small.Files(ctx, client, id, DefaultLimits); err != nil {
+			if _, err := small.Files(ctx, client.URL.String(), client, id, DefaultLimits); err != nil {
 				t.Fatalf("Files(%s) error = %v", id, err)
 			}
 		}

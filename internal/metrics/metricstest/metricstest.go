@@ -3,9 +3,14 @@
 package metricstest
 
 import (
+	"bytes"
+	"context"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/kubernetes"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -16,16 +21,22 @@ func Value(t testing.TB, name string, labels map[string]string) float64 {
 	t.Helper()
 	var sum float64
 	for _, m := range Series(t, name, labels) {
-		switch {
-		case m.Counter != nil:
-			sum += m.Counter.GetValue()
-		case m.Gauge != nil:
-			sum += m.Gauge.GetValue()
-		case m.Histogram != nil:
-			sum += float64(m.Histogram.GetSampleCount())
-		}
+		sum += value(m)
 	}
 	return sum
+}
+
+// value is a counter's or gauge's value, a histogram's count.
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Histogram != nil:
+		return float64(m.Histogram.GetSampleCount())
+	}
+	return 0
 }
 
 // Series returns the series of metric name whose labels include labels.
@@ -71,4 +82,27 @@ func Label(m *dto.Metric, name string) string {
 		}
 	}
 	return ""
+}
+
+// APIServerValue scrapes /metrics of the Kubernetes API server that kube
+// (an admin client) talks to and returns, as Value does, the sum of the
+// series of metric name whose labels include labels.
+func APIServerValue(t testing.TB, kube kubernetes.Interface, name string, labels map[string]string) float64 {
+	t.Helper()
+	raw, err := kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatalf("scrape kube-apiserver's /metrics: %v", err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatalf("parse kube-apiserver's /metrics: %v", err)
+	}
+	var sum float64
+	for _, m := range families[name].GetMetric() {
+		if Matches(m, labels) {
+			sum += value(m)
+		}
+	}
+	return sum
 }
