@@ -295,7 +295,7 @@ func testMCPAuthorization(t *testing.T, env *mcpEnv) {
 	}
 	before := s.coderWorkspace(t, "ws-run")
 	res := reader.call(t, "set_workspace_running", map[string]any{"namespace": s.ns, "name": wsName("ws-run"), "running": false}, nil)
-	want := `"system:serviceaccount:` + e2eMCPAgentNamespace + `:reader" may not update coderworkspaces.aggregation.coder.com ` + wsName("ws-run") + " in namespace " + s.ns
+	want := `"system:serviceaccount:` + e2eMCPAgentNamespace + `:reader" may not patch coderworkspaces.aggregation.coder.com ` + wsName("ws-run") + " in namespace " + s.ns
 	if text := e2eMCPText(res); !res.IsError || !strings.Contains(text, want) {
 		t.Errorf("set_workspace_running by a reader: isError %v %q, want %q", res.IsError, text, want)
 	}
