@@ -329,8 +329,8 @@ controller:
 		t.Fatal(err)
 	}
 	w := cfg.Controller.WorkspaceRBAC
-	if got := strings.Join(w.ClusterRoles(), ","); got != "ws,ws-deploy,extra" {
-		t.Errorf("ClusterRoles() = %s, want ws,ws-deploy,extra", got)
+	if w.ClusterRole != "ws" || w.DeploymentsClusterRole != "ws-deploy" || strings.Join(w.AllowedClusterRoles, ",") != "ws,extra" {
+		t.Errorf("workspaceRBAC = %+v", w)
 	}
 	if len(w.ExtraNamespaces) != 1 || w.ExtraNamespaces[0].ControlPlaneNamespace != "tenant-a" || strings.Join(w.ExtraNamespaces[0].Namespaces, ",") != "tenant-a-ws" {
 		t.Errorf("extraNamespaces = %+v", w.ExtraNamespaces)

@@ -274,8 +274,8 @@ func decodeValue(in, out any) error {
 		// Keys inside list items (controller.workspaceRBAC.extraNamespaces)
 		// are not among koanf's keys: refuse unknown ones here.
 		ErrorUnused: true,
-		TagName:    "json",
-		Result:     out,
+		TagName:     "json",
+		Result:      out,
 	})
 	if err != nil {
 		return err

@@ -7,7 +7,6 @@ package config
 import (
 	"encoding/json"
 	"fmt"
-	"slices"
 	"time"
 )
 
@@ -130,19 +129,6 @@ type WorkspaceNamespaces struct {
 	ControlPlaneNamespace string `json:"controlPlaneNamespace"`
 	// Namespaces they may list in spec.workspaceRBAC.extraNamespaces.
 	Namespaces []string `json:"namespaces"`
-}
-
-// ClusterRoles lists every ClusterRole the operator may bind: the
-// default, the deployments one and the allowed ones, deduplicated, in
-// that order.
-func (w WorkspaceRBAC) ClusterRoles() []string {
-	var out []string
-	for _, r := range append([]string{w.ClusterRole, w.DeploymentsClusterRole}, w.AllowedClusterRoles...) {
-		if r != "" && !slices.Contains(out, r) {
-			out = append(out, r)
-		}
-	}
-	return out
 }
 
 // LeaderElection configures the Lease that makes one replica reconcile.
