@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/validation/path"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
@@ -88,7 +88,7 @@ func validateWorkspaceRBAC(w *WorkspaceRBAC, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	// ClusterRole names are path segments (RBAC's own name validation).
 	roleName := func(name string, fp *field.Path) {
-		for _, msg := range path.IsValidPathSegmentName(name) {
+		for _, msg := range content.IsPathSegmentName(name) {
 			errs = append(errs, field.Invalid(fp, name, msg))
 		}
 	}
