@@ -85,21 +85,39 @@ type ServiceAccountSpec struct {
 }
 
 // WorkspaceRBACSpec grants coderd's service account the access Kubernetes
-// workspace templates need, in its namespace and extra namespaces.
+// workspace templates need, in its namespace and extra namespaces, by
+// binding ClusterRoles an administrator installed (RoleBindings only: the
+// operator creates no Roles). Which ClusterRoles and namespaces are
+// allowed is the operator's configuration (controller.workspaceRBAC); a
+// spec asking for more is refused in the Reconciled condition.
 type WorkspaceRBACSpec struct {
-	// Enabled creates the Role and RoleBinding (pods, persistent volume
-	// claims).
+	// Enabled creates the RoleBindings.
 	// +kubebuilder:default=true
 	// +optional
 	Enabled *bool `json:"enabled,omitempty"`
-	// Deployments also grants access to apps/deployments.
+	// Deployments also binds the operator's ClusterRole for
+	// apps/deployments (controller.workspaceRBAC.deploymentsClusterRole).
 	// +optional
 	Deployments bool `json:"deployments,omitempty"`
-	// ExtraRules are appended to the Role.
+	// ClusterRoles are bound instead of the operator's default workspace
+	// ClusterRole (controller.workspaceRBAC.clusterRole); each must be one
+	// the operator's configuration allows.
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MinLength=1
+	// +listType=set
+	// +optional
+	ClusterRoles []string `json:"clusterRoles,omitempty"`
+	// ExtraRules is refused when not empty: the operator no longer creates
+	// Roles with rules chosen in the spec (which let anyone who may write
+	// a control plane grant anything). Bind an administrator-installed
+	// ClusterRole with ClusterRoles instead. Kept so that stored objects
+	// still decode.
 	// +optional
 	ExtraRules []rbacv1.PolicyRule `json:"extraRules,omitempty"`
-	// ExtraNamespaces also get the Role and RoleBinding, for workspaces
-	// that run outside the control plane's namespace.
+	// ExtraNamespaces also get the RoleBindings, for workspaces that run
+	// outside the control plane's namespace. Only namespaces the operator's
+	// configuration allows for the control plane's namespace
+	// (controller.workspaceRBAC.extraNamespaces) are accepted.
 	// +listType=set
 	// +optional
 	ExtraNamespaces []string `json:"extraNamespaces,omitempty"`

@@ -59,6 +59,11 @@ const (
 	// ReasonApplyError: a child could not be written for a reason that
 	// may go away by itself (API errors, timeouts); it is retried.
 	ReasonApplyError = "ApplyError"
+	// ReasonWorkspaceRBACRefused: spec.workspaceRBAC asks for a ClusterRole,
+	// a namespace or rules the operator's configuration does not allow;
+	// no workspace RBAC is created until the spec or the configuration
+	// changes.
+	ReasonWorkspaceRBACRefused = "WorkspaceRBACRefused"
 
 	// Exposed.
 	ReasonIngressApplied         = "IngressApplied"

@@ -752,6 +752,11 @@ func (in *WorkspaceRBACSpec) DeepCopyInto(out *WorkspaceRBACSpec) {
 		*out = new(bool)
 		**out = **in
 	}
+	if in.ClusterRoles != nil {
+		in, out := &in.ClusterRoles, &out.ClusterRoles
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.ExtraRules != nil {
 		in, out := &in.ExtraRules, &out.ExtraRules
 		*out = make([]rbacv1.PolicyRule, len(*in))

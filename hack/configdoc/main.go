@@ -92,6 +92,10 @@ func typeName(t reflect.Type) string {
 		return "integer"
 	case t.Kind() == reflect.Bool:
 		return "boolean"
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		return "list of objects"
+	case t.Kind() == reflect.Slice:
+		return "list of strings"
 	default:
 		return "string"
 	}

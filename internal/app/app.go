@@ -33,6 +33,7 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/controller"
+	"github.com/coder/coder-k8s/internal/controller/controlplane"
 	"github.com/coder/coder-k8s/internal/kubecache"
 	"github.com/coder/coder-k8s/internal/mcpserver"
 	"github.com/coder/coder-k8s/internal/scheme"
@@ -115,6 +116,7 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 		CoderRequestTimeout:         cfg.Controller.CoderRequestTimeout.Duration,
 		OperatorAccessCheckInterval: cfg.Controller.OperatorAccessCheckInterval.Duration,
 		AccessRechecks:              rechecks,
+		WorkspaceRBAC:               workspaceRBACPolicy(cfg.Controller.WorkspaceRBAC),
 	}); err != nil {
 		return fmt.Errorf("set up controllers: %w", err)
 	}
@@ -362,3 +364,18 @@ func modeList() string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// workspaceRBACPolicy is the controller's view of
+// controller.workspaceRBAC.
+func workspaceRBACPolicy(c config.WorkspaceRBAC) *controlplane.WorkspaceRBACPolicy {
+	p := &controlplane.WorkspaceRBACPolicy{
+		ClusterRole:            c.ClusterRole,
+		DeploymentsClusterRole: c.DeploymentsClusterRole,
+		AllowedClusterRoles:    c.AllowedClusterRoles,
+		ExtraNamespaces:        map[string][]string{},
+	}
+	for _, g := range c.ExtraNamespaces {
+		p.ExtraNamespaces[g.ControlPlaneNamespace] = g.Namespaces
+	}
+	return p
+}

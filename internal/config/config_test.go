@@ -272,6 +272,28 @@ mcp: {bindAddress: nowhere}
 		name: "static backend URL must be absolute",
 		file: envelope + "aggregatedAPIServer:\n  coder:\n    staticBackend: {url: coder.example.com, namespace: coder, sessionTokenFile: /t}\n",
 		want: []string{"staticBackend.url: Invalid value"},
+	}, {
+		name: "workspace RBAC policy, every problem with its path",
+		file: envelope + `
+controller:
+  workspaceRBAC:
+    clusterRole: "a/b"
+    allowedClusterRoles: [""]
+    extraNamespaces:
+      - {controlPlaneNamespace: tenant-a, namespaces: [Kube_System]}
+      - {controlPlaneNamespace: tenant-a, namespaces: []}
+`,
+		want: []string{
+			`controller.workspaceRBAC.clusterRole: Invalid value: "a/b"`,
+			"controller.workspaceRBAC.allowedClusterRoles[0]: Required value",
+			`controller.workspaceRBAC.extraNamespaces[0].namespaces[0]: Invalid value: "Kube_System"`,
+			`controller.workspaceRBAC.extraNamespaces[1].controlPlaneNamespace: Duplicate value: "tenant-a"`,
+			"controller.workspaceRBAC.extraNamespaces[1].namespaces: Required value",
+		},
+	}, {
+		name: "workspace RBAC namespace grants are objects with known keys",
+		file: envelope + "controller:\n  workspaceRBAC:\n    extraNamespaces:\n      - {controlPlaneNamespace: a, namespace: [b]}\n",
+		want: []string{"controller.workspaceRBAC.extraNamespaces: Invalid value", "must be a list of objects with the keys controlPlaneNamespace, namespaces"},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -289,6 +311,35 @@ mcp: {bindAddress: nowhere}
 				}
 			}
 		})
+	}
+}
+
+func TestWorkspaceRBACPolicy(t *testing.T) {
+	cfg, err := Load(Source{File: writeFile(t, envelope+`
+controller:
+  workspaceRBAC:
+    clusterRole: ws
+    deploymentsClusterRole: ws-deploy
+    allowedClusterRoles: [ws, extra]
+    extraNamespaces:
+      - controlPlaneNamespace: tenant-a
+        namespaces: [tenant-a-ws]
+`), Environ: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := cfg.Controller.WorkspaceRBAC
+	if w.ClusterRole != "ws" || w.DeploymentsClusterRole != "ws-deploy" || strings.Join(w.AllowedClusterRoles, ",") != "ws,extra" {
+		t.Errorf("workspaceRBAC = %+v", w)
+	}
+	if len(w.ExtraNamespaces) != 1 || w.ExtraNamespaces[0].ControlPlaneNamespace != "tenant-a" || strings.Join(w.ExtraNamespaces[0].Namespaces, ",") != "tenant-a-ws" {
+		t.Errorf("extraNamespaces = %+v", w.ExtraNamespaces)
+	}
+	// Default: the chart's ClusterRoles for release coder-k8s, and no
+	// namespace besides a control plane's own.
+	d := Default().Controller.WorkspaceRBAC
+	if d.ClusterRole != "coder-k8s-workspace" || d.DeploymentsClusterRole != "coder-k8s-workspace-deployments" || len(d.ExtraNamespaces) != 0 || len(d.AllowedClusterRoles) != 0 {
+		t.Errorf("default workspaceRBAC = %+v", d)
 	}
 }
 

@@ -31,6 +31,12 @@ func Default() Configuration {
 				RenewDeadline: D(10 * time.Second),
 				RetryPeriod:   D(2 * time.Second),
 			},
+			// The ClusterRoles the chart installs for a release named
+			// coder-k8s; the chart renders its own names.
+			WorkspaceRBAC: WorkspaceRBAC{
+				ClusterRole:            "coder-k8s-workspace",
+				DeploymentsClusterRole: "coder-k8s-workspace-deployments",
+			},
 		},
 		AggregatedAPIServer: AggregatedAPIServer{
 			BindAddress:    "0.0.0.0",

@@ -233,6 +233,10 @@ func expected(t reflect.Type) string {
 		return `must be a duration such as "30s" or "25m"`
 	case t.Kind() == reflect.Struct:
 		return "must be an object"
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		return "must be a list of objects with the keys " + structKeys(t.Elem())
+	case t.Kind() == reflect.Slice:
+		return "must be a list of strings"
 	case t.Kind() == reflect.Bool:
 		return "must be true or false"
 	case t.Kind() == reflect.Int:
@@ -242,6 +246,17 @@ func expected(t reflect.Type) string {
 	default:
 		return "must be a string"
 	}
+}
+
+// structKeys lists the configuration keys of a struct type.
+func structKeys(t reflect.Type) string {
+	var keys []string
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			keys = append(keys, name)
+		}
+	}
+	return strings.Join(keys, ", ")
 }
 
 func quote(v any) string {
@@ -256,8 +271,11 @@ func decodeValue(in, out any) error {
 	d, err := mapstructure.NewDecoder(&mapstructure.DecoderConfig{
 		DecodeHook: durationHook,
 		MatchName:  func(key, field string) bool { return key == field },
-		TagName:    "json",
-		Result:     out,
+		// Keys inside list items (controller.workspaceRBAC.extraNamespaces)
+		// are not among koanf's keys: refuse unknown ones here.
+		ErrorUnused: true,
+		TagName:     "json",
+		Result:      out,
 	})
 	if err != nil {
 		return err

@@ -92,6 +92,43 @@ type Controller struct {
 	// LeaderElection makes one replica reconcile while every replica
 	// serves the aggregated API and MCP.
 	LeaderElection LeaderElection `json:"leaderElection"`
+	// WorkspaceRBAC limits what a CoderControlPlane's spec.workspaceRBAC
+	// may grant coderd's service account: which ClusterRoles the operator
+	// binds and in which namespaces. The operator may bind only these
+	// ClusterRoles (the chart grants bind on them by name).
+	WorkspaceRBAC WorkspaceRBAC `json:"workspaceRBAC"`
+}
+
+// WorkspaceRBAC is the policy for spec.workspaceRBAC. The operator
+// creates RoleBindings to ClusterRoles an administrator installed, never
+// Roles with rules of the spec's choosing.
+type WorkspaceRBAC struct {
+	// ClusterRole is bound in each namespace of a control plane whose
+	// spec.workspaceRBAC.clusterRoles is empty: what Kubernetes workspace
+	// templates need (the chart installs <fullname>-workspace). Empty
+	// means no default: such control planes get no workspace RBAC.
+	ClusterRole string `json:"clusterRole"`
+	// DeploymentsClusterRole is bound as well for
+	// spec.workspaceRBAC.deployments (the chart installs
+	// <fullname>-workspace-deployments). Empty refuses deployments: true.
+	DeploymentsClusterRole string `json:"deploymentsClusterRole"`
+	// AllowedClusterRoles are further ClusterRoles
+	// spec.workspaceRBAC.clusterRoles may name.
+	AllowedClusterRoles []string `json:"allowedClusterRoles"`
+	// ExtraNamespaces says which namespaces besides their own the control
+	// planes of a namespace may list in spec.workspaceRBAC.extraNamespaces.
+	// Empty (the default): none, a control plane reaches only its own
+	// namespace.
+	ExtraNamespaces []WorkspaceNamespaces `json:"extraNamespaces"`
+}
+
+// WorkspaceNamespaces lets the control planes of one namespace reach
+// other namespaces.
+type WorkspaceNamespaces struct {
+	// ControlPlaneNamespace is the namespace of the control planes.
+	ControlPlaneNamespace string `json:"controlPlaneNamespace"`
+	// Namespaces they may list in spec.workspaceRBAC.extraNamespaces.
+	Namespaces []string `json:"namespaces"`
 }
 
 // LeaderElection configures the Lease that makes one replica reconcile.

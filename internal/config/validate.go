@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
@@ -70,6 +71,7 @@ func validateController(c *Controller, p *field.Path) field.ErrorList {
 	errs = append(errs, positive(le.LeaseDuration, lp.Child("leaseDuration"))...)
 	errs = append(errs, positive(le.RenewDeadline, lp.Child("renewDeadline"))...)
 	errs = append(errs, positive(le.RetryPeriod, lp.Child("retryPeriod"))...)
+	errs = append(errs, validateWorkspaceRBAC(&c.WorkspaceRBAC, p.Child("workspaceRBAC"))...)
 	// client-go's leader elector refuses these combinations at run time;
 	// refuse them here, where the field can be named.
 	if le.RenewDeadline.Duration >= le.LeaseDuration.Duration {
@@ -79,6 +81,49 @@ func validateController(c *Controller, p *field.Path) field.ErrorList {
 	if float64(le.RenewDeadline.Duration) <= 1.2*float64(le.RetryPeriod.Duration) {
 		errs = append(errs, field.Invalid(lp.Child("renewDeadline"), le.RenewDeadline.String(),
 			fmt.Sprintf("must be more than 1.2 × retryPeriod (%s)", le.RetryPeriod)))
+	}
+	return errs
+}
+
+func validateWorkspaceRBAC(w *WorkspaceRBAC, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	// ClusterRole names are path segments (RBAC's own name validation).
+	roleName := func(name string, fp *field.Path) {
+		for _, msg := range content.IsPathSegmentName(name) {
+			errs = append(errs, field.Invalid(fp, name, msg))
+		}
+	}
+	if w.ClusterRole != "" {
+		roleName(w.ClusterRole, p.Child("clusterRole"))
+	}
+	if w.DeploymentsClusterRole != "" {
+		roleName(w.DeploymentsClusterRole, p.Child("deploymentsClusterRole"))
+	}
+	for i, r := range w.AllowedClusterRoles {
+		if r == "" {
+			errs = append(errs, field.Required(p.Child("allowedClusterRoles").Index(i), "a ClusterRole name"))
+			continue
+		}
+		roleName(r, p.Child("allowedClusterRoles").Index(i))
+	}
+	seen := map[string]bool{}
+	for i, g := range w.ExtraNamespaces {
+		gp := p.Child("extraNamespaces").Index(i)
+		for _, msg := range validation.IsDNS1123Label(g.ControlPlaneNamespace) {
+			errs = append(errs, field.Invalid(gp.Child("controlPlaneNamespace"), g.ControlPlaneNamespace, msg))
+		}
+		if seen[g.ControlPlaneNamespace] {
+			errs = append(errs, field.Duplicate(gp.Child("controlPlaneNamespace"), g.ControlPlaneNamespace))
+		}
+		seen[g.ControlPlaneNamespace] = true
+		if len(g.Namespaces) == 0 {
+			errs = append(errs, field.Required(gp.Child("namespaces"), "the namespaces these control planes may reach"))
+		}
+		for j, ns := range g.Namespaces {
+			for _, msg := range validation.IsDNS1123Label(ns) {
+				errs = append(errs, field.Invalid(gp.Child("namespaces").Index(j), ns, msg))
+			}
+		}
 	}
 	return errs
 }

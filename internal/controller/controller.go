@@ -29,6 +29,9 @@ type Options struct {
 	// AccessRechecks names control planes whose operator token was seen
 	// rejected by coderd; each gets an access check at once. Optional.
 	AccessRechecks <-chan event.TypedGenericEvent[types.NamespacedName]
+	// WorkspaceRBAC is what a control plane's spec.workspaceRBAC may ask
+	// for; nil means controlplane.DefaultWorkspaceRBACPolicy.
+	WorkspaceRBAC *controlplane.WorkspaceRBACPolicy
 }
 
 // Setup registers every reconciler with mgr. Reconcilers run only on the
@@ -41,7 +44,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Timeout:       opts.CoderRequestTimeout,
 		ValidateEvery: opts.OperatorAccessCheckInterval,
 	}
-	if err := (&controlplane.Reconciler{Access: access, Rechecks: opts.AccessRechecks}).SetupWithManager(mgr); err != nil {
+	if err := (&controlplane.Reconciler{Access: access, Rechecks: opts.AccessRechecks, WorkspaceRBAC: opts.WorkspaceRBAC}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("CoderControlPlane controller: %w", err)
 	}
 	// base is what the reconcilers of the kinds that reference a control

@@ -240,6 +240,7 @@ func (r *rendered) checkRBAC(t *testing.T) {
 			t.Errorf("ClusterRole %s-manager does not have the rules of config/rbac/role.yaml", releaseName)
 		}
 	}
+	r.checkNoEscalation(t)
 	if r.runsAggregated() && lookupString(r.vals, "tls.mode") == "auto" {
 		grants := func(kind, resource, name string) bool {
 			for _, o := range r.m.all(kind) {
@@ -264,6 +265,77 @@ func (r *rendered) checkRBAC(t *testing.T) {
 		}
 		if !grants("ClusterRole", "apiservices", a.APIServiceName) {
 			t.Errorf("no ClusterRole grants update on APIService %s (autoTLS) by name", a.APIServiceName)
+		}
+	}
+}
+
+// checkNoEscalation: no rendered rule grants escalate, impersonate or a
+// wildcard; bind only on the ClusterRoles of controller.workspaceRBAC,
+// by name; the generated manager role neither creates Roles nor binds.
+// With the controller, the config names the chart's workspace ClusterRoles
+// and the admission policy is rendered unless turned off.
+func (r *rendered) checkNoEscalation(t *testing.T) {
+	var bindNames []string
+	for _, o := range slices.Concat(r.m.all("Role"), r.m.all("ClusterRole")) {
+		var rules []rbacv1.PolicyRule
+		switch role := o.typed.(type) {
+		case *rbacv1.Role:
+			rules = role.Rules
+		case *rbacv1.ClusterRole:
+			rules = role.Rules
+		}
+		for _, rule := range rules {
+			for _, v := range rule.Verbs {
+				switch v {
+				case "escalate", "impersonate", "*":
+					t.Errorf("%s grants %s on %v", o, v, rule.Resources)
+				case "bind":
+					if len(rule.ResourceNames) == 0 || !slices.Equal(rule.Resources, []string{"clusterroles"}) || !slices.Equal(rule.APIGroups, []string{rbacv1.GroupName}) {
+						t.Errorf("%s grants bind on %v %v without naming ClusterRoles", o, rule.APIGroups, rule.Resources)
+					}
+					bindNames = append(bindNames, rule.ResourceNames...)
+				}
+			}
+			if slices.Contains(rule.Resources, "*") || slices.Contains(rule.APIGroups, "*") {
+				t.Errorf("%s has a wildcard rule %+v", o, rule)
+			}
+			if slices.Contains(rule.Resources, "roles") && slices.ContainsFunc(rule.Verbs, func(v string) bool { return v == "create" || v == "patch" || v == "update" }) {
+				t.Errorf("%s lets coder-k8s write Roles: %+v", o, rule)
+			}
+		}
+	}
+	policy := r.m.find("ValidatingAdmissionPolicy", releaseName+"-author-rights")
+	binding := r.m.find("ValidatingAdmissionPolicyBinding", releaseName+"-author-rights")
+	if !r.runsController() {
+		if len(bindNames) > 0 || policy != nil || binding != nil {
+			t.Errorf("mode %s runs no controller but binds %v / renders the admission policy", r.cfg.App, bindNames)
+		}
+		return
+	}
+	w := r.cfg.Controller.WorkspaceRBAC
+	want := []string{w.ClusterRole, w.DeploymentsClusterRole}
+	for _, n := range w.AllowedClusterRoles {
+		if !slices.Contains(want, n) {
+			want = append(want, n)
+		}
+	}
+	if !slices.Equal(bindNames, want) {
+		t.Errorf("bind granted on ClusterRoles %v, want exactly the config's %v", bindNames, want)
+	}
+	if lookupBool(r.vals, "workspaceRBAC.createClusterRoles") && lookupString(r.vals, "workspaceRBAC.clusterRole") == "" {
+		if r.m.find("ClusterRole", w.ClusterRole) == nil || r.m.find("ClusterRole", w.DeploymentsClusterRole) == nil {
+			t.Errorf("the workspace ClusterRoles %s and %s of the config are not rendered", w.ClusterRole, w.DeploymentsClusterRole)
+		}
+	}
+	if lookupBool(r.vals, "admissionPolicy.enabled") {
+		if policy == nil || binding == nil {
+			t.Fatalf("no ValidatingAdmissionPolicy and binding %s-author-rights", releaseName)
+		}
+		if got, _, _ := unstructured.NestedString(binding.u.Object, "spec", "policyName"); got != policy.u.GetName() {
+			t.Errorf("the binding names policy %q, want %q", got, policy.u.GetName())
+		}
+		if actions, _, _ := unstructured.NestedStringSlice(binding.u.Object, "spec", "validationActions"); !slices.Equal(actions, []string{"Deny"}) {
+			t.Errorf("validationActions %v, want [Deny]", actions)
 		}
 	}
 }

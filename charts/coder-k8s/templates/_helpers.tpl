@@ -69,6 +69,20 @@ app.kubernetes.io/part-of: coder-k8s
 {{- end -}}
 {{- define "coder-k8s.apiServiceName" -}}v1alpha1.aggregation.coder.com{{- end -}}
 
+{{/* Workspace RBAC: the ClusterRoles the operator binds, as in the config file. */}}
+{{- define "coder-k8s.workspaceClusterRole" -}}
+{{- .Values.workspaceRBAC.clusterRole | default (include "coder-k8s.child" (list . "workspace")) -}}
+{{- end -}}
+{{- define "coder-k8s.workspaceDeploymentsClusterRole" -}}
+{{- .Values.workspaceRBAC.deploymentsClusterRole | default (include "coder-k8s.child" (list . "workspace-deployments")) -}}
+{{- end -}}
+{{/* Every ClusterRole the operator may bind, deduplicated, as a JSON list. */}}
+{{- define "coder-k8s.bindableClusterRoles" -}}
+{{- $roles := list (include "coder-k8s.workspaceClusterRole" .) (include "coder-k8s.workspaceDeploymentsClusterRole" .) -}}
+{{- range .Values.workspaceRBAC.allowedClusterRoles }}{{ $roles = append $roles . }}{{ end -}}
+{{- $roles | uniq | toJson -}}
+{{- end -}}
+
 {{/* The leader-election Lease: name and namespace, as in the config file. */}}
 {{- define "coder-k8s.leaseName" -}}
 {{- $le := dig "controller" "leaderElection" dict (.Values.config | default dict) -}}
@@ -149,6 +163,13 @@ listen addresses, TLS and static backend rendered from their values.
 {{- $le := get $ctrl "leaderElection" | default dict -}}
 {{- $_ := set $ctrl "leaderElection" $le -}}
 {{- $_ := set $le "leaseName" (include "coder-k8s.leaseName" .) -}}
+{{- if include "coder-k8s.runsController" . -}}
+{{- $_ := set $ctrl "workspaceRBAC" (dict
+      "clusterRole" (include "coder-k8s.workspaceClusterRole" .)
+      "deploymentsClusterRole" (include "coder-k8s.workspaceDeploymentsClusterRole" .)
+      "allowedClusterRoles" (.Values.workspaceRBAC.allowedClusterRoles | default list)
+      "extraNamespaces" (.Values.workspaceRBAC.extraNamespaces | default list)) -}}
+{{- end -}}
 {{- /* aggregated API server */ -}}
 {{- $agg := get $cfg "aggregatedAPIServer" | default dict -}}
 {{- $_ := set $cfg "aggregatedAPIServer" $agg -}}

@@ -18,7 +18,7 @@ import (
 // anything they guard is created.
 func (r *Reconciler) ensureFinalizers(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) error {
 	names := []string{FinalizerOperatorAccess}
-	if ccp.Spec.ExternalURL == "" && len(workspaceRBACNamespaces(ccp)) > 1 {
+	if plan, err := r.workspaceRBACPlan(ccp); err == nil && plan.reachesOtherNamespaces() {
 		names = append(names, FinalizerWorkspaceRBAC)
 	}
 	return workload.AddFinalizers(ctx, r.Client, ccp, names...)
@@ -87,16 +87,14 @@ func (r *Reconciler) revoke(ctx context.Context, ccp *coderv1alpha1.CoderControl
 	return true, 0
 }
 
-// releaseWorkspaceRBACFinalizer deletes the workspace RBAC of other
-// namespaces that is no longer wanted, reading from the API server so a
-// stale cache cannot leak an object, and then drops the finalizer.
-func (r *Reconciler) releaseWorkspaceRBACFinalizer(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) error {
+// releaseWorkspaceRBACFinalizer deletes the workspace RBAC that plan
+// (the control plane's own namespace at most) does not keep, reading from
+// the API server so a stale cache cannot leak an object, and then drops
+// the finalizer.
+func (r *Reconciler) releaseWorkspaceRBACFinalizer(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, plan workspaceRBAC) error {
 	keep := keepSet{}
-	if ccp.Spec.ExternalURL == "" {
-		for _, ns := range workspaceRBACNamespaces(ccp) {
-			keep.add(desiredWorkspaceRole(ccp, ns))
-			keep.add(desiredWorkspaceRoleBinding(ccp, ns))
-		}
+	for _, rb := range plan.bindings(ccp) {
+		keep.add(rb)
 	}
 	if err := r.deleteWorkspaceRBAC(ctx, ccp, keep); err != nil {
 		return err

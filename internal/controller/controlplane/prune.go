@@ -51,7 +51,8 @@ func (r *Reconciler) prune(ctx context.Context, ccp *coderv1alpha1.CoderControlP
 		{"Service", &corev1.ServiceList{}, []client.ListOption{inNS, sel}, true},
 		{"ServiceAccount", &corev1.ServiceAccountList{}, []client.ListOption{inNS, sel}, true},
 		{"Ingress", &networkingv1.IngressList{}, []client.ListOption{inNS, sel}, true},
-		// All namespaces: the extra namespaces of workspace RBAC.
+		// All namespaces: the extra namespaces of workspace RBAC. Roles
+		// are only those earlier versions created, all pruned.
 		{"Role", &rbacv1.RoleList{}, []client.ListOption{sel}, false},
 		{"RoleBinding", &rbacv1.RoleBindingList{}, []client.ListOption{sel}, false},
 	}

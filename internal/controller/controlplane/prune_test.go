@@ -24,8 +24,13 @@ import (
 func TestSwitchToExternalURLRemovesChildren(t *testing.T) {
 	ns := controllertest.Namespace(t, "switch")
 	extra := controllertest.Namespace(t, "switch-ws")
-	h := startManager(t, []string{ns, extra}, nil, nil)
+	h := startManager(t, []string{ns, extra}, nil, func(r *Reconciler) {
+		p := DefaultWorkspaceRBACPolicy()
+		p.ExtraNamespaces = map[string][]string{ns: {extra}}
+		r.WorkspaceRBAC = &p
+	})
 	ctx := context.Background()
+	binding := "coder-workspace-" + DefaultWorkspaceClusterRole
 
 	ccp := newControlPlane(ns, "coder")
 	ccp.Spec.WorkspaceRBAC.ExtraNamespaces = []string{extra}
@@ -33,7 +38,7 @@ func TestSwitchToExternalURLRemovesChildren(t *testing.T) {
 	create(t, h.c, ccp)
 	getDeployment(t, h.c, ns, "coder")
 	eventually(t, 30*time.Second, "children", func() error {
-		if err := h.c.Get(ctx, types.NamespacedName{Namespace: extra, Name: "coder-workspace-perms"}, &rbacv1.Role{}); err != nil {
+		if err := h.c.Get(ctx, types.NamespacedName{Namespace: extra, Name: binding}, &rbacv1.RoleBinding{}); err != nil {
 			return err
 		}
 		return h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &networkingv1.Ingress{})
@@ -54,10 +59,8 @@ func TestSwitchToExternalURLRemovesChildren(t *testing.T) {
 		{&appsv1.Deployment{}, ns, "coder"},
 		{&corev1.Service{}, ns, "coder"},
 		{&corev1.ServiceAccount{}, ns, "coder"},
-		{&rbacv1.Role{}, ns, "coder-workspace-perms"},
-		{&rbacv1.RoleBinding{}, ns, "coder-workspace-perms"},
-		{&rbacv1.Role{}, extra, "coder-workspace-perms"},
-		{&rbacv1.RoleBinding{}, extra, "coder-workspace-perms"},
+		{&rbacv1.RoleBinding{}, ns, binding},
+		{&rbacv1.RoleBinding{}, extra, binding},
 	}
 	for _, g := range gone {
 		eventually(t, 30*time.Second, fmt.Sprintf("%T %s/%s deleted", g.obj, g.ns, g.nm), func() error {

@@ -60,35 +60,27 @@ func markerRules(t *testing.T) []rbacv1.PolicyRule {
 }
 
 // TestRunsWithOnlyItsRBACMarkers runs the reconciler as a user that has
-// exactly the permissions of its RBAC markers, through creation,
-// cross-namespace workspace RBAC with extra rules, exposure, events and
-// deletion: a missing permission fails the test.
+// exactly the permissions of its RBAC markers plus the chart's bind on the
+// workspace ClusterRoles, through creation, cross-namespace workspace RBAC,
+// exposure, events and deletion: a missing permission fails the test.
 func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
 	ns := controllertest.Namespace(t, "rbac-min")
 	extra := controllertest.Namespace(t, "rbac-min-ws")
 	ctx := context.Background()
 	admin := controllertest.Client(t)
 
-	user := "controlplane-" + ns
-	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: markerRules(t)}
-	create(t, admin, role)
-	create(t, admin, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: user},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	installWorkspaceClusterRoles(t)
+	cfg := operatorConfig(t, "controlplane-"+ns, DefaultWorkspaceClusterRole, DefaultWorkspaceDeploymentsClusterRole)
+	h := startManagerAs(t, cfg, []string{ns, extra}, nil, func(r *Reconciler) {
+		p := DefaultWorkspaceRBACPolicy()
+		p.ExtraNamespaces = map[string][]string{ns: {extra}}
+		r.WorkspaceRBAC = &p
 	})
-	cfg, err := controllertest.Kube().UserConfig(user)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := startManagerAs(t, cfg, []string{ns, extra}, nil, nil)
 
 	ccp := newControlPlane(ns, "coder")
 	ccp.Spec.TLS = &coderv1alpha1.TLSSpec{SecretNames: []string{"coder-tls"}}
 	ccp.Spec.WorkspaceRBAC.Deployments = true
 	ccp.Spec.WorkspaceRBAC.ExtraNamespaces = []string{extra}
-	// A grant the operator does not hold itself.
-	ccp.Spec.WorkspaceRBAC.ExtraRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list"}}}
 	ccp.Spec.Expose = &coderv1alpha1.ExposeSpec{Ingress: &coderv1alpha1.IngressSpec{Host: "coder.example.com"}}
 	create(t, admin, ccp)
 
@@ -97,7 +89,9 @@ func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
 	create(t, admin, tlsSecret(t, ns, "coder-tls", "coder."+ns+".svc.cluster.local"))
 	waitCondition(t, admin, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied)
 	waitCondition(t, admin, ns, "coder", coderv1alpha1.ConditionExposed, metav1.ConditionTrue, coderv1alpha1.ReasonIngressApplied)
-	if err := admin.Get(ctx, types.NamespacedName{Namespace: extra, Name: "coder-workspace-perms"}, &rbacv1.RoleBinding{}); err != nil {
+	// Bindings to ClusterRoles whose rules the operator does not hold:
+	// its bind permission on them by name is enough.
+	if err := admin.Get(ctx, types.NamespacedName{Namespace: extra, Name: "coder-workspace-" + DefaultWorkspaceDeploymentsClusterRole}, &rbacv1.RoleBinding{}); err != nil {
 		t.Errorf("workspace RoleBinding in %s: %v", extra, err)
 	}
 	markDeploymentAvailable(t, admin, ns, "coder")
@@ -111,8 +105,8 @@ func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
 		if err := admin.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &networkingv1.Ingress{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("Ingress: %v", err)
 		}
-		if err := admin.Get(ctx, types.NamespacedName{Namespace: extra, Name: "coder-workspace-perms"}, &rbacv1.Role{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("Role in %s: %v", extra, err)
+		if err := admin.Get(ctx, types.NamespacedName{Namespace: extra, Name: "coder-workspace-" + DefaultWorkspaceClusterRole}, &rbacv1.RoleBinding{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("RoleBinding in %s: %v", extra, err)
 		}
 		return nil
 	})

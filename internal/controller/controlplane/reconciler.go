@@ -126,6 +126,9 @@ type Reconciler struct {
 	// GatewayAPIRecheckPeriod is how long "the HTTPRoute kind is not
 	// installed" is believed before asking the API server again.
 	GatewayAPIRecheckPeriod time.Duration
+	// WorkspaceRBAC is what spec.workspaceRBAC may ask for; nil means
+	// DefaultWorkspaceRBACPolicy.
+	WorkspaceRBAC *WorkspaceRBACPolicy
 
 	gateway gatewayAPI
 	// routeReader reads HTTPRoutes. They are unstructured, which the
@@ -193,7 +196,7 @@ func (r *Reconciler) adopt(ctx context.Context, ccp *coderv1alpha1.CoderControlP
 		return err
 	}
 	if controllerutil.ContainsFinalizer(ccp, FinalizerWorkspaceRBAC) {
-		return r.releaseWorkspaceRBACFinalizer(ctx, ccp)
+		return r.releaseWorkspaceRBACFinalizer(ctx, ccp, workspaceRBAC{})
 	}
 	return nil
 }
@@ -230,9 +233,11 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 	if createServiceAccount(ccp) {
 		apply(desiredServiceAccount(ccp))
 	}
-	for _, ns := range workspaceRBACNamespaces(ccp) {
-		apply(desiredWorkspaceRole(ccp, ns))
-		apply(desiredWorkspaceRoleBinding(ccp, ns))
+	// A refused spec gets no workspace RBAC; what an earlier spec got is
+	// pruned below.
+	rbacPlan, refused := r.workspaceRBACPlan(ccp)
+	for _, rb := range rbacPlan.bindings(ccp) {
+		apply(rb)
 	}
 	apply(desiredDeployment(ccp, valueOr(r.DefaultImage, DefaultImage), valueOr(r.ClusterDomain, DefaultClusterDomain)))
 	apply(desiredService(ccp))
@@ -264,13 +269,13 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 	if err := r.prune(ctx, ccp, keep); err != nil {
 		cleanupErrs = append(cleanupErrs, err)
 	}
-	if len(workspaceRBACNamespaces(ccp)) <= 1 && controllerutil.ContainsFinalizer(ccp, FinalizerWorkspaceRBAC) {
-		if err := r.releaseWorkspaceRBACFinalizer(ctx, ccp); err != nil {
+	if !rbacPlan.reachesOtherNamespaces() && controllerutil.ContainsFinalizer(ccp, FinalizerWorkspaceRBAC) {
+		if err := r.releaseWorkspaceRBACFinalizer(ctx, ccp, rbacPlan); err != nil {
 			cleanupErrs = append(cleanupErrs, err)
 		}
 	}
 
-	r.setReconciled(ccp, append(slices.Clip(errs[:workloadErrs]), cleanupErrs...), missing)
+	r.setReconciled(ccp, refused, append(slices.Clip(errs[:workloadErrs]), cleanupErrs...), missing)
 	errs = append(errs, cleanupErrs...)
 	if err := r.setAvailableFromDeployment(ctx, ccp); err != nil {
 		errs = append(errs, err)

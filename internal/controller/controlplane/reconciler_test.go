@@ -183,17 +183,14 @@ func TestDeployedControlPlaneCreatesChildren(t *testing.T) {
 		t.Errorf("ServiceAccount annotations = %v", sa.Annotations)
 	}
 
-	var role rbacv1.Role
-	waitObject(t, h.c, ns, "coder-workspace-perms", &role)
-	requireControlledBy(t, &role, ccp)
-	if len(role.Rules) != 2 || role.Rules[0].Resources[0] != "pods" || role.Rules[1].Resources[0] != "persistentvolumeclaims" {
-		t.Errorf("Role rules = %+v, want pods and persistentvolumeclaims", role.Rules)
-	}
+	// Workspace RBAC: a RoleBinding to the default workspace ClusterRole,
+	// no Role.
 	var rb rbacv1.RoleBinding
-	waitObject(t, h.c, ns, "coder-workspace-perms", &rb)
+	waitObject(t, h.c, ns, "coder-workspace-"+DefaultWorkspaceClusterRole, &rb)
 	requireControlledBy(t, &rb, ccp)
-	if len(rb.Subjects) != 1 || rb.Subjects[0].Name != "coder" || rb.Subjects[0].Namespace != ns || rb.RoleRef.Name != "coder-workspace-perms" {
-		t.Errorf("RoleBinding = %+v -> %+v, want service account coder bound to coder-workspace-perms", rb.Subjects, rb.RoleRef)
+	if len(rb.Subjects) != 1 || rb.Subjects[0].Name != "coder" || rb.Subjects[0].Namespace != ns ||
+		rb.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: DefaultWorkspaceClusterRole}) {
+		t.Errorf("RoleBinding = %+v -> %+v, want service account coder bound to ClusterRole %s", rb.Subjects, rb.RoleRef, DefaultWorkspaceClusterRole)
 	}
 
 	// Status: the in-cluster URL; not available while no pod runs; access
@@ -299,12 +296,11 @@ expose: {ingress: {host: coder.example.com, className: nginx}}
 			}
 			rv[fmt.Sprintf("%T", obj)] = obj.GetResourceVersion()
 		}
-		for _, obj := range []client.Object{&rbacv1.Role{}, &rbacv1.RoleBinding{}} {
-			if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder-workspace-perms"}, obj); err != nil {
-				t.Fatal(err)
-			}
-			rv[fmt.Sprintf("%T", obj)] = obj.GetResourceVersion()
+		var rb rbacv1.RoleBinding
+		if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder-workspace-" + DefaultWorkspaceClusterRole}, &rb); err != nil {
+			t.Fatal(err)
 		}
+		rv["RoleBinding"] = rb.GetResourceVersion()
 		return rv
 	}
 	settle := func() {

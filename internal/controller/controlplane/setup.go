@@ -31,7 +31,7 @@ import (
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=services;serviceaccounts,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles,verbs=get;list;watch;create;patch;delete;bind;escalate
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes,verbs=get;list;watch;create;patch;delete
@@ -40,10 +40,12 @@ import (
 // Notes on the RBAC above:
 //   - Secrets: only metadata is watched and read (existence of the Secrets
 //     the pods mount); Kubernetes RBAC cannot grant metadata alone.
-//   - Roles: escalate and bind let the operator create the workspace Role
-//     (spec.workspaceRBAC.extraRules may grant anything) and bind it
-//     without holding those permissions itself, which would need far more
-//     (every verb on pods cluster-wide).
+//   - Roles: only to delete the workspace Roles earlier versions created
+//     (labelled as the control plane's children). The operator creates no
+//     Roles and holds neither escalate nor bind here: workspace RBAC binds
+//     ClusterRoles an administrator installed, and the chart grants bind
+//     on exactly the ClusterRoles of controller.workspaceRBAC, by name
+//     (a rule no marker can express, as the names are the chart's).
 //   - codercontrolplanes/finalizers: owner references with
 //     blockOwnerDeletion need it where the OwnerReferencesPermissionEnforcement
 //     admission plugin is on.
@@ -89,9 +91,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.Service{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&networkingv1.Ingress{}).
-		// The workspace Role and RoleBinding live also in other
-		// namespaces, where owner references cannot point to the
-		// control plane: map them back by label (same namespace too).
+		// The workspace RoleBindings (and the Roles of earlier versions,
+		// to prune) live also in other namespaces, where owner
+		// references cannot point to the control plane: map them back
+		// by label (same namespace too).
 		Watches(&rbacv1.Role{}, handler.EnqueueRequestsFromMapFunc(mapByLabels)).
 		Watches(&rbacv1.RoleBinding{}, handler.EnqueueRequestsFromMapFunc(mapByLabels)).
 		// Secrets: metadata only, and only the operator's own (the cache

@@ -78,7 +78,7 @@ func computePhase(prev coderv1alpha1.Phase, conds []metav1.Condition) coderv1alp
 	restOK := trueOrAbsent(coderv1alpha1.ConditionReconciled) && trueOrAbsent(coderv1alpha1.ConditionExposed) && trueOrAbsent(coderv1alpha1.ConditionLicenseApplied)
 
 	switch {
-	case falseWith(coderv1alpha1.ConditionReconciled, coderv1alpha1.ReasonApplyFailed),
+	case falseWith(coderv1alpha1.ConditionReconciled, coderv1alpha1.ReasonApplyFailed, coderv1alpha1.ReasonWorkspaceRBACRefused),
 		falseWith(coderv1alpha1.ConditionOperatorAccessReady, coderv1alpha1.ReasonOwnerCredentialsRequired, coderv1alpha1.ReasonOwnerCredentialsRejected):
 		return coderv1alpha1.PhaseFailed
 	case falseWith(coderv1alpha1.ConditionOperatorAccessReady, coderv1alpha1.ReasonOwnerSecretMissing),
@@ -99,6 +99,7 @@ func computePhase(prev coderv1alpha1.Phase, conds []metav1.Condition) coderv1alp
 var problemReasons = map[string]bool{
 	coderv1alpha1.ReasonSecretNotFound:           true,
 	coderv1alpha1.ReasonApplyFailed:              true,
+	coderv1alpha1.ReasonWorkspaceRBACRefused:     true,
 	coderv1alpha1.ReasonGatewayAPINotInstalled:   true,
 	coderv1alpha1.ReasonOwnerCredentialsRequired: true,
 	coderv1alpha1.ReasonOwnerSecretMissing:       true,
@@ -186,15 +187,22 @@ func (r *Reconciler) setExposed(ccp *coderv1alpha1.CoderControlPlane, errs []err
 	setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, reason, errors.Join(errs...).Error())
 }
 
-// setReconciled sets the Reconciled condition: refused children first
-// (they need a change), then missing Secrets.
-func (r *Reconciler) setReconciled(ccp *coderv1alpha1.CoderControlPlane, errs []error, missing []string) {
+// setReconciled sets the Reconciled condition: a refused workspace RBAC
+// spec first, then refused children (they need a change), then missing
+// Secrets.
+func (r *Reconciler) setReconciled(ccp *coderv1alpha1.CoderControlPlane, refused error, errs []error, missing []string) {
 	var missingMsg string
 	if len(missing) > 0 {
 		missingMsg = fmt.Sprintf("Secret(s) %s referenced by spec.tls or spec.caCerts not found in namespace %s; coderd pods cannot start until they exist",
 			strings.Join(missing, ", "), ccp.Namespace)
 	}
 	switch {
+	case refused != nil:
+		msg := refused.Error()
+		if len(errs) > 0 {
+			msg += "; " + errors.Join(errs...).Error()
+		}
+		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonWorkspaceRBACRefused, msg)
 	case len(errs) > 0:
 		reason := coderv1alpha1.ReasonApplyError
 		if permanent(errs...) {

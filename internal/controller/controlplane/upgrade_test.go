@@ -10,8 +10,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -29,7 +32,11 @@ import (
 // fields. Each child is applied the way that operator applied it
 // (server-side apply as field manager coder-k8s, with its hash
 // annotation); the current reconciler must then find nothing to change:
-// no child is written, so coderd's pods do not roll on upgrade.
+// no child is written, so coderd's pods do not roll on upgrade. The
+// exception is workspace RBAC: the previous operator's Roles and
+// RoleBindings are deleted and replaced by RoleBindings to the workspace
+// ClusterRoles, and a spec with extraRules is refused (by field) without
+// touching the rest.
 func TestUpgradeKeepsChildrenUntouched(t *testing.T) {
 	for _, name := range []string{"default", "full"} {
 		t.Run(name, func(t *testing.T) { testUpgradeKeepsChildren(t, name) })
@@ -110,10 +117,39 @@ func testUpgradeKeepsChildren(t *testing.T, fixture string) {
 		before[ref{u.GetKind(), u.GetNamespace(), u.GetName()}] = u.GetResourceVersion()
 	}
 
-	// Upgrade: the current reconciler takes over.
-	h := startManager(t, append([]string{ns}, mapValues(extraNS)...), nil, nil)
-	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied)
-	// One more reconcile, then no child may have been written.
+	// Upgrade: the current reconciler takes over, with a configuration
+	// that lets the control plane reach its extra namespaces.
+	h := startManager(t, append([]string{ns}, mapValues(extraNS)...), nil, func(r *Reconciler) {
+		p := DefaultWorkspaceRBACPolicy()
+		p.ExtraNamespaces = map[string][]string{ns: mapValues(extraNS)}
+		r.WorkspaceRBAC = &p
+	})
+	if len(spec.WorkspaceRBAC.ExtraRules) > 0 {
+		ccp := waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonWorkspaceRBACRefused)
+		if msg := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionReconciled).Message; !strings.HasPrefix(msg, "spec.workspaceRBAC.extraRules: ") {
+			t.Errorf("Reconciled message %q does not start with the refused field", msg)
+		}
+	} else {
+		waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied)
+	}
+	// The previous workspace Roles and RoleBindings are pruned.
+	for r := range before {
+		if r.kind != "Role" && r.kind != "RoleBinding" {
+			continue
+		}
+		eventually(t, 30*time.Second, fmt.Sprintf("previous %s %s/%s deleted", r.kind, r.ns, r.name), func() error {
+			u := &unstructured.Unstructured{}
+			u.SetAPIVersion(apiVersionOf(children, r.kind))
+			u.SetKind(r.kind)
+			if err := c.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: r.name}, u); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there (%v)", err)
+			}
+			return nil
+		})
+		delete(before, r)
+	}
+	// One more reconcile, then no other child may have been written.
+	h.writes.Reset()
 	if _, err := h.r.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: "coder"}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}

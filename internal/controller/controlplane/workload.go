@@ -8,7 +8,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -104,33 +103,6 @@ func serviceAccountName(ccp *coderv1alpha1.CoderControlPlane) string {
 // account; the CRD defaults spec.serviceAccount.create to true.
 func createServiceAccount(ccp *coderv1alpha1.CoderControlPlane) bool {
 	return ptr.Deref(ccp.Spec.ServiceAccount.Create, true)
-}
-
-// workspaceRBACEnabled reports whether the workspace Role and RoleBinding
-// are wanted; the CRD defaults spec.workspaceRBAC.enabled to true.
-func workspaceRBACEnabled(ccp *coderv1alpha1.CoderControlPlane) bool {
-	return ptr.Deref(ccp.Spec.WorkspaceRBAC.Enabled, true)
-}
-
-// workspaceRBACNamespaces are the namespaces that get the workspace Role:
-// the control plane's own first, then the extra ones (deduplicated).
-func workspaceRBACNamespaces(ccp *coderv1alpha1.CoderControlPlane) []string {
-	if !workspaceRBACEnabled(ccp) {
-		return nil
-	}
-	out := []string{ccp.Namespace}
-	seen := map[string]bool{ccp.Namespace: true}
-	for _, ns := range ccp.Spec.WorkspaceRBAC.ExtraNamespaces {
-		if ns != "" && !seen[ns] {
-			seen[ns] = true
-			out = append(out, ns)
-		}
-	}
-	return out
-}
-
-func workspaceRoleName(ccp *coderv1alpha1.CoderControlPlane) string {
-	return ccp.Name + "-workspace-perms"
 }
 
 func tlsEnabled(ccp *coderv1alpha1.CoderControlPlane) bool {
@@ -365,43 +337,6 @@ func desiredServiceAccount(ccp *coderv1alpha1.CoderControlPlane) *corev1.Service
 			Labels:      childLabels(ccp),
 			Annotations: workload.MergeMaps(ccp.Spec.ServiceAccount.Annotations, nil),
 		},
-	}
-}
-
-// workspaceVerbs is every verb on the workspace resources, spelled out as
-// in Coder's Helm chart rather than "*" so the grant stays reviewable.
-var workspaceVerbs = []string{"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
-
-// desiredWorkspaceRole is the Role Kubernetes workspace templates need in
-// namespace ns.
-func desiredWorkspaceRole(ccp *coderv1alpha1.CoderControlPlane, ns string) *rbacv1.Role {
-	rules := []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: workspaceVerbs},
-		{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: workspaceVerbs},
-	}
-	if ccp.Spec.WorkspaceRBAC.Deployments {
-		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: workspaceVerbs})
-	}
-	rules = append(rules, ccp.Spec.WorkspaceRBAC.ExtraRules...)
-	return &rbacv1.Role{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
-		ObjectMeta: metav1.ObjectMeta{Name: workspaceRoleName(ccp), Namespace: ns, Labels: childLabels(ccp)},
-		Rules:      rules,
-	}
-}
-
-// desiredWorkspaceRoleBinding binds the workspace Role in ns to coderd's
-// service account.
-func desiredWorkspaceRoleBinding(ccp *coderv1alpha1.CoderControlPlane, ns string) *rbacv1.RoleBinding {
-	return &rbacv1.RoleBinding{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
-		ObjectMeta: metav1.ObjectMeta{Name: workspaceRoleName(ccp), Namespace: ns, Labels: childLabels(ccp)},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: workspaceRoleName(ccp)},
-		Subjects: []rbacv1.Subject{{
-			Kind:      rbacv1.ServiceAccountKind,
-			Name:      serviceAccountName(ccp),
-			Namespace: ccp.Namespace,
-		}},
 	}
 }
 
