@@ -38,14 +38,19 @@ type fakeAccess struct {
 	err       error
 	revokeErr error
 	urls      []string
+	dials     []string
 	revokes   int
 }
 
-func (f *fakeAccess) Reconcile(_ context.Context, _ *coderv1alpha1.CoderControlPlane, coderURL string) (operatoraccess.Result, error) {
+func (f *fakeAccess) ReconcileAt(_ context.Context, _ *coderv1alpha1.CoderControlPlane, ep operatoraccess.Endpoint) (operatoraccess.Result, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.urls = append(f.urls, coderURL)
-	return f.result, f.err
+	f.urls = append(f.urls, ep.URL)
+	f.dials = append(f.dials, ep.Dial)
+	res := f.result
+	// A working access manager knows the first user exists.
+	res.FirstUser = res.FirstUser || (res.Ready && ep.Dial != "")
+	return res, f.err
 }
 
 func (f *fakeAccess) Revoke(context.Context, *coderv1alpha1.CoderControlPlane, string) error {
