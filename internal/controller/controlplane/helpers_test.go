@@ -179,8 +179,14 @@ func updateCCP(t *testing.T, c client.Client, ns, name string, change func(*code
 // reason (any reason when empty) for its current generation.
 func waitCondition(t *testing.T, c client.Client, ns, name, typ string, status metav1.ConditionStatus, reason string) *coderv1alpha1.CoderControlPlane {
 	t.Helper()
+	return waitConditionFor(t, 30*time.Second, c, ns, name, typ, status, reason)
+}
+
+// waitConditionFor is waitCondition waiting up to timeout.
+func waitConditionFor(t *testing.T, timeout time.Duration, c client.Client, ns, name, typ string, status metav1.ConditionStatus, reason string) *coderv1alpha1.CoderControlPlane {
+	t.Helper()
 	var ccp *coderv1alpha1.CoderControlPlane
-	eventually(t, 30*time.Second, fmt.Sprintf("condition %s=%s (%s)", typ, status, reason), func() error {
+	eventually(t, timeout, fmt.Sprintf("condition %s=%s (%s)", typ, status, reason), func() error {
 		ccp = getCCP(t, c, ns, name)
 		cond := apimeta.FindStatusCondition(ccp.Status.Conditions, typ)
 		switch {
