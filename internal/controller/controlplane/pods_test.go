@@ -13,6 +13,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
+// fakePodIP is the pod IP of coderd pods in tests whose access manager is
+// a fake, which dials nothing.
+const fakePodIP = "10.244.0.10"
+
 // runPod stands in for the ReplicaSet controller and the kubelet, which
 // the test API server does not run: it creates a pod from the
 // Deployment's pod template, as the ReplicaSet would, and writes the
