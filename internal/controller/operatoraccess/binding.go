@@ -77,12 +77,14 @@ func (m *Manager) bindCredentials(ctx context.Context, ccp *coderv1alpha1.CoderC
 // both URLs and what the admin can do, never the credentials.
 func mismatch(res Result, secret, field, bound, current string, admin bool) Result {
 	msg := fmt.Sprintf("the credentials in Secret %s (%s) were issued for coderd at %s, but the control plane's URL is now %s; "+
-		"the operator sends them to no other coderd than their own and sent nothing to %s. ", secret, field, bound, current, current)
+		"the operator sends them to no other coderd than their own and sent nothing to %s. "+
+		"If %s is the same coderd, set the annotation %s of Secret %s to %q; ", secret, field, bound, current, current,
+		current, coderapi.AnnotationCoderURL, secret, current)
 	if admin {
-		msg += fmt.Sprintf("To use a coderd that already has users, reference owner credentials issued by %s in spec.operatorAccess.ownerTokenSecretRef or ownerCredentialsSecretRef; "+
-			"to let the operator set up a fresh coderd at %s, delete Secret %s (it holds the first user's password of the coderd at %s: keep a copy)", current, current, secret, bound)
+		msg += fmt.Sprintf("if it is a coderd that already has users, reference owner credentials issued by it in spec.operatorAccess.ownerTokenSecretRef or ownerCredentialsSecretRef; "+
+			"if it is a fresh coderd the operator should set up, delete Secret %s (it holds the first user's password of the coderd at %s: keep a copy)", secret, bound)
 	} else {
-		msg += fmt.Sprintf("Put owner credentials issued by %s in the Secret and set its annotation %s to %q, or restore the URL", current, coderapi.AnnotationCoderURL, current)
+		msg += "otherwise put owner credentials issued by it in the Secret and set that annotation, or restore the URL"
 	}
 	return Result{CoderVersion: res.CoderVersion, Reason: coderv1alpha1.ReasonCredentialsURLMismatch, Message: msg}
 }

@@ -1,16 +1,10 @@
 package operatoraccess_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,126 +18,6 @@ import (
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
-
-// recorded is one request a recorder received and, for logins, the
-// session token coderd answered with.
-type recorded struct {
-	method, path, query string
-	header              http.Header
-	body                []byte
-	session             string
-}
-
-// recorder is a server the test runs in front of a real coderd: it
-// forwards every request to coderd, so the operator finds a working
-// coderd there, and records what it was sent.
-type recorder struct {
-	*httptest.Server
-	url *url.URL
-	mu  sync.Mutex
-	got []recorded
-}
-
-func newRecorder(t *testing.T, coderd *url.URL) *recorder {
-	t.Helper()
-	r := &recorder{}
-	proxy := httputil.NewSingleHostReverseProxy(coderd)
-	proxy.ModifyResponse = func(res *http.Response) error {
-		if res.Request.URL.Path != "/api/v2/users/login" || res.StatusCode != http.StatusCreated {
-			return nil
-		}
-		body, err := io.ReadAll(res.Body)
-		if err != nil {
-			return err
-		}
-		res.Body = io.NopCloser(bytes.NewReader(body))
-		var login codersdk.LoginWithPasswordResponse
-		if err := json.Unmarshal(body, &login); err != nil {
-			return err
-		}
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		for i := len(r.got) - 1; i >= 0; i-- {
-			if r.got[i].path == "/api/v2/users/login" && r.got[i].session == "" {
-				r.got[i].session = login.SessionToken
-				break
-			}
-		}
-		return nil
-	}
-	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		body, _ := io.ReadAll(req.Body)
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		r.mu.Lock()
-		r.got = append(r.got, recorded{method: req.Method, path: req.URL.Path, query: req.URL.RawQuery, header: req.Header.Clone(), body: body})
-		r.mu.Unlock()
-		proxy.ServeHTTP(w, req)
-	}))
-	t.Cleanup(r.Close)
-	r.url, _ = url.Parse(r.Server.URL)
-	return r
-}
-
-func (r *recorder) requests() []recorded {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]recorded(nil), r.got...)
-}
-
-func (r *recorder) reset() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.got = nil
-}
-
-// sessions are the session tokens coderd handed out through r.
-func (r *recorder) sessions() []string {
-	var out []string
-	for _, req := range r.requests() {
-		if req.session != "" {
-			out = append(out, req.session)
-		}
-	}
-	return out
-}
-
-// requireNoCredential fails when any request r received carries a
-// session token header or cookie, or any of secrets in a header, the
-// query or the body.
-func requireNoCredential(t *testing.T, r *recorder, secrets []string) {
-	t.Helper()
-	reqs := r.requests()
-	if len(reqs) == 0 {
-		t.Fatal("the recorder received no request: the test shows nothing")
-	}
-	for _, req := range reqs {
-		what := req.method + " " + req.path
-		if v := req.header.Get(codersdk.SessionTokenHeader); v != "" {
-			t.Errorf("%s carried a %s header", what, codersdk.SessionTokenHeader)
-		}
-		if v := req.header.Get("Cookie"); v != "" {
-			t.Errorf("%s carried cookies", what)
-		}
-		if strings.Contains(req.query, "session_token") {
-			t.Errorf("%s carried a session token in its query", what)
-		}
-		for _, s := range secrets {
-			if s == "" {
-				continue
-			}
-			for name, vals := range req.header {
-				for _, v := range vals {
-					if strings.Contains(v, s) {
-						t.Errorf("%s carried a credential in header %s", what, name)
-					}
-				}
-			}
-			if strings.Contains(req.query, s) || bytes.Contains(req.body, []byte(s)) {
-				t.Errorf("%s carried a credential in its query or body", what)
-			}
-		}
-	}
-}
 
 // secretValues are every value of every Secret in namespace ns: whatever
 // the operator could send.
@@ -205,29 +79,29 @@ func TestCredentialsStayWithTheirCoderd(t *testing.T) {
 			t.Errorf("operator token Secret bound to %q, want %q", got, oldURL)
 		}
 
-		rec := newRecorder(t, coder.URL)
-		ccp.Spec.ExternalURL = rec.URL
-		r, err = f.m.Reconcile(ctx, ccp, rec.URL)
+		rec := testenv.NewRecordingProxy(t, coder.URL)
+		ccp.Spec.ExternalURL = rec.URL.String()
+		r, err = f.m.Reconcile(ctx, ccp, rec.URL.String())
 		secrets := f.secretValues(t, ccp.Namespace)
-		requireMismatch(t, r, err, oldURL, rec.URL, secrets)
-		requireNoCredential(t, rec, secrets)
+		requireMismatch(t, r, err, oldURL, rec.URL.String(), secrets)
+		rec.RequireNoCredential(t, secrets)
 
 		// The admin's way out: credentials bound to the new URL.
 		owner := f.secret(t, ccp.Namespace, "owner")
-		owner.Annotations[coderapi.AnnotationCoderURL] = rec.URL
+		owner.Annotations[coderapi.AnnotationCoderURL] = rec.URL.String()
 		if err := f.c.Update(ctx, owner); err != nil {
 			t.Fatal(err)
 		}
-		r, err = f.m.Reconcile(ctx, ccp, rec.URL)
+		r, err = f.m.Reconcile(ctx, ccp, rec.URL.String())
 		mustReady(t, r, err)
-		if got := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name).Annotations[coderapi.AnnotationCoderURL]; got != rec.URL {
-			t.Errorf("new operator token Secret bound to %q, want %q", got, rec.URL)
+		if got := f.secret(t, ccp.Namespace, r.TokenSecretRef.Name).Annotations[coderapi.AnnotationCoderURL]; got != rec.URL.String() {
+			t.Errorf("new operator token Secret bound to %q, want %q", got, rec.URL.String())
 		}
 	})
 
 	t.Run("owner credentials, whose session is logged out after use", func(t *testing.T) {
-		rec := newRecorder(t, coder.URL)
-		ccp := f.controlPlane(t, "ownercreds", rec.URL, coderv1alpha1.OperatorAccessSpec{
+		rec := testenv.NewRecordingProxy(t, coder.URL)
+		ccp := f.controlPlane(t, "ownercreds", rec.URL.String(), coderv1alpha1.OperatorAccessSpec{
 			OwnerCredentialsSecretRef: &corev1.LocalObjectReference{Name: "creds"},
 		})
 		if err := f.c.Create(ctx, &corev1.Secret{
@@ -236,9 +110,9 @@ func TestCredentialsStayWithTheirCoderd(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		r, err := f.m.Reconcile(ctx, ccp, rec.URL)
+		r, err := f.m.Reconcile(ctx, ccp, rec.URL.String())
 		mustReady(t, r, err)
-		sessions := rec.sessions()
+		sessions := rec.SessionTokens()
 		if len(sessions) != 1 {
 			t.Fatalf("the operator opened %d sessions, want 1", len(sessions))
 		}
@@ -251,12 +125,12 @@ func TestCredentialsStayWithTheirCoderd(t *testing.T) {
 		}
 
 		// Now the URL changes to another server.
-		other := newRecorder(t, coder.URL)
-		ccp.Spec.ExternalURL = other.URL
-		r, err = f.m.Reconcile(ctx, ccp, other.URL)
+		other := testenv.NewRecordingProxy(t, coder.URL)
+		ccp.Spec.ExternalURL = other.URL.String()
+		r, err = f.m.Reconcile(ctx, ccp, other.URL.String())
 		secrets := f.secretValues(t, ccp.Namespace, coder.Password)
-		requireMismatch(t, r, err, rec.URL, other.URL, secrets)
-		requireNoCredential(t, other, secrets)
+		requireMismatch(t, r, err, rec.URL.String(), other.URL.String(), secrets)
+		other.RequireNoCredential(t, secrets)
 		if !strings.Contains(r.Message, "Secret creds") || !strings.Contains(r.Message, coderapi.AnnotationCoderURL) {
 			t.Errorf("message %q does not say which Secret and annotation to change", r.Message)
 		}
@@ -271,19 +145,19 @@ func TestFirstUserCredentialsStayWithTheirCoderd(t *testing.T) {
 	coder := testenv.NewCoder(t, testenv.CoderOptions{SkipFirstUser: true})
 	f := newFixture(t, k)
 	ctx := context.Background()
-	rec := newRecorder(t, coder.URL)
-	ccp := f.controlPlane(t, "fresh", rec.URL, coderv1alpha1.OperatorAccessSpec{})
+	rec := testenv.NewRecordingProxy(t, coder.URL)
+	ccp := f.controlPlane(t, "fresh", rec.URL.String(), coderv1alpha1.OperatorAccessSpec{})
 
-	r, err := f.m.Reconcile(ctx, ccp, rec.URL)
+	r, err := f.m.Reconcile(ctx, ccp, rec.URL.String())
 	mustReady(t, r, err)
 	admin := f.secret(t, ccp.Namespace, operatoraccess.AdminSecretName(ccp))
 
 	t.Run("setup session logged out, setup password replaced", func(t *testing.T) {
 		var setupPassword string
-		for _, req := range rec.requests() {
-			if req.method == http.MethodPost && req.path == "/api/v2/users/first" {
+		for _, req := range rec.Requests() {
+			if req.Method == http.MethodPost && req.Path == "/api/v2/users/first" {
 				var first codersdk.CreateFirstUserRequest
-				if err := json.Unmarshal(req.body, &first); err != nil {
+				if err := json.Unmarshal(req.Body, &first); err != nil {
 					t.Fatal(err)
 				}
 				setupPassword = first.Password
@@ -292,7 +166,7 @@ func TestFirstUserCredentialsStayWithTheirCoderd(t *testing.T) {
 		if setupPassword == "" {
 			t.Fatal("no first-user request seen")
 		}
-		sessions := rec.sessions()
+		sessions := rec.SessionTokens()
 		if len(sessions) == 0 {
 			t.Fatal("no login seen")
 		}
@@ -317,8 +191,8 @@ func TestFirstUserCredentialsStayWithTheirCoderd(t *testing.T) {
 		if _, ok := admin.Data["password-next"]; ok {
 			t.Error("the Secret still holds a pending password")
 		}
-		if admin.Annotations[coderapi.AnnotationCoderURL] != rec.URL || string(admin.Data["url"]) != rec.URL {
-			t.Errorf("first user Secret bound to %q / %q, want %s", admin.Annotations[coderapi.AnnotationCoderURL], admin.Data["url"], rec.URL)
+		if admin.Annotations[coderapi.AnnotationCoderURL] != rec.URL.String() || string(admin.Data["url"]) != rec.URL.String() {
+			t.Errorf("first user Secret bound to %q / %q, want %s", admin.Annotations[coderapi.AnnotationCoderURL], admin.Data["url"], rec.URL.String())
 		}
 	})
 
@@ -329,12 +203,12 @@ func TestFirstUserCredentialsStayWithTheirCoderd(t *testing.T) {
 		if err := f.c.Delete(ctx, tok); err != nil {
 			t.Fatal(err)
 		}
-		other := newRecorder(t, coder.URL)
-		ccp.Spec.ExternalURL = other.URL
-		r, err := f.m.Reconcile(ctx, ccp, other.URL)
+		other := testenv.NewRecordingProxy(t, coder.URL)
+		ccp.Spec.ExternalURL = other.URL.String()
+		r, err := f.m.Reconcile(ctx, ccp, other.URL.String())
 		secrets := f.secretValues(t, ccp.Namespace, string(tok.Data[coderapi.TokenKey]))
-		requireMismatch(t, r, err, rec.URL, other.URL, secrets)
-		requireNoCredential(t, other, secrets)
+		requireMismatch(t, r, err, rec.URL.String(), other.URL.String(), secrets)
+		other.RequireNoCredential(t, secrets)
 		if !strings.Contains(r.Message, "ownerTokenSecretRef") || !strings.Contains(r.Message, "delete Secret "+admin.Name) {
 			t.Errorf("message %q does not say what the admin can do", r.Message)
 		}
@@ -358,8 +232,8 @@ func TestFirstUserCredentialsStayWithTheirCoderd(t *testing.T) {
 		if err := f.c.Update(ctx, admin); err != nil {
 			t.Fatal(err)
 		}
-		ccp.Spec.ExternalURL = rec.URL
-		r, err := f.m.Reconcile(ctx, ccp, rec.URL)
+		ccp.Spec.ExternalURL = rec.URL.String()
+		r, err := f.m.Reconcile(ctx, ccp, rec.URL.String())
 		mustReady(t, r, err)
 		admin = f.secret(t, ccp.Namespace, admin.Name)
 		if string(admin.Data["password"]) != next {
