@@ -99,6 +99,38 @@ func TestCredentialsStayWithTheirCoderd(t *testing.T) {
 		}
 	})
 
+	t.Run("revocation after a URL change sends the token nowhere", func(t *testing.T) {
+		ccp := f.ownerTokenAccess(t, "revoke", coder, time.Hour)
+		r, err := f.m.Reconcile(ctx, ccp, oldURL)
+		mustReady(t, r, err)
+		tok := f.tokenClient(t, ccp, coder.URL, r)
+		for len(f.rec.Events) > 0 {
+			<-f.rec.Events
+		}
+		proxy := testenv.NewRecordingProxy(t, coder.URL)
+		if err := f.m.Revoke(ctx, ccp, proxy.URL.String()); err != nil {
+			t.Fatalf("Revoke: %v", err)
+		}
+		if n := len(proxy.Requests()); n != 0 {
+			t.Errorf("the new URL received %d requests", n)
+		}
+		if f.secret(t, ccp.Namespace, r.TokenSecretRef.Name) != nil {
+			t.Error("the token Secret is still there")
+		}
+		select {
+		case ev := <-f.rec.Events:
+			if !strings.Contains(ev, "OperatorTokenNotRevoked") || !strings.Contains(ev, oldURL) || !strings.Contains(ev, proxy.URL.String()) {
+				t.Errorf("event %q does not say which token was left where", ev)
+			}
+		default:
+			t.Error("no event says the token was not revoked")
+		}
+		// Not revoked: the admin has to, where it was issued.
+		if _, err := tok.User(ctx, codersdk.Me); err != nil {
+			t.Errorf("the token stopped working although it was sent nowhere: %v", err)
+		}
+	})
+
 	t.Run("owner credentials, whose session is logged out after use", func(t *testing.T) {
 		rec := testenv.NewRecordingProxy(t, coder.URL)
 		ccp := f.controlPlane(t, "ownercreds", rec.URL.String(), coderv1alpha1.OperatorAccessSpec{

@@ -39,15 +39,21 @@ const defaultLifetime = 168 * time.Hour
 // Revoke deletes the operator's token in coderd and its Secret. A token
 // coderd no longer knows counts as revoked; an unreachable coderd is an
 // error, so the caller decides how long to keep trying. The token is sent
-// only to the coderd it was issued by (the URL recorded in its Secret),
-// which is the only one that can revoke it, whatever coderURL is now.
+// only when coderURL is the URL it was issued for (recorded in its
+// Secret): after a URL change it is sent nowhere, and a Warning event
+// names the token and the coderd where an admin can revoke it.
 func (m *Manager) Revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, coderURL string) error {
 	m.forget(ccp)
 	secret, err := m.getSecret(ctx, ccp.Namespace, coderapi.TokenSecretName(ccp.Name))
 	if err != nil || secret == nil {
 		return err
 	}
-	if u, err := url.Parse(secret.Annotations[coderapi.AnnotationCoderURL]); err == nil && u.Host != "" {
+	issuedFor := secret.Annotations[coderapi.AnnotationCoderURL]
+	if !coderapi.SameURL(issuedFor, coderURL) {
+		m.event(ccp, corev1.EventTypeWarning, "OperatorTokenNotRevoked", fmt.Sprintf(
+			"the operator token %s (coder user %s, expires %s) was issued by coderd at %s, not by %s (the control plane's URL): it was not sent there; revoke it in the coderd at %s if that coderd is still in use",
+			secret.Annotations[annotationTokenName], OperatorUsername, secret.Annotations[annotationExpiresAt], issuedFor, coderURL, issuedFor))
+	} else if u, err := url.Parse(issuedFor); err == nil && u.Host != "" {
 		c := coderapi.NewClient(u, string(secret.Data[coderapi.TokenKey]), m.timeout(), m.target(ccp))
 		defer coderapi.CloseIdle(c)
 		err := c.DeleteAPIKey(ctx, codersdk.Me, secret.Annotations[annotationTokenID])
