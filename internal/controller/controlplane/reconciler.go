@@ -176,9 +176,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !equality.Semantic.DeepEqual(*before, ccp.Status) {
 		patchBase := ccp.DeepCopy()
 		patchBase.Status = *before
-		if err := r.Client.Status().Patch(ctx, &ccp, client.MergeFrom(patchBase)); err != nil {
+		// Optimistic lock: a reconcile that started from a stale copy
+		// (the cache had not seen the last status write yet, while a
+		// child's event it caused had arrived) must not write its status
+		// nor announce its transitions a second time; it is retried from
+		// the current object.
+		if err := r.Client.Status().Patch(ctx, &ccp, client.MergeFromWithOptions(patchBase, client.MergeFromWithOptimisticLock{})); err != nil {
 			if apierrors.IsNotFound(err) {
 				return ctrl.Result{}, nil
+			}
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{RequeueAfter: time.Second}, nil
 			}
 			return ctrl.Result{}, fmt.Errorf("update status of control plane %s/%s: %w", ccp.Namespace, ccp.Name, err)
 		}
