@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -32,9 +33,14 @@ import (
 // find one to set up.
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list
 
-// setupRecheck is how soon a coderd waiting for its first user is looked
-// at again; no watch covers its pods.
-const setupRecheck = 5 * time.Second
+// How soon a coderd waiting for its first user is looked at again. Its
+// pods are not watched: the Deployment is, and its readyReplicas change
+// when a pod becomes ready, so without a ready replica the pods are not
+// listed and only a slow recheck stands in for a missed event.
+const (
+	setupRecheck     = 5 * time.Second
+	setupIdleRecheck = time.Minute
+)
 
 // initialized reports whether the deployed coderd of ccp is known to have
 // its first user: its Initialized condition says so, or its Service, which
@@ -65,7 +71,14 @@ func (r *Reconciler) initialized(ctx context.Context, ccp *coderv1alpha1.CoderCo
 // returns when to check again and whether coderd now has its first user.
 func (r *Reconciler) reconcileSetup(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) (time.Duration, bool) {
 	const withheld = "the operator creates coderd's Service, Ingress and HTTPRoute only once coderd has its first user, so that nobody else can claim coderd first"
-	dial, err := r.readyPodURL(ctx, ccp)
+	var dial string
+	var err error
+	recheck := setupRecheck
+	if r.readyReplicas(ctx, ccp) == 0 {
+		recheck = setupIdleRecheck
+	} else {
+		dial, err = r.readyPodURL(ctx, ccp)
+	}
 	if err != nil || dial == "" {
 		why := "no coderd pod is ready yet"
 		if err != nil {
@@ -79,7 +92,7 @@ func (r *Reconciler) reconcileSetup(ctx context.Context, ccp *coderv1alpha1.Code
 			setCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser,
 				"the operator sets up coderd's first user at a ready coderd pod; "+why)
 		}
-		return setupRecheck, false
+		return recheck, false
 	}
 	after, res := r.reconcileAccess(ctx, ccp, operatoraccess.Endpoint{URL: ccp.Status.URL, Dial: dial})
 	if res.FirstUser {
@@ -94,6 +107,16 @@ func (r *Reconciler) reconcileSetup(ctx context.Context, ccp *coderv1alpha1.Code
 	}
 	setCondition(ccp, coderv1alpha1.ConditionInitialized, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser, msg)
 	return minPositive(after, setupRecheck), false
+}
+
+// readyReplicas is what coderd's Deployment (from the cache) reports;
+// 0 when it cannot be read.
+func (r *Reconciler) readyReplicas(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) int32 {
+	var dep appsv1.Deployment
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ccp.Namespace, Name: ccp.Name}, &dep); err != nil {
+		return 0
+	}
+	return dep.Status.ReadyReplicas
 }
 
 // readyPodURL is the base URL of a ready coderd pod of ccp ("" when none):

@@ -21,7 +21,8 @@ const fakePodIP = "10.244.0.10"
 // the test API server does not run: it creates a pod from the
 // Deployment's pod template, as the ReplicaSet would, and writes the
 // status a kubelet writes once the pod runs and passes its readiness
-// probe, at pod IP ip.
+// probe, at pod IP ip, and counts it in the Deployment's status, as the
+// Deployment controller does.
 func runPod(t *testing.T, c client.Client, ns, deployment, ip string) *corev1.Pod {
 	t.Helper()
 	ctx := context.Background()
@@ -68,5 +69,16 @@ func runPod(t *testing.T, c client.Client, ns, deployment, ip string) *corev1.Po
 	if err := c.Status().Update(ctx, pod); err != nil {
 		t.Fatalf("write pod %s status: %v", pod.Name, err)
 	}
+	// The Deployment controller counts the ready pod.
+	eventually(t, 10*time.Second, "count the ready pod in the Deployment's status", func() error {
+		if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: deployment}, &dep); err != nil {
+			return err
+		}
+		dep.Status.ObservedGeneration = dep.Generation
+		dep.Status.Replicas++
+		dep.Status.UpdatedReplicas++
+		dep.Status.ReadyReplicas++
+		return c.Status().Update(ctx, &dep)
+	})
 	return pod
 }
