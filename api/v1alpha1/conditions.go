@@ -28,6 +28,12 @@ const (
 	// ConditionExposed: the Ingress or HTTPRoute of spec.expose is in
 	// place. Present only when spec.expose is set.
 	ConditionExposed = "Exposed"
+	// ConditionInitialized: a deployed coderd has its first user. Until
+	// then the operator creates no Service, Ingress or HTTPRoute for it
+	// and reaches coderd at a ready pod only, so that nobody else can
+	// claim coderd by creating its first user. Absent for an adopted
+	// coderd (spec.externalURL).
+	ConditionInitialized = "Initialized"
 )
 
 // Reasons every kind may report.
@@ -82,9 +88,21 @@ const (
 	ReasonOwnerCredentialsRequired = "OwnerCredentialsRequired"
 	ReasonOwnerSecretMissing       = "OwnerSecretMissing"
 	ReasonOwnerCredentialsRejected = "OwnerCredentialsRejected"
+	// ReasonCredentialsURLMismatch: the owner token or credentials the
+	// operator would need were issued for another coderd URL than the
+	// control plane's (spec.externalURL or the Service URL changed); the
+	// operator sent nothing to the new URL and needs credentials issued
+	// for it.
+	ReasonCredentialsURLMismatch = "CredentialsURLMismatch"
 	// ReasonAccessError: the access manager failed in a way it did not
 	// classify itself.
 	ReasonAccessError = "AccessReconcileFailed"
+
+	// Initialized.
+	ReasonFirstUserExists = "FirstUserExists"
+	// ReasonAwaitingFirstUser: no first user yet; the Service, Ingress and
+	// HTTPRoute wait for it.
+	ReasonAwaitingFirstUser = "AwaitingFirstUser"
 
 	// LicenseApplied.
 	ReasonLicenseUploaded      = "Uploaded"

@@ -2,6 +2,9 @@ package coderapi
 
 import (
 	"fmt"
+	"net"
+	"net/url"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
@@ -44,4 +47,40 @@ func OperatorSecretSelector() (labels.Selector, error) {
 		return nil, fmt.Errorf("operator Secret selector: %w", err)
 	}
 	return labels.NewSelector().Add(*managed, *owned), nil
+}
+
+// AnnotationCoderURL, on a Secret holding a Coder credential (the
+// operator token Secret, the first user's Secret, an owner token or
+// owner credentials Secret), is the coderd URL the credential was issued
+// for. The credential is sent to no other URL (SameURL).
+const AnnotationCoderURL = "coder.com/coder-url"
+
+// NormalizeURL is raw reduced to what identifies a coderd: lower-case
+// scheme and host, an explicit port, and the path without a trailing
+// slash; query and fragment are dropped.
+func NormalizeURL(raw string) (string, error) {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil {
+		return "", fmt.Errorf("parse coderd URL %q: %w", raw, err)
+	}
+	scheme := strings.ToLower(u.Scheme)
+	if (scheme != "http" && scheme != "https") || u.Hostname() == "" {
+		return "", fmt.Errorf("coderd URL %q: want http(s)://host[:port][/path]", raw)
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[scheme]
+	}
+	return scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port) + strings.TrimRight(u.EscapedPath(), "/"), nil
+}
+
+// SameURL reports whether a and b name the same coderd after
+// NormalizeURL; an unparsable URL matches nothing.
+func SameURL(a, b string) bool {
+	na, err := NormalizeURL(a)
+	if err != nil {
+		return false
+	}
+	nb, err := NormalizeURL(b)
+	return err == nil && na == nb
 }

@@ -18,11 +18,12 @@ import (
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 )
 
-// reconcileAccess runs the access manager against status.url and records
-// its result. It returns when access should be checked again.
-func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) time.Duration {
+// reconcileAccess runs the access manager against the coderd at ep and
+// records its result. It returns when access should be checked again, and
+// the result.
+func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, ep operatoraccess.Endpoint) (time.Duration, operatoraccess.Result) {
 	actx, cancel := context.WithTimeout(ctx, valueOr(r.AccessTimeout, DefaultAccessTimeout))
-	res, err := r.Access.Reconcile(actx, ccp.DeepCopy(), ccp.Status.URL)
+	res, err := r.Access.ReconcileAt(actx, ccp.DeepCopy(), ep)
 	cancel()
 	adopted := ccp.Spec.ExternalURL != ""
 
@@ -46,7 +47,7 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 		}
 		r.setLicense(ccp, nil)
 		logf.FromContext(ctx).Info("operator access failed", "url", ccp.Status.URL, "reason", reason, "error", err.Error())
-		return accessBackoff(apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady), time.Now())
+		return accessBackoff(apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady), time.Now()), res
 	}
 
 	reason, msg := res.Reason, res.Message
@@ -85,13 +86,13 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 	r.setLicense(ccp, res.License)
 
 	if !res.Ready && res.RequeueAfter <= 0 {
-		return accessBackoff(apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady), time.Now())
+		return accessBackoff(apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady), time.Now()), res
 	}
 	if res.License != nil && res.License.Reason == coderv1alpha1.ReasonLicenseSecretMissing {
 		// Users' Secrets are not watched: look for it again soon.
-		return minPositive(res.RequeueAfter, missingSecretRecheck)
+		return minPositive(res.RequeueAfter, missingSecretRecheck), res
 	}
-	return res.RequeueAfter
+	return res.RequeueAfter, res
 }
 
 // setAdoptedAvailable sets Available of an adopted control plane, which

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,9 +14,11 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/controller/controllertest"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 	"github.com/coder/coder-k8s/internal/testenv"
@@ -145,4 +148,66 @@ func readSecretKey(t *testing.T, ns, name, key string) string {
 		t.Fatalf("Secret %s has no key %q", name, key)
 	}
 	return v
+}
+
+// TestURLChangeNeedsNewCredentials points an adopted control plane that
+// holds access to a real coderd at a server the test runs (forwarding to
+// the same coderd): the operator sends it no credential, and the
+// condition, phase and a Warning event say new credentials are needed.
+func TestURLChangeNeedsNewCredentials(t *testing.T) {
+	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	ns := controllertest.Namespace(t, "urlchange")
+	ctx := context.Background()
+
+	mgr := controllertest.NewManager(t, controllertest.Kube().Config, ns)
+	access := &operatoraccess.Manager{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("operator-access"), Timeout: 15 * time.Second}
+	if err := (&Reconciler{Access: access}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	controllertest.StartManager(t, mgr)
+
+	c := controllertest.Client(t)
+	create(t, c, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "owner"},
+		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
+	})
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.ExternalURL = coder.URL.String()
+	ccp.Spec.OperatorAccess.OwnerTokenSecretRef = &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"}
+	create(t, c, ccp)
+	waitConditionFor(t, 60*time.Second, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, coderv1alpha1.ReasonTokenValid)
+
+	proxy := testenv.NewRecordingProxy(t, coder.URL)
+	updateCCP(t, c, ns, "coder", func(ccp *coderv1alpha1.CoderControlPlane) { ccp.Spec.ExternalURL = proxy.URL.String() })
+	ccp = waitConditionFor(t, 60*time.Second, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, coderv1alpha1.ReasonCredentialsURLMismatch)
+	cond := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady)
+	if !strings.Contains(cond.Message, coder.URL.String()) || !strings.Contains(cond.Message, proxy.URL.String()) || !strings.Contains(cond.Message, "Secret owner") {
+		t.Errorf("condition message %q does not name both URLs and the Secret", cond.Message)
+	}
+	if ccp.Status.Phase != coderv1alpha1.PhaseFailed || ccp.Status.OperatorTokenSecretRef != nil {
+		t.Errorf("phase %s, operatorTokenSecretRef %v; want Failed and no token in use", ccp.Status.Phase, ccp.Status.OperatorTokenSecretRef)
+	}
+	ev := waitEvent(t, ns, "coder", corev1.EventTypeWarning, coderv1alpha1.ReasonCredentialsURLMismatch)
+	if !strings.Contains(ev.Note, proxy.URL.String()) {
+		t.Errorf("event note %q does not name the new URL", ev.Note)
+	}
+
+	var secrets corev1.SecretList
+	if err := c.List(ctx, &secrets, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	values := []string{coder.SessionToken, coder.Password}
+	for _, s := range secrets.Items {
+		for k, v := range s.Data {
+			if k == coderapi.TokenKey || k == "token" || k == "password" {
+				values = append(values, string(v))
+			}
+		}
+	}
+	for _, v := range values {
+		if strings.Contains(cond.Message, v) || strings.Contains(ev.Note, v) {
+			t.Error("the condition or event carries a credential")
+		}
+	}
+	proxy.RequireNoCredential(t, values)
 }

@@ -35,8 +35,17 @@ func TestChildrenAreInTheCache(t *testing.T) {
 		ccp := newControlPlane("ns", "coder")
 		ccp.Spec = readFixture[coderv1alpha1.CoderControlPlaneSpec](t, fixture+".spec.json")
 		children := []client.Object{desiredServiceAccount(ccp), desiredDeployment(ccp, DefaultImage, DefaultClusterDomain), desiredService(ccp)}
-		for _, ns := range workspaceRBACNamespaces(ccp) {
-			children = append(children, desiredWorkspaceRole(ccp, ns), desiredWorkspaceRoleBinding(ccp, ns))
+		// The full fixture asks for extraRules, which is refused now: its
+		// RoleBinding to the default ClusterRole stands for the bindings.
+		ccp.Spec.WorkspaceRBAC.ExtraRules = nil
+		policy := DefaultWorkspaceRBACPolicy()
+		policy.ExtraNamespaces = map[string][]string{ccp.Namespace: ccp.Spec.WorkspaceRBAC.ExtraNamespaces}
+		plan, err := policy.plan(ccp)
+		if err != nil {
+			t.Fatalf("%s: %v", fixture, err)
+		}
+		for _, rb := range plan.bindings(ccp) {
+			children = append(children, rb)
 		}
 		if exp := ccp.Spec.Expose; exp != nil && exp.Ingress != nil {
 			children = append(children, desiredIngress(ccp))

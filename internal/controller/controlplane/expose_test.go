@@ -35,6 +35,7 @@ func TestExposeIngress(t *testing.T) {
 		TLSSecretName: "coder-ingress-tls",
 	}}
 	create(t, h.c, ccp)
+	runPod(t, h.c, ns, "coder", fakePodIP)
 	ccp = getCCP(t, h.c, ns, "coder")
 
 	var ing networkingv1.Ingress
@@ -82,6 +83,7 @@ func TestExposeHTTPRouteWithoutAndWithGatewayAPI(t *testing.T) {
 		Hostnames:  []string{"coder.example.com"},
 	}}
 	create(t, h.c, ccp)
+	runPod(t, h.c, ns, "coder", fakePodIP)
 
 	// Without the Gateway API the rest is deployed and the condition says
 	// why there is no route.

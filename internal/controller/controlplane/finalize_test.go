@@ -22,6 +22,7 @@ func TestDeletionRevokesAccess(t *testing.T) {
 	ctx := context.Background()
 
 	create(t, h.c, newControlPlane(ns, "coder"))
+	runPod(t, h.c, ns, "coder", fakePodIP)
 	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, "")
 	if err := h.c.Delete(ctx, getCCP(t, h.c, ns, "coder")); err != nil {
 		t.Fatal(err)
@@ -45,6 +46,7 @@ func TestDeletionWithUnreachableCoderdIsBounded(t *testing.T) {
 	ctx := context.Background()
 
 	create(t, h.c, newControlPlane(ns, "coder"))
+	runPod(t, h.c, ns, "coder", fakePodIP)
 	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, "")
 	start := time.Now()
 	if err := h.c.Delete(ctx, getCCP(t, h.c, ns, "coder")); err != nil {

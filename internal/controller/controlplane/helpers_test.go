@@ -38,14 +38,19 @@ type fakeAccess struct {
 	err       error
 	revokeErr error
 	urls      []string
+	dials     []string
 	revokes   int
 }
 
-func (f *fakeAccess) Reconcile(_ context.Context, _ *coderv1alpha1.CoderControlPlane, coderURL string) (operatoraccess.Result, error) {
+func (f *fakeAccess) ReconcileAt(_ context.Context, _ *coderv1alpha1.CoderControlPlane, ep operatoraccess.Endpoint) (operatoraccess.Result, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.urls = append(f.urls, coderURL)
-	return f.result, f.err
+	f.urls = append(f.urls, ep.URL)
+	f.dials = append(f.dials, ep.Dial)
+	res := f.result
+	// A working access manager knows the first user exists.
+	res.FirstUser = res.FirstUser || (res.Ready && ep.Dial != "")
+	return res, f.err
 }
 
 func (f *fakeAccess) Revoke(context.Context, *coderv1alpha1.CoderControlPlane, string) error {
@@ -174,8 +179,14 @@ func updateCCP(t *testing.T, c client.Client, ns, name string, change func(*code
 // reason (any reason when empty) for its current generation.
 func waitCondition(t *testing.T, c client.Client, ns, name, typ string, status metav1.ConditionStatus, reason string) *coderv1alpha1.CoderControlPlane {
 	t.Helper()
+	return waitConditionFor(t, 30*time.Second, c, ns, name, typ, status, reason)
+}
+
+// waitConditionFor is waitCondition waiting up to timeout.
+func waitConditionFor(t *testing.T, timeout time.Duration, c client.Client, ns, name, typ string, status metav1.ConditionStatus, reason string) *coderv1alpha1.CoderControlPlane {
+	t.Helper()
 	var ccp *coderv1alpha1.CoderControlPlane
-	eventually(t, 30*time.Second, fmt.Sprintf("condition %s=%s (%s)", typ, status, reason), func() error {
+	eventually(t, timeout, fmt.Sprintf("condition %s=%s (%s)", typ, status, reason), func() error {
 		ccp = getCCP(t, c, ns, name)
 		cond := apimeta.FindStatusCondition(ccp.Status.Conditions, typ)
 		switch {

@@ -36,6 +36,7 @@ func TestSwitchToExternalURLRemovesChildren(t *testing.T) {
 	ccp.Spec.WorkspaceRBAC.ExtraNamespaces = []string{extra}
 	ccp.Spec.Expose = &coderv1alpha1.ExposeSpec{Ingress: &coderv1alpha1.IngressSpec{Host: "coder.example.com"}}
 	create(t, h.c, ccp)
+	runPod(t, h.c, ns, "coder", fakePodIP)
 	getDeployment(t, h.c, ns, "coder")
 	eventually(t, 30*time.Second, "children", func() error {
 		if err := h.c.Get(ctx, types.NamespacedName{Namespace: extra, Name: binding}, &rbacv1.RoleBinding{}); err != nil {
@@ -100,6 +101,7 @@ func TestNameTakenByUnmanagedObjectFails(t *testing.T) {
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 5432}}},
 	})
 	create(t, h.c, newControlPlane(ns, "coder"))
+	runPod(t, h.c, ns, "coder", fakePodIP)
 	ccp := waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonApplyFailed)
 	if ccp.Status.Phase != coderv1alpha1.PhaseFailed {
 		t.Errorf("phase = %s, want Failed", ccp.Status.Phase)

@@ -83,6 +83,7 @@ func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
 	ccp.Spec.WorkspaceRBAC.ExtraNamespaces = []string{extra}
 	ccp.Spec.Expose = &coderv1alpha1.ExposeSpec{Ingress: &coderv1alpha1.IngressSpec{Host: "coder.example.com"}}
 	create(t, admin, ccp)
+	runPod(t, admin, ns, "coder", fakePodIP)
 
 	waitCondition(t, admin, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonSecretNotFound)
 	waitEvent(t, ns, "coder", corev1.EventTypeWarning, coderv1alpha1.ReasonSecretNotFound)

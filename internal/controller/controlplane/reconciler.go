@@ -33,9 +33,9 @@ import (
 // AccessManager is the Coder-API half of a control plane: the operator's
 // user and token in coderd. *operatoraccess.Manager implements it.
 type AccessManager interface {
-	// Reconcile establishes or checks the operator's access to coderd at
-	// coderURL and reports it.
-	Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, coderURL string) (operatoraccess.Result, error)
+	// ReconcileAt establishes or checks the operator's access to the
+	// coderd at ep and reports it.
+	ReconcileAt(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, ep operatoraccess.Endpoint) (operatoraccess.Result, error)
 	// Revoke deletes the operator's token in coderd and its Secret.
 	Revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, coderURL string) error
 }
@@ -155,21 +155,45 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	requeue := valueOr(r.ResyncPeriod, DefaultResyncPeriod)
 	if ccp.Spec.ExternalURL != "" {
 		workloadErr = r.adopt(ctx, &ccp)
-	} else {
-		var after time.Duration
-		after, workloadErr = r.reconcileWorkload(ctx, &ccp)
+		after, _ := r.reconcileAccess(ctx, &ccp, operatoraccess.Endpoint{URL: ccp.Status.URL})
 		requeue = minPositive(requeue, after)
+	} else {
+		initialized, err := r.initialized(ctx, &ccp)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		var after time.Duration
+		after, workloadErr = r.reconcileWorkload(ctx, &ccp, initialized)
+		requeue = minPositive(requeue, after)
+		if initialized {
+			after, _ = r.reconcileAccess(ctx, &ccp, operatoraccess.Endpoint{URL: ccp.Status.URL})
+			requeue = minPositive(requeue, after)
+		} else if after, initialized = r.reconcileSetup(ctx, &ccp); initialized {
+			// The first user exists: coderd may be reached by others now.
+			requeue = minPositive(requeue, after)
+			after, workloadErr = r.reconcileWorkload(ctx, &ccp, true)
+			requeue = minPositive(requeue, after)
+		} else {
+			requeue = minPositive(requeue, after)
+		}
 	}
-	requeue = minPositive(requeue, r.reconcileAccess(ctx, &ccp))
 
 	ccp.Status.Phase = computePhase(before.Phase, ccp.Status.Conditions)
 	ccp.Status.ObservedGeneration = ccp.Generation
 	if !equality.Semantic.DeepEqual(*before, ccp.Status) {
 		patchBase := ccp.DeepCopy()
 		patchBase.Status = *before
-		if err := r.Client.Status().Patch(ctx, &ccp, client.MergeFrom(patchBase)); err != nil {
+		// Optimistic lock: a reconcile that started from a stale copy
+		// (the cache had not seen the last status write yet, while a
+		// child's event it caused had arrived) must not write its status
+		// nor announce its transitions a second time; it is retried from
+		// the current object.
+		if err := r.Client.Status().Patch(ctx, &ccp, client.MergeFromWithOptions(patchBase, client.MergeFromWithOptimisticLock{})); err != nil {
 			if apierrors.IsNotFound(err) {
 				return ctrl.Result{}, nil
+			}
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{RequeueAfter: time.Second}, nil
 			}
 			return ctrl.Result{}, fmt.Errorf("update status of control plane %s/%s: %w", ccp.Namespace, ccp.Name, err)
 		}
@@ -192,6 +216,7 @@ func (r *Reconciler) adopt(ctx context.Context, ccp *coderv1alpha1.CoderControlP
 	ccp.Status.Replicas, ccp.Status.ReadyReplicas = 0, 0
 	apimeta.RemoveStatusCondition(&ccp.Status.Conditions, coderv1alpha1.ConditionReconciled)
 	apimeta.RemoveStatusCondition(&ccp.Status.Conditions, coderv1alpha1.ConditionExposed)
+	apimeta.RemoveStatusCondition(&ccp.Status.Conditions, coderv1alpha1.ConditionInitialized)
 	if err := r.prune(ctx, ccp, keepSet{}); err != nil {
 		return err
 	}
@@ -202,9 +227,11 @@ func (r *Reconciler) adopt(ctx context.Context, ccp *coderv1alpha1.CoderControlP
 }
 
 // reconcileWorkload applies the children of a deployed control plane and
-// sets the Reconciled, Exposed and Available conditions. It returns when
-// to check again and an error to retry with backoff.
-func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) (time.Duration, error) {
+// sets the Reconciled, Exposed and Available conditions. The Service,
+// Ingress and HTTPRoute are applied only once coderd is initialized (has
+// its first user). It returns when to check again and an error to retry
+// with backoff.
+func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, initialized bool) (time.Duration, error) {
 	ccp.Status.URL = inClusterURL(ccp, valueOr(r.ClusterDomain, DefaultClusterDomain))
 
 	missing, err := r.missingSecrets(ctx, ccp)
@@ -240,13 +267,18 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 		apply(rb)
 	}
 	apply(desiredDeployment(ccp, valueOr(r.DefaultImage, DefaultImage), valueOr(r.ClusterDomain, DefaultClusterDomain)))
-	apply(desiredService(ccp))
+	if initialized {
+		apply(desiredService(ccp))
+	}
 
 	// Exposure reports in its own condition; its errors are retried like
 	// the others but do not make the workload itself look broken.
 	workloadErrs := len(errs)
 	if exp := ccp.Spec.Expose; exp == nil || (exp.Ingress == nil && exp.HTTPRoute == nil) {
 		apimeta.RemoveStatusCondition(&ccp.Status.Conditions, coderv1alpha1.ConditionExposed)
+	} else if !initialized {
+		setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser,
+			"the Ingress or HTTPRoute is created once coderd has its first user (see condition Initialized)")
 	} else if exp.Ingress != nil {
 		apply(desiredIngress(ccp))
 		r.setExposed(ccp, errs[workloadErrs:], coderv1alpha1.ReasonIngressApplied, fmt.Sprintf("Ingress %s routes %s to coderd", ccp.Name, exp.Ingress.Host))

@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -97,6 +99,7 @@ func TestDeployedControlPlaneCreatesChildren(t *testing.T) {
 	ccp.Spec.ServiceAccount.Annotations = map[string]string{"iam.example.com/role": "coder"}
 	ccp.Spec.PodLabels = map[string]string{"team": "platform"}
 	create(t, h.c, ccp)
+	runPod(t, h.c, ns, "coder", fakePodIP)
 	ccp = getCCP(t, h.c, ns, "coder")
 
 	dep := getDeployment(t, h.c, ns, "coder")
@@ -267,6 +270,11 @@ expose: {ingress: {host: coder.example.com, className: nginx}}
 		t.Fatal(err)
 	}
 	create(t, h.c, ccp)
+	// The pod's priority class, as an admin would have installed it.
+	if err := h.c.Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "high"}, Value: 1000}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	runPod(t, h.c, ns, "coder", fakePodIP)
 	getDeployment(t, h.c, ns, "coder")
 	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, "")
 
@@ -361,6 +369,7 @@ func TestSpecChangeUpdatesDeployment(t *testing.T) {
 	ccp.Spec.NodeSelector = map[string]string{"pool": "coder"}
 	ccp.Spec.Service.Annotations = map[string]string{"lb.example.com/internal": "true"}
 	create(t, h.c, ccp)
+	runPod(t, h.c, ns, "coder", fakePodIP)
 	dep := getDeployment(t, h.c, ns, "coder")
 	if dep.Spec.Template.Spec.NodeSelector["pool"] != "coder" {
 		t.Fatalf("nodeSelector = %v", dep.Spec.Template.Spec.NodeSelector)
@@ -461,17 +470,21 @@ func TestMissingTLSSecretRecoversWhenCreated(t *testing.T) {
 	if e := findEnv(c.Env, "CODER_TLS_CERT_FILE"); len(e) != 1 || e[0].Value != tlsDir+"/coder-tls/tls.crt" {
 		t.Errorf("CODER_TLS_CERT_FILE = %+v", e)
 	}
+	// No pod can run without the Secret, so coderd has no first user and
+	// no Service yet.
 	var svc corev1.Service
-	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &svc); err != nil {
-		t.Fatal(err)
-	}
-	if len(svc.Spec.Ports) != 2 || svc.Spec.Ports[1].Port != 443 || svc.Spec.Ports[1].TargetPort.StrVal != "https" {
-		t.Errorf("Service ports = %+v, want http and 443 -> https", svc.Spec.Ports)
+	if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &svc); !apierrors.IsNotFound(err) {
+		t.Errorf("Service before coderd's first user: %v", err)
 	}
 
 	generation := ccp.Generation
 	create(t, h.c, tlsSecret(t, ns, "coder-tls", "coder."+ns+".svc.cluster.local"))
+	runPod(t, h.c, ns, "coder", fakePodIP)
 	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied)
+	waitObject(t, h.c, ns, "coder", &svc)
+	if len(svc.Spec.Ports) != 2 || svc.Spec.Ports[1].Port != 443 || svc.Spec.Ports[1].TargetPort.StrVal != "https" {
+		t.Errorf("Service ports = %+v, want http and 443 -> https", svc.Spec.Ports)
+	}
 	if ccp.Generation != generation {
 		t.Errorf("generation %d -> %d: the control plane was changed", generation, ccp.Generation)
 	}

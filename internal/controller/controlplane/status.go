@@ -42,9 +42,9 @@ func boolStatus(b bool) metav1.ConditionStatus {
 //
 //   - Failed: a child was refused (Reconciled=False/ApplyFailed) or
 //     coderd refuses or lacks owner credentials
-//     (OperatorAccessReady=False/OwnerCredentialsRequired or
-//     OwnerCredentialsRejected): the spec or a referenced object must
-//     change.
+//     (OperatorAccessReady=False/OwnerCredentialsRequired,
+//     OwnerCredentialsRejected or CredentialsURLMismatch): the spec or a
+//     referenced object must change.
 //   - Pending: waiting for a referenced object: a Secret the pods mount
 //     while coderd is not available (Reconciled=False/SecretNotFound), or
 //     the owner Secret (OperatorAccessReady=False/OwnerSecretMissing).
@@ -75,11 +75,13 @@ func computePhase(prev coderv1alpha1.Phase, conds []metav1.Condition) coderv1alp
 	available := apimeta.IsStatusConditionTrue(conds, coderv1alpha1.ConditionAvailable)
 	accessOK := apimeta.IsStatusConditionTrue(conds, coderv1alpha1.ConditionOperatorAccessReady) ||
 		falseWith(coderv1alpha1.ConditionOperatorAccessReady, coderv1alpha1.ReasonDisabled)
-	restOK := trueOrAbsent(coderv1alpha1.ConditionReconciled) && trueOrAbsent(coderv1alpha1.ConditionExposed) && trueOrAbsent(coderv1alpha1.ConditionLicenseApplied)
+	restOK := trueOrAbsent(coderv1alpha1.ConditionReconciled) && trueOrAbsent(coderv1alpha1.ConditionExposed) &&
+		trueOrAbsent(coderv1alpha1.ConditionLicenseApplied) && trueOrAbsent(coderv1alpha1.ConditionInitialized)
 
 	switch {
 	case falseWith(coderv1alpha1.ConditionReconciled, coderv1alpha1.ReasonApplyFailed, coderv1alpha1.ReasonWorkspaceRBACRefused),
-		falseWith(coderv1alpha1.ConditionOperatorAccessReady, coderv1alpha1.ReasonOwnerCredentialsRequired, coderv1alpha1.ReasonOwnerCredentialsRejected):
+		falseWith(coderv1alpha1.ConditionOperatorAccessReady, coderv1alpha1.ReasonOwnerCredentialsRequired, coderv1alpha1.ReasonOwnerCredentialsRejected,
+			coderv1alpha1.ReasonCredentialsURLMismatch):
 		return coderv1alpha1.PhaseFailed
 	case falseWith(coderv1alpha1.ConditionOperatorAccessReady, coderv1alpha1.ReasonOwnerSecretMissing),
 		!available && falseWith(coderv1alpha1.ConditionReconciled, coderv1alpha1.ReasonSecretNotFound):
@@ -104,6 +106,7 @@ var problemReasons = map[string]bool{
 	coderv1alpha1.ReasonOwnerCredentialsRequired: true,
 	coderv1alpha1.ReasonOwnerSecretMissing:       true,
 	coderv1alpha1.ReasonOwnerCredentialsRejected: true,
+	coderv1alpha1.ReasonCredentialsURLMismatch:   true,
 }
 
 // transitionEvents lists, per condition type, the event reasons for
@@ -116,6 +119,7 @@ var transitionEvents = []struct {
 }{
 	{typ: coderv1alpha1.ConditionReconciled, becameTrue: "Reconciled", trueOnlyAfterFalse: true},
 	{typ: coderv1alpha1.ConditionExposed, becameTrue: "Exposed", trueOnlyAfterFalse: true},
+	{typ: coderv1alpha1.ConditionInitialized, becameTrue: "Initialized", trueOnlyAfterFalse: true},
 	{typ: coderv1alpha1.ConditionAvailable, becameTrue: "Available", lost: "Unavailable"},
 	{typ: coderv1alpha1.ConditionOperatorAccessReady, becameTrue: "OperatorAccessReady", lost: "OperatorAccessLost"},
 	{typ: coderv1alpha1.ConditionLicenseApplied, becameTrue: "LicenseApplied"},

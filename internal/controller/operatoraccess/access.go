@@ -21,10 +21,35 @@ const (
 )
 
 // Reconcile establishes or checks the operator's access to coderd at
-// coderURL for ccp and reports the result. It is idempotent: at steady
-// state it makes one Coder call (a token check) per ValidateEvery and no
-// Kubernetes writes.
+// coderURL for ccp and reports the result (ReconcileAt with no Dial).
 func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, coderURL string) (Result, error) {
+	return m.ReconcileAt(ctx, ccp, Endpoint{URL: coderURL})
+}
+
+// ReconcileAt establishes or checks the operator's access to the coderd
+// at ep for ccp and reports the result. It is idempotent: at steady state
+// it makes one Coder call (a token check) per ValidateEvery and no
+// Kubernetes writes. With ep.Dial set (setup of a coderd not exposed
+// yet), the result also says whether coderd has its first user.
+func (m *Manager) ReconcileAt(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, ep Endpoint) (Result, error) {
+	res, err := m.reconcile(ctx, ccp, ep)
+	if err != nil || ep.Dial == "" {
+		return res, err
+	}
+	if res.Ready {
+		res.FirstUser = true
+		return res, nil
+	}
+	if u, perr := url.Parse(ep.Dial); perr == nil && u.Host != "" {
+		anon := coderapi.NewClient(u, "", m.timeout(), m.target(ccp))
+		defer coderapi.CloseIdle(anon)
+		res.FirstUser, _ = anon.HasFirstUser(ctx)
+	}
+	return res, nil
+}
+
+func (m *Manager) reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, ep Endpoint) (Result, error) {
+	coderURL := ep.URL
 	log := logf.FromContext(ctx).WithValues("coderURL", coderURL)
 	if ccp.Spec.OperatorAccess.Disabled {
 		if err := m.Revoke(ctx, ccp, coderURL); err != nil {
@@ -33,16 +58,25 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		m.forget(ccp)
 		return Result{Reason: coderv1alpha1.ReasonDisabled, Message: "operator access is disabled (spec.operatorAccess.disabled)"}, nil
 	}
-	u, err := url.Parse(coderURL)
-	if err != nil || u.Host == "" {
+	if _, err := coderapi.NormalizeURL(coderURL); err != nil {
 		return Result{Reason: coderv1alpha1.ReasonCoderdUnreachable, Message: fmt.Sprintf("invalid coderd URL %q", coderURL)}, nil
 	}
+	dial := coderURL
+	if ep.Dial != "" {
+		dial = ep.Dial
+		log = log.WithValues("dial", dial)
+	}
+	u, err := url.Parse(dial)
+	if err != nil || u.Host == "" {
+		return Result{Reason: coderv1alpha1.ReasonCoderdUnreachable, Message: fmt.Sprintf("invalid coderd URL %q", dial)}, nil
+	}
+	at := coderd{url: coderURL, dial: u}
 
 	secret, err := m.getSecret(ctx, ccp.Namespace, coderapi.TokenSecretName(ccp.Name))
 	if err != nil {
 		return Result{}, err
 	}
-	if r, ok := m.cached(ccp, secret); ok {
+	if r, ok := m.cached(ccp, secret, coderURL); ok {
 		return r, nil
 	}
 
@@ -55,7 +89,7 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		// recovery shows as soon as an outage did.
 		res := Result{Reason: coderv1alpha1.ReasonCoderdUnreachable, Message: "coderd at " + coderURL + " is unreachable: " + coderapi.Message(err),
 			RequeueAfter: min(retryUnreachable, m.validateEvery())}
-		if secret != nil && secret.Annotations[annotationCoderURL] == coderURL && len(secret.Data[coderapi.TokenKey]) > 0 {
+		if secret != nil && coderapi.SameURL(secret.Annotations[coderapi.AnnotationCoderURL], coderURL) && len(secret.Data[coderapi.TokenKey]) > 0 {
 			// An outage says nothing about the token: keep it in use, so
 			// that requests fail with 503 until coderd is back instead of
 			// the control plane's objects disappearing.
@@ -68,9 +102,9 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 	}
 	res := Result{CoderVersion: info.Version}
 
-	// A token issued by another coderd (the URL changed) is not checked
-	// against this one: it is replaced.
-	if secret != nil && secret.Annotations[annotationCoderURL] == coderURL {
+	// A token issued by another coderd (the URL changed) is never sent to
+	// this one: it is replaced, with owner credentials bound to this URL.
+	if secret != nil && coderapi.SameURL(secret.Annotations[coderapi.AnnotationCoderURL], coderURL) {
 		state, err := m.checkToken(ctx, ccp, u, secret)
 		if err != nil {
 			return m.apiError(res, "check the operator token", err), nil
@@ -87,14 +121,14 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 			} else {
 				log.Info("operator token revoked or expired; issuing a new one")
 			}
-			secret, err = m.issueToken(ctx, ccp, u, secret, &res, self)
+			secret, err = m.issueToken(ctx, ccp, at, secret, &res, self)
 			if err != nil || secret == nil {
 				return res, err
 			}
 			m.event(ccp, corev1.EventTypeNormal, "OperatorTokenRotated", "Issued a new operator token")
 		}
 	} else {
-		secret, err = m.issueToken(ctx, ccp, u, secret, &res, nil)
+		secret, err = m.issueToken(ctx, ccp, at, secret, &res, nil)
 		if err != nil || secret == nil {
 			return res, err
 		}
@@ -123,6 +157,6 @@ func (m *Manager) Reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 	}
 	res.Entitlements = entitlements(ctx, operator)
 	res.RequeueAfter = m.validateEvery()
-	m.remember(ccp, secret, res)
+	m.remember(ccp, secret, coderURL, res)
 	return res, nil
 }

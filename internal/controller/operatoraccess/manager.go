@@ -40,6 +40,10 @@ type Result struct {
 	// AdminCredentialsSecret names the Secret with the first user's email
 	// and password, when the operator created the first user.
 	AdminCredentialsSecret string
+	// FirstUser is true when coderd is known to have its first user
+	// (set by ReconcileAt with a Dial only): the operator holds access,
+	// created that user, or coderd said it has one.
+	FirstUser bool
 	// CoderVersion is the version coderd reports ("" when unreachable).
 	CoderVersion string
 	// Entitlements reported by coderd (nil when it has no license API).
@@ -143,19 +147,20 @@ func (m *Manager) validateEvery() time.Duration {
 // other changes (a Deployment's status) do not call coderd each time.
 type cacheEntry struct {
 	at            time.Time
+	url           string
 	secretVersion string
 	generation    int64
 	result        Result
 }
 
-func (m *Manager) cached(ccp *coderv1alpha1.CoderControlPlane, secret *corev1.Secret) (Result, bool) {
+func (m *Manager) cached(ccp *coderv1alpha1.CoderControlPlane, secret *corev1.Secret, coderURL string) (Result, bool) {
 	if secret == nil {
 		return Result{}, false
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.cache()[ccp.UID]
-	if !ok || e.secretVersion != secret.ResourceVersion || e.generation != ccp.Generation {
+	if !ok || e.secretVersion != secret.ResourceVersion || e.generation != ccp.Generation || e.url != coderURL {
 		return Result{}, false
 	}
 	left := m.validateEvery() - time.Since(e.at)
@@ -167,10 +172,10 @@ func (m *Manager) cached(ccp *coderv1alpha1.CoderControlPlane, secret *corev1.Se
 	return r, true
 }
 
-func (m *Manager) remember(ccp *coderv1alpha1.CoderControlPlane, secret *corev1.Secret, r Result) {
+func (m *Manager) remember(ccp *coderv1alpha1.CoderControlPlane, secret *corev1.Secret, coderURL string, r Result) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.cache()[ccp.UID] = cacheEntry{at: time.Now(), secretVersion: secret.ResourceVersion, generation: ccp.Generation, result: r}
+	m.cache()[ccp.UID] = cacheEntry{at: time.Now(), url: coderURL, secretVersion: secret.ResourceVersion, generation: ccp.Generation, result: r}
 }
 
 // Recheck makes the next Reconcile of ccp check its token with coderd

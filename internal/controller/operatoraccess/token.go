@@ -30,7 +30,6 @@ const (
 	annotationTokenID   = "coder.com/token-id"
 	annotationExpiresAt = "coder.com/token-expires-at"
 	annotationLifetime  = "coder.com/token-lifetime-seconds"
-	annotationCoderURL  = "coder.com/coder-url"
 )
 
 // defaultLifetime is the operator token's lifetime when
@@ -39,14 +38,22 @@ const defaultLifetime = 168 * time.Hour
 
 // Revoke deletes the operator's token in coderd and its Secret. A token
 // coderd no longer knows counts as revoked; an unreachable coderd is an
-// error, so the caller decides how long to keep trying.
+// error, so the caller decides how long to keep trying. The token is sent
+// only when coderURL is the URL it was issued for (recorded in its
+// Secret): after a URL change it is sent nowhere, and a Warning event
+// names the token and the coderd where an admin can revoke it.
 func (m *Manager) Revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, coderURL string) error {
 	m.forget(ccp)
 	secret, err := m.getSecret(ctx, ccp.Namespace, coderapi.TokenSecretName(ccp.Name))
 	if err != nil || secret == nil {
 		return err
 	}
-	if u, err := url.Parse(secret.Annotations[annotationCoderURL]); err == nil && u.Host != "" {
+	issuedFor := secret.Annotations[coderapi.AnnotationCoderURL]
+	if !coderapi.SameURL(issuedFor, coderURL) {
+		m.event(ccp, corev1.EventTypeWarning, "OperatorTokenNotRevoked", fmt.Sprintf(
+			"the operator token %s (coder user %s, expires %s) was issued by coderd at %s, not by %s (the control plane's URL): it was not sent there; revoke it in the coderd at %s if that coderd is still in use",
+			secret.Annotations[annotationTokenName], OperatorUsername, secret.Annotations[annotationExpiresAt], issuedFor, coderURL, issuedFor))
+	} else if u, err := url.Parse(issuedFor); err == nil && u.Host != "" {
 		c := coderapi.NewClient(u, string(secret.Data[coderapi.TokenKey]), m.timeout(), m.target(ccp))
 		defer coderapi.CloseIdle(c)
 		err := c.DeleteAPIKey(ctx, codersdk.Me, secret.Annotations[annotationTokenID])
@@ -103,28 +110,29 @@ func (m *Manager) checkToken(ctx context.Context, ccp *coderv1alpha1.CoderContro
 // still valid token) when given, else, or when that fails in coderd, with
 // an owner session. When no token can be issued it fills res with the
 // reason and returns a nil Secret.
-func (m *Manager) issueToken(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, old *corev1.Secret, res *Result, self *codersdk.Client) (*corev1.Secret, error) {
+func (m *Manager) issueToken(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, at coderd, old *corev1.Secret, res *Result, self *codersdk.Client) (*corev1.Secret, error) {
 	if self != nil {
 		before := *res
-		secret, err := m.issueWith(ctx, ccp, u, old, res, self)
+		secret, err := m.issueWith(ctx, ccp, at, old, res, self)
 		if err != nil || secret != nil {
 			return secret, err
 		}
 		logf.FromContext(ctx).Info("the operator token could not renew itself; using an owner session", "reason", res.Message)
 		*res = before
 	}
-	owner, ok, err := m.ownerClient(ctx, ccp, u, res)
-	if err != nil || !ok {
+	owner, release, err := m.ownerClient(ctx, ccp, at, res)
+	if err != nil || owner == nil {
 		return nil, err
 	}
-	defer coderapi.CloseIdle(owner)
-	return m.issueWith(ctx, ccp, u, old, res, owner)
+	secret, err := m.issueWith(ctx, ccp, at, old, res, owner)
+	release(secret != nil && err == nil)
+	return secret, err
 }
 
 // issueWith makes sure, acting through owner, that the operator user
 // exists with the owner role, creates a token for it, stores the token in
 // the Secret and revokes the one it replaces.
-func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, old *corev1.Secret, res *Result, owner *codersdk.Client) (*corev1.Secret, error) {
+func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, at coderd, old *corev1.Secret, res *Result, owner *codersdk.Client) (*corev1.Secret, error) {
 	user, err := owner.User(ctx, OperatorUsername)
 	switch {
 	case coderapi.IsNotFound(err) || coderapi.StatusCode(err) == http.StatusBadRequest:
@@ -181,7 +189,8 @@ func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControl
 			annotationTokenID:   apiKey.ID,
 			annotationExpiresAt: apiKey.ExpiresAt.UTC().Format(time.RFC3339),
 			annotationLifetime:  strconv.FormatInt(apiKey.LifetimeSeconds, 10),
-			annotationCoderURL:  u.String(),
+			// Bound to the coderd's URL, not to where it was dialled.
+			coderapi.AnnotationCoderURL: at.url,
 		}
 		secret.Type = corev1.SecretTypeOpaque
 		secret.Data = map[string][]byte{coderapi.TokenKey: []byte(key.Key)}
@@ -193,7 +202,7 @@ func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControl
 
 	// The replaced token is revoked only once its successor is stored, so
 	// a failure in between never leaves the operator without a token.
-	if old != nil && old.Annotations[annotationTokenID] != "" && old.Annotations[annotationCoderURL] == u.String() {
+	if old != nil && old.Annotations[annotationTokenID] != "" && coderapi.SameURL(old.Annotations[coderapi.AnnotationCoderURL], at.url) {
 		if err := owner.DeleteAPIKey(ctx, user.ID.String(), old.Annotations[annotationTokenID]); err != nil &&
 			!coderapi.IsNotFound(err) {
 			logf.FromContext(ctx).Info("could not revoke the replaced operator token", "error", coderapi.Message(err))
