@@ -12,10 +12,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -52,12 +59,32 @@ type Operator struct {
 	Health, Metrics, MCP string // http://127.0.0.1:PORT
 	Aggregated           string // https://127.0.0.1:PORT
 	LeaseName            string
+	// Identity is the ServiceAccount the binary authenticates as, bound to
+	// the RBAC the chart renders for its mode (nil with RunKubeconfig).
+	Identity *testenv.ChartIdentity
 }
 
 // OperatorOptions describes one coder-k8s process.
 type OperatorOptions struct {
-	Mode       string
+	Mode string
+	// Kubeconfig is the test kube-apiserver's admin kubeconfig. StartOperator
+	// uses it only to apply the RBAC the chart renders for Mode (see
+	// grantOperatorRBAC); the binary runs with a ServiceAccount token bound
+	// to that RBAC alone, as in a cluster.
 	Kubeconfig string
+	// Release is the Helm release whose ServiceAccount and RBAC the
+	// operator runs with. Empty: a release of its own, coder-k8s-<port>,
+	// or with autoTLS the release its Secret name belongs to
+	// (<release>-aggregated-tls). Replicas of one release share its
+	// ServiceAccount.
+	Release string
+	// EditRBAC, when set, changes the chart's RBAC objects before they are
+	// applied: for a test that takes a permission away.
+	EditRBAC func([]*unstructured.Unstructured) []*unstructured.Unstructured
+	// RunKubeconfig, when set, is the kubeconfig the binary runs with and
+	// StartOperator grants nothing: only for a binary that must stop
+	// before it reaches kube-apiserver.
+	RunKubeconfig string
 	// ExtraConfig is appended to the generated configuration file.
 	ExtraConfig string
 	// KubeQPS, when set, overrides the Kubernetes client's rate limit
@@ -117,6 +144,10 @@ func StartOperator(t testing.TB, opts OperatorOptions) *Operator {
 		controllerExtra += "\n  " + e
 	}
 	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if opts.RunKubeconfig != "" {
+		kubeconfig = opts.RunKubeconfig
+	}
 	cfg := fmt.Sprintf(`apiVersion: config.coder.com/v1alpha1
 kind: CoderK8sConfiguration
 app: %s
@@ -128,10 +159,14 @@ controller:
   leaderElection: {namespace: default, leaseName: %s%s}%s
 aggregatedAPIServer: {bindAddress: 127.0.0.1, securePort: %d%s}
 mcp: {bindAddress: "127.0.0.1:%d"%s}
-%s`, opts.Mode, opts.Kubeconfig, qps, ports[0], ports[1], lease, leaderElection, controllerExtra, ports[2], aggregated, ports[3], mcpExtra, opts.ExtraConfig)
+%s`, opts.Mode, kubeconfig, qps, ports[0], ports[1], lease, leaderElection, controllerExtra, ports[2], aggregated, ports[3], mcpExtra, opts.ExtraConfig)
 	file := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	var identity *testenv.ChartIdentity
+	if opts.RunKubeconfig == "" {
+		identity = grantOperatorRBAC(t, opts, []byte(cfg), kubeconfig, "coder-k8s-"+strconv.Itoa(ports[0]))
 	}
 	cmd := exec.Command(binary, append([]string{"--config", file}, opts.Args...)...)
 	proc, err := testenv.StartProcess("coder-k8s "+opts.Mode, cmd, filepath.Join(dir, "coder-k8s.log"))
@@ -151,7 +186,78 @@ mcp: {bindAddress: "127.0.0.1:%d"%s}
 		Aggregated: fmt.Sprintf("https://127.0.0.1:%d", ports[2]),
 		MCP:        fmt.Sprintf("http://127.0.0.1:%d", ports[3]),
 		LeaseName:  lease,
+		Identity:   identity,
 	}
+}
+
+// grantOperatorRBAC applies, with the admin kubeconfig opts.Kubeconfig,
+// the ServiceAccount and RBAC the chart renders for the operator's mode and
+// for what its configuration cfg shares with the chart's RBAC (the leader
+// Lease, autoTLS's Secret and APIService), and writes a kubeconfig holding
+// only that ServiceAccount's token to kubeconfig. release is the release
+// name when neither opts nor autoTLS name one.
+func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfig, release string) *testenv.ChartIdentity {
+	t.Helper()
+	admin, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
+	if err != nil {
+		t.Fatalf("admin kubeconfig %s: %v", opts.Kubeconfig, err)
+	}
+	c := config.Default()
+	if err := yaml.Unmarshal(cfg, &c); err != nil {
+		t.Fatalf("read the operator's configuration: %v", err)
+	}
+	le := c.Controller.LeaderElection
+	namespace := aggServiceNamespace
+	values := map[string]any{
+		"mode": opts.Mode,
+		"config": map[string]any{"controller": map[string]any{"leaderElection": map[string]any{
+			"enabled": le.Enabled, "leaseName": le.LeaseName, "namespace": le.Namespace,
+		}}},
+	}
+	if at := c.AggregatedAPIServer.AutoTLS; at.Enabled {
+		// The chart's autoTLS RBAC names <fullname>-aggregated-tls in the
+		// release namespace and the chart's APIService.
+		chartRelease, ok := strings.CutSuffix(at.SecretName, "-aggregated-tls")
+		if !ok || at.Namespace == "" {
+			t.Fatalf("autoTLS Secret %q in namespace %q is not one the chart names (<release>-aggregated-tls in the release namespace)", at.SecretName, at.Namespace)
+		}
+		if at.APIServiceName != "v1alpha1."+aggv1.GroupName {
+			t.Fatalf("autoTLS APIService %q is not the chart's v1alpha1.%s", at.APIServiceName, aggv1.GroupName)
+		}
+		release, namespace = chartRelease, at.Namespace
+		values["tls"] = map[string]any{"mode": "auto"}
+	} else {
+		// A serving certificate from a Secret, which needs no RBAC: the
+		// tests' certDir stands for its mount.
+		// (The chart's APIService then needs a CA bundle; it is not
+		// applied here.)
+		ca, err := testenv.NewCA("unused")
+		if err != nil {
+			t.Fatal(err)
+		}
+		values["tls"] = map[string]any{"mode": "secret", "secret": map[string]any{"name": release + "-tls"}, "caBundle": string(ca.CertPEM)}
+	}
+	if opts.Mode == "aggregated-apiserver" {
+		// The chart refuses this mode without a static backend; its RBAC
+		// does not depend on it (the token is a mounted file).
+		url := c.AggregatedAPIServer.Coder.StaticBackend.URL
+		if url == "" {
+			url = "http://127.0.0.1:1"
+		}
+		values["staticBackend"] = map[string]any{"url": url, "existingSecret": release + "-coder-token"}
+	}
+	if opts.Release != "" {
+		release = opts.Release
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id, err := testenv.GrantChartRBAC(ctx, admin, testenv.ChartRBACOptions{
+		Release: release, Namespace: namespace, Values: values, KubeconfigPath: kubeconfig, Edit: opts.EditRBAC,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
 
 // WaitOK waits until GET url answers 200.

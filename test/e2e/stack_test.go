@@ -260,6 +260,12 @@ func mergeOperatorOptions(base, extra OperatorOptions) OperatorOptions {
 	if extra.LeaseName != "" {
 		o.LeaseName = extra.LeaseName
 	}
+	if extra.Release != "" {
+		o.Release = extra.Release
+	}
+	if extra.EditRBAC != nil {
+		o.EditRBAC = extra.EditRBAC
+	}
 	return o
 }
 
