@@ -81,6 +81,10 @@ type OperatorOptions struct {
 	// EditRBAC, when set, changes the chart's RBAC objects before they are
 	// applied: for a test that takes a permission away.
 	EditRBAC func([]*unstructured.Unstructured) []*unstructured.Unstructured
+	// ExpectForbidden lets the operator's log report requests its RBAC
+	// refused; otherwise any such request fails the test (see
+	// forbiddenRequests).
+	ExpectForbidden bool
 	// RunKubeconfig, when set, is the kubeconfig the binary runs with and
 	// StartOperator grants nothing: only for a binary that must stop
 	// before it reaches kube-apiserver.
@@ -175,6 +179,12 @@ mcp: {bindAddress: "127.0.0.1:%d"%s}
 	}
 	t.Cleanup(func() {
 		proc.Stop(30 * time.Second)
+		if identity != nil && !opts.ExpectForbidden {
+			if refused := forbiddenRequests(t, proc.LogPath, identity.Username); len(refused) > 0 {
+				t.Errorf("kube-apiserver refused %d requests of coder-k8s %s under the chart's RBAC; the first:\n%s",
+					len(refused), opts.Mode, strings.Join(refused[:min(5, len(refused))], "\n"))
+			}
+		}
 		if t.Failed() {
 			t.Logf("coder-k8s log tail:\n%s", proc.LogTail(40))
 		}
@@ -188,6 +198,27 @@ mcp: {bindAddress: "127.0.0.1:%d"%s}
 		LeaseName:  lease,
 		Identity:   identity,
 	}
+}
+
+// forbiddenRequests returns the log lines in which kube-apiserver refused
+// user a request (RBAC's "is forbidden: User ... cannot ..."): a permission
+// the chart does not grant and the binary needs.
+func forbiddenRequests(t testing.TB, logPath, user string) []string {
+	t.Helper()
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Errorf("read the operator's log: %v", err)
+		return nil
+	}
+	// The log is JSON-escaped.
+	needle := fmt.Sprintf(`forbidden: User "%s" cannot`, user)
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(strings.ReplaceAll(line, `\"`, `"`), needle) {
+			out = append(out, line)
+		}
+	}
+	return out
 }
 
 // grantOperatorRBAC applies, with the admin kubeconfig opts.Kubeconfig,

@@ -266,6 +266,9 @@ func mergeOperatorOptions(base, extra OperatorOptions) OperatorOptions {
 	if extra.EditRBAC != nil {
 		o.EditRBAC = extra.EditRBAC
 	}
+	if extra.ExpectForbidden {
+		o.ExpectForbidden = true
+	}
 	return o
 }
 
