@@ -11,13 +11,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
@@ -180,7 +184,7 @@ mcp: {bindAddress: "127.0.0.1:%d"%s}
 	t.Cleanup(func() {
 		proc.Stop(30 * time.Second)
 		if identity != nil && !opts.ExpectForbidden {
-			if refused := forbiddenRequests(t, proc.LogPath, identity.Username); len(refused) > 0 {
+			if refused := forbiddenRequests(t, proc.LogPath, identity.Username, opts.Kubeconfig); len(refused) > 0 {
 				t.Errorf("kube-apiserver refused %d requests of coder-k8s %s under the chart's RBAC; the first:\n%s",
 					len(refused), opts.Mode, strings.Join(refused[:min(5, len(refused))], "\n"))
 			}
@@ -201,24 +205,77 @@ mcp: {bindAddress: "127.0.0.1:%d"%s}
 }
 
 // forbiddenRequests returns the log lines in which kube-apiserver refused
-// user a request (RBAC's "is forbidden: User ... cannot ..."): a permission
-// the chart does not grant and the binary needs.
-func forbiddenRequests(t testing.TB, logPath, user string) []string {
+// user a request (RBAC's "is forbidden: User ... cannot ...") that it
+// still refuses when asked again now (SubjectAccessReview, as admin): a
+// permission the chart does not grant and the binary needs. A refusal that
+// kube-apiserver no longer repeats is left out: right after a restart its
+// RBAC authorizer refuses everything until its caches have synced.
+func forbiddenRequests(t testing.TB, logPath, user, adminKubeconfig string) []string {
 	t.Helper()
 	b, err := os.ReadFile(logPath)
 	if err != nil {
 		t.Errorf("read the operator's log: %v", err)
 		return nil
 	}
-	// The log is JSON-escaped.
+	admin, err := clientcmd.BuildConfigFromFlags("", adminKubeconfig)
+	if err != nil {
+		t.Errorf("admin kubeconfig: %v", err)
+		return nil
+	}
+	cs, err := kubernetes.NewForConfig(admin)
+	if err != nil {
+		t.Errorf("admin client: %v", err)
+		return nil
+	}
 	needle := fmt.Sprintf(`forbidden: User "%s" cannot`, user)
 	var out []string
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.Contains(strings.ReplaceAll(line, `\"`, `"`), needle) {
+		// The log is JSON-escaped.
+		line = strings.ReplaceAll(line, `\"`, `"`)
+		if !strings.Contains(line, needle) {
+			continue
+		}
+		if stillRefused(cs, line) {
 			out = append(out, line)
 		}
 	}
 	return out
+}
+
+// rbacRefusal matches kube-apiserver's RBAC refusal: `<resource>.<group>
+// ["<name>"] is forbidden: User "<user>" cannot <verb> resource
+// "<resource>[/<subresource>]" in API group "<group>" (in the namespace
+// "<ns>"|at the cluster scope)`.
+var rbacRefusal = regexp.MustCompile(`(?:\S+ "([^"]+)" )?is forbidden: User "([^"]+)" cannot (\S+) resource "([^"]+)" in API group "([^"]*)" (?:in the namespace "([^"]+)"|at the cluster scope)`)
+
+// stillRefused reports whether kube-apiserver refuses now what line says
+// it refused; a line it cannot read counts as refused.
+func stillRefused(cs kubernetes.Interface, line string) bool {
+	m := rbacRefusal.FindStringSubmatch(line)
+	if m == nil {
+		return true
+	}
+	resource, sub, _ := strings.Cut(m[4], "/")
+	sar, err := cs.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
+		Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   m[2],
+			Groups: serviceAccountGroups(m[2]),
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Name: m[1], Verb: m[3], Resource: resource, Subresource: sub, Group: m[5], Namespace: m[6],
+			},
+		},
+	}, metav1.CreateOptions{})
+	return err != nil || !sar.Status.Allowed
+}
+
+// serviceAccountGroups are the groups kube-apiserver gives a
+// ServiceAccount's token.
+func serviceAccountGroups(user string) []string {
+	parts := strings.Split(user, ":")
+	if len(parts) != 4 {
+		return []string{"system:authenticated"}
+	}
+	return []string{"system:serviceaccounts", "system:serviceaccounts:" + parts[2], "system:authenticated"}
 }
 
 // grantOperatorRBAC applies, with the admin kubeconfig opts.Kubeconfig,
