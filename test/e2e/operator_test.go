@@ -1,5 +1,8 @@
 // Package e2e runs the coder-k8s binary against the real test stack, the
-// way a user runs it, and asserts what they would observe.
+// way a user runs it, and asserts what they would observe. The binary
+// authenticates as the chart's ServiceAccount with exactly the RBAC the
+// chart renders for its mode (StartOperator); only the tests' own setup
+// uses the admin kubeconfig.
 package e2e
 
 import (
@@ -339,12 +342,14 @@ func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfi
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	start := time.Now()
 	id, err := testenv.GrantChartRBAC(ctx, admin, testenv.ChartRBACOptions{
 		Release: release, Namespace: namespace, Values: values, KubeconfigPath: kubeconfig, Edit: opts.EditRBAC,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("coder-k8s %s runs as %s: the chart's RBAC for release %s applied in %s", opts.Mode, id.Username, release, time.Since(start).Round(time.Millisecond))
 	return id
 }
 
