@@ -150,6 +150,7 @@ coder-k8s:
   metrics:    %s/metrics
   MCP:        %s/mcp   (bearer token of ServiceAccount %s/%s: %s)
   aggregated: %s  (%s)
+  identity:   %s  (the chart's RBAC for mode all)
   log:        %s
 
 An MCP tool call (stateless: no session needed), for example:
@@ -162,7 +163,7 @@ Ctrl-C stops everything.
 		coder.Username, demoWorkspace, serviceNamespace, serviceNamespace, coder.URL, tokenFile, coder.Username, demoWorkspace,
 		coder.URL, coder.Email, coder.Password, tokenFile,
 		demoWorkspace, demoTemplate, op.health, op.metrics, op.mcp, serviceNamespace, mcpAgent, mcpTokenFile,
-		op.aggregated, op.apiService, op.proc.LogPath, op.mcp, mcpTokenFile)
+		op.aggregated, op.apiService, op.identity, op.proc.LogPath, op.mcp, mcpTokenFile)
 
 	select {
 	case <-ctx.Done():
@@ -177,6 +178,8 @@ Ctrl-C stops everything.
 type operator struct {
 	proc                                         *testenv.Process
 	health, metrics, mcp, aggregated, apiService string
+	// identity is the ServiceAccount coder-k8s authenticates as.
+	identity string
 }
 
 func (o *operator) exited() <-chan struct{} {
@@ -231,15 +234,31 @@ config:
 		return nil, err
 	}
 
+	// The pod's identity: the chart's ServiceAccount with the RBAC the
+	// chart renders for these values, and nothing else.
+	var vals map[string]any
+	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", valuesPath, err)
+	}
+	id, err := testenv.GrantChartRBAC(ctx, kube.Config, testenv.ChartRBACOptions{
+		Release: releaseName, Namespace: serviceNamespace, Values: vals,
+		KubeconfigPath: filepath.Join(stateDir, "operator-kubeconfig"),
+	})
+	if err != nil {
+		return nil, err
+	}
+
 	cmd := exec.Command(bin, "--config", cfgPath)
-	// Out of the cluster: the kubeconfig instead of the pod's ServiceAccount.
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kube.KubeconfigPath, "POD_NAMESPACE="+serviceNamespace)
+	// Out of the cluster: a kubeconfig holding the ServiceAccount's token
+	// instead of the pod's mounted one.
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+id.KubeconfigPath, "POD_NAMESPACE="+serviceNamespace)
 	proc, err := testenv.StartProcess("coder-k8s", cmd, filepath.Join(stateDir, "coder-k8s.log"))
 	if err != nil {
 		return nil, err
 	}
 	op := &operator{
 		proc:       proc,
+		identity:   id.Username,
 		health:     "http://127.0.0.1:" + strconv.Itoa(ports["health"]),
 		metrics:    "http://127.0.0.1:" + strconv.Itoa(ports["metrics"]),
 		mcp:        "http://127.0.0.1:" + strconv.Itoa(ports["mcp"]),

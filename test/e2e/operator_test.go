@@ -1,5 +1,8 @@
 // Package e2e runs the coder-k8s binary against the real test stack, the
-// way a user runs it, and asserts what they would observe.
+// way a user runs it, and asserts what they would observe. The binary
+// authenticates as the chart's ServiceAccount with exactly the RBAC the
+// chart renders for its mode (StartOperator); only the tests' own setup
+// uses the admin kubeconfig.
 package e2e
 
 import (
@@ -11,11 +14,22 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -52,12 +66,36 @@ type Operator struct {
 	Health, Metrics, MCP string // http://127.0.0.1:PORT
 	Aggregated           string // https://127.0.0.1:PORT
 	LeaseName            string
+	// Identity is the ServiceAccount the binary authenticates as, bound to
+	// the RBAC the chart renders for its mode (nil with RunKubeconfig).
+	Identity *testenv.ChartIdentity
 }
 
 // OperatorOptions describes one coder-k8s process.
 type OperatorOptions struct {
-	Mode       string
+	Mode string
+	// Kubeconfig is the test kube-apiserver's admin kubeconfig. StartOperator
+	// uses it only to apply the RBAC the chart renders for Mode (see
+	// grantOperatorRBAC); the binary runs with a ServiceAccount token bound
+	// to that RBAC alone, as in a cluster.
 	Kubeconfig string
+	// Release is the Helm release whose ServiceAccount and RBAC the
+	// operator runs with. Empty: a release of its own, coder-k8s-<port>,
+	// or with autoTLS the release its Secret name belongs to
+	// (<release>-aggregated-tls). Replicas of one release share its
+	// ServiceAccount.
+	Release string
+	// EditRBAC, when set, changes the chart's RBAC objects before they are
+	// applied: for a test that takes a permission away.
+	EditRBAC func([]*unstructured.Unstructured) []*unstructured.Unstructured
+	// ExpectForbidden lets the operator's log report requests its RBAC
+	// refused; otherwise any such request fails the test (see
+	// forbiddenRequests).
+	ExpectForbidden bool
+	// RunKubeconfig, when set, is the kubeconfig the binary runs with and
+	// StartOperator grants nothing: only for a binary that must stop
+	// before it reaches kube-apiserver.
+	RunKubeconfig string
 	// ExtraConfig is appended to the generated configuration file.
 	ExtraConfig string
 	// KubeQPS, when set, overrides the Kubernetes client's rate limit
@@ -117,6 +155,10 @@ func StartOperator(t testing.TB, opts OperatorOptions) *Operator {
 		controllerExtra += "\n  " + e
 	}
 	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if opts.RunKubeconfig != "" {
+		kubeconfig = opts.RunKubeconfig
+	}
 	cfg := fmt.Sprintf(`apiVersion: config.coder.com/v1alpha1
 kind: CoderK8sConfiguration
 app: %s
@@ -128,10 +170,14 @@ controller:
   leaderElection: {namespace: default, leaseName: %s%s}%s
 aggregatedAPIServer: {bindAddress: 127.0.0.1, securePort: %d%s}
 mcp: {bindAddress: "127.0.0.1:%d"%s}
-%s`, opts.Mode, opts.Kubeconfig, qps, ports[0], ports[1], lease, leaderElection, controllerExtra, ports[2], aggregated, ports[3], mcpExtra, opts.ExtraConfig)
+%s`, opts.Mode, kubeconfig, qps, ports[0], ports[1], lease, leaderElection, controllerExtra, ports[2], aggregated, ports[3], mcpExtra, opts.ExtraConfig)
 	file := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	var identity *testenv.ChartIdentity
+	if opts.RunKubeconfig == "" {
+		identity = grantOperatorRBAC(t, opts, []byte(cfg), kubeconfig, "coder-k8s-"+strconv.Itoa(ports[0]))
 	}
 	cmd := exec.Command(binary, append([]string{"--config", file}, opts.Args...)...)
 	proc, err := testenv.StartProcess("coder-k8s "+opts.Mode, cmd, filepath.Join(dir, "coder-k8s.log"))
@@ -140,6 +186,12 @@ mcp: {bindAddress: "127.0.0.1:%d"%s}
 	}
 	t.Cleanup(func() {
 		proc.Stop(30 * time.Second)
+		if identity != nil && !opts.ExpectForbidden {
+			if refused := forbiddenRequests(t, proc.LogPath, identity.Username, opts.Kubeconfig); len(refused) > 0 {
+				t.Errorf("kube-apiserver refused %d requests of coder-k8s %s under the chart's RBAC; the first:\n%s",
+					len(refused), opts.Mode, strings.Join(refused[:min(5, len(refused))], "\n"))
+			}
+		}
 		if t.Failed() {
 			t.Logf("coder-k8s log tail:\n%s", proc.LogTail(40))
 		}
@@ -151,7 +203,154 @@ mcp: {bindAddress: "127.0.0.1:%d"%s}
 		Aggregated: fmt.Sprintf("https://127.0.0.1:%d", ports[2]),
 		MCP:        fmt.Sprintf("http://127.0.0.1:%d", ports[3]),
 		LeaseName:  lease,
+		Identity:   identity,
 	}
+}
+
+// forbiddenRequests returns the log lines in which kube-apiserver refused
+// user a request (RBAC's "is forbidden: User ... cannot ...") that it
+// still refuses when asked again now (SubjectAccessReview, as admin): a
+// permission the chart does not grant and the binary needs. A refusal that
+// kube-apiserver no longer repeats is left out: right after a restart its
+// RBAC authorizer refuses everything until its caches have synced.
+func forbiddenRequests(t testing.TB, logPath, user, adminKubeconfig string) []string {
+	t.Helper()
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Errorf("read the operator's log: %v", err)
+		return nil
+	}
+	admin, err := clientcmd.BuildConfigFromFlags("", adminKubeconfig)
+	if err != nil {
+		t.Errorf("admin kubeconfig: %v", err)
+		return nil
+	}
+	cs, err := kubernetes.NewForConfig(admin)
+	if err != nil {
+		t.Errorf("admin client: %v", err)
+		return nil
+	}
+	needle := fmt.Sprintf(`forbidden: User "%s" cannot`, user)
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		// The log is JSON-escaped.
+		line = strings.ReplaceAll(line, `\"`, `"`)
+		if !strings.Contains(line, needle) {
+			continue
+		}
+		if stillRefused(cs, line) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// rbacRefusal matches kube-apiserver's RBAC refusal: `<resource>.<group>
+// ["<name>"] is forbidden: User "<user>" cannot <verb> resource
+// "<resource>[/<subresource>]" in API group "<group>" (in the namespace
+// "<ns>"|at the cluster scope)`.
+var rbacRefusal = regexp.MustCompile(`(?:\S+ "([^"]+)" )?is forbidden: User "([^"]+)" cannot (\S+) resource "([^"]+)" in API group "([^"]*)" (?:in the namespace "([^"]+)"|at the cluster scope)`)
+
+// stillRefused reports whether kube-apiserver refuses now what line says
+// it refused; a line it cannot read counts as refused.
+func stillRefused(cs kubernetes.Interface, line string) bool {
+	m := rbacRefusal.FindStringSubmatch(line)
+	if m == nil {
+		return true
+	}
+	resource, sub, _ := strings.Cut(m[4], "/")
+	sar, err := cs.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
+		Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   m[2],
+			Groups: serviceAccountGroups(m[2]),
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Name: m[1], Verb: m[3], Resource: resource, Subresource: sub, Group: m[5], Namespace: m[6],
+			},
+		},
+	}, metav1.CreateOptions{})
+	return err != nil || !sar.Status.Allowed
+}
+
+// serviceAccountGroups are the groups kube-apiserver gives a
+// ServiceAccount's token.
+func serviceAccountGroups(user string) []string {
+	parts := strings.Split(user, ":")
+	if len(parts) != 4 {
+		return []string{"system:authenticated"}
+	}
+	return []string{"system:serviceaccounts", "system:serviceaccounts:" + parts[2], "system:authenticated"}
+}
+
+// grantOperatorRBAC applies, with the admin kubeconfig opts.Kubeconfig,
+// the ServiceAccount and RBAC the chart renders for the operator's mode and
+// for what its configuration cfg shares with the chart's RBAC (the leader
+// Lease, autoTLS's Secret and APIService), and writes a kubeconfig holding
+// only that ServiceAccount's token to kubeconfig. release is the release
+// name when neither opts nor autoTLS name one.
+func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfig, release string) *testenv.ChartIdentity {
+	t.Helper()
+	admin, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
+	if err != nil {
+		t.Fatalf("admin kubeconfig %s: %v", opts.Kubeconfig, err)
+	}
+	c := config.Default()
+	if err := yaml.Unmarshal(cfg, &c); err != nil {
+		t.Fatalf("read the operator's configuration: %v", err)
+	}
+	le := c.Controller.LeaderElection
+	namespace := aggServiceNamespace
+	values := map[string]any{
+		"mode": opts.Mode,
+		"config": map[string]any{"controller": map[string]any{"leaderElection": map[string]any{
+			"enabled": le.Enabled, "leaseName": le.LeaseName, "namespace": le.Namespace,
+		}}},
+	}
+	if at := c.AggregatedAPIServer.AutoTLS; at.Enabled {
+		// The chart's autoTLS RBAC names <fullname>-aggregated-tls in the
+		// release namespace and the chart's APIService.
+		chartRelease, ok := strings.CutSuffix(at.SecretName, "-aggregated-tls")
+		if !ok || at.Namespace == "" {
+			t.Fatalf("autoTLS Secret %q in namespace %q is not one the chart names (<release>-aggregated-tls in the release namespace)", at.SecretName, at.Namespace)
+		}
+		if at.APIServiceName != "v1alpha1."+aggv1.GroupName {
+			t.Fatalf("autoTLS APIService %q is not the chart's v1alpha1.%s", at.APIServiceName, aggv1.GroupName)
+		}
+		release, namespace = chartRelease, at.Namespace
+		values["tls"] = map[string]any{"mode": "auto"}
+	} else {
+		// A serving certificate from a Secret, which needs no RBAC: the
+		// tests' certDir stands for its mount.
+		// (The chart's APIService then needs a CA bundle; it is not
+		// applied here.)
+		ca, err := testenv.NewCA("unused")
+		if err != nil {
+			t.Fatal(err)
+		}
+		values["tls"] = map[string]any{"mode": "secret", "secret": map[string]any{"name": release + "-tls"}, "caBundle": string(ca.CertPEM)}
+	}
+	if opts.Mode == "aggregated-apiserver" {
+		// The chart refuses this mode without a static backend; its RBAC
+		// does not depend on it (the token is a mounted file).
+		url := c.AggregatedAPIServer.Coder.StaticBackend.URL
+		if url == "" {
+			url = "http://127.0.0.1:1"
+		}
+		values["staticBackend"] = map[string]any{"url": url, "existingSecret": release + "-coder-token"}
+	}
+	if opts.Release != "" {
+		release = opts.Release
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	id, err := testenv.GrantChartRBAC(ctx, admin, testenv.ChartRBACOptions{
+		Release: release, Namespace: namespace, Values: values, KubeconfigPath: kubeconfig, Edit: opts.EditRBAC,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("coder-k8s %s runs as %s: the chart's RBAC for release %s applied in %s", opts.Mode, id.Username, release, time.Since(start).Round(time.Millisecond))
+	return id
 }
 
 // WaitOK waits until GET url answers 200.

@@ -100,6 +100,7 @@ func TestStandaloneModes(t *testing.T) {
 	t.Run("controller", func(t *testing.T) {
 		op := StartOperator(t, OperatorOptions{Mode: "controller", Kubeconfig: k.KubeconfigPath})
 		op.WaitOK(t, op.Health+"/readyz")
+		assertChartIdentity(t, op)
 		if !refusesConnections(op.Aggregated) || !refusesConnections(op.MCP) {
 			t.Error("controller mode serves the aggregated API or MCP")
 		}
@@ -111,6 +112,7 @@ func TestStandaloneModes(t *testing.T) {
 			Args: []string{"--coder-url=http://127.0.0.1:1", "--coder-session-token=unused", "--coder-namespace=coder"},
 		})
 		op.WaitOK(t, op.Aggregated+"/readyz")
+		assertChartIdentity(t, op)
 		if !refusesConnections(op.Health) || !refusesConnections(op.MCP) {
 			t.Error("aggregated-apiserver mode serves controller health or MCP")
 		}
@@ -118,6 +120,7 @@ func TestStandaloneModes(t *testing.T) {
 	t.Run("mcp-http", func(t *testing.T) {
 		op := StartOperator(t, OperatorOptions{Mode: "mcp-http", Kubeconfig: k.KubeconfigPath})
 		op.WaitOK(t, op.MCP+"/readyz")
+		assertChartIdentity(t, op)
 		if !refusesConnections(op.Health) || !refusesConnections(op.Aggregated) {
 			t.Error("mcp-http mode serves controller health or the aggregated API")
 		}
@@ -126,7 +129,7 @@ func TestStandaloneModes(t *testing.T) {
 
 // An invalid configuration stops the binary before it starts anything.
 func TestInvalidConfigurationStartsNothing(t *testing.T) {
-	op := StartOperator(t, OperatorOptions{Mode: "all", Kubeconfig: "/nonexistent", ExtraConfig: "unknownKey: 1\n"})
+	op := StartOperator(t, OperatorOptions{Mode: "all", RunKubeconfig: "/nonexistent", ExtraConfig: "unknownKey: 1\n"})
 	waitFor(t, 10*time.Second, func() error {
 		if exited, _ := op.Exited(); !exited {
 			return errNotYet("still running")

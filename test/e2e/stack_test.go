@@ -260,6 +260,15 @@ func mergeOperatorOptions(base, extra OperatorOptions) OperatorOptions {
 	if extra.LeaseName != "" {
 		o.LeaseName = extra.LeaseName
 	}
+	if extra.Release != "" {
+		o.Release = extra.Release
+	}
+	if extra.EditRBAC != nil {
+		o.EditRBAC = extra.EditRBAC
+	}
+	if extra.ExpectForbidden {
+		o.ExpectForbidden = true
+	}
 	return o
 }
 
