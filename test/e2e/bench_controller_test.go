@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,9 +24,12 @@ import (
 )
 
 // BenchmarkController measures how fast the controller (the built binary in
-// controller mode) brings 100 CoderControlPlanes to Deployment + Service
-// with a current observedGeneration, against a reference measured in the
-// same run: writing the same 100 Deployments and Services directly. It then
+// controller mode) brings 100 CoderControlPlanes to what it writes before
+// coderd has its first user (ServiceAccount, Deployment, workspace
+// RoleBinding; the Service waits for a ready pod, which this stack has no
+// kubelet to run) with a current observedGeneration and Initialized=False
+// AwaitingFirstUser, against a reference measured in the same run: writing
+// the same 100 ServiceAccounts, Deployments and RoleBindings directly. It then
 // counts the controller's writes per object over a minute of steady state
 // (goal: 0), from when its writes after converging have stopped.
 //
@@ -63,12 +67,16 @@ func BenchmarkController(b *testing.B) {
 				},
 			},
 		}
+		if err := c.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "reference"}}); err != nil {
+			return err
+		}
 		if err := c.Create(ctx, d); err != nil {
 			return err
 		}
-		return c.Create(ctx, &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "reference"},
-			Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Port: 80}}},
+		return c.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name + "-workspace", Namespace: "reference"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "coder-k8s-workspace"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: "reference"}},
 		})
 	}, b)
 	reference := time.Since(start)
@@ -163,7 +171,7 @@ func BenchmarkController(b *testing.B) {
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(reference.Seconds(), "direct-writes-s")
 	b.ReportMetric(float64(steadyWrites)/n, "steady-writes/CR")
-	fmt.Printf("controller: %d control planes converged in %s; reference (%d Deployments+Services written directly) %s; ratio=%.2f\n",
+	fmt.Printf("controller: %d control planes converged in %s; reference (%d ServiceAccounts+Deployments+RoleBindings written directly) %s; ratio=%.2f\n",
 		n, controller.Round(time.Millisecond), n, reference.Round(time.Millisecond), ratio)
 	fmt.Printf("controller: steady-state API writes per CR over %s: %.2f (goal 0), counted from %s after convergence (%d writes until then, none in the %s before)\n",
 		steady, float64(steadyWrites)/n, settled.Round(time.Millisecond), settleWrites, settleQuiet)
@@ -178,15 +186,16 @@ func converged(ctx context.Context, b *testing.B, c client.Client, n int) bool {
 	if err := c.List(ctx, &deps, client.InNamespace("bench")); err != nil {
 		b.Fatal(err)
 	}
-	var svcs corev1.ServiceList
-	if err := c.List(ctx, &svcs, client.InNamespace("bench")); err != nil {
+	var rbs rbacv1.RoleBindingList
+	if err := c.List(ctx, &rbs, client.InNamespace("bench")); err != nil {
 		b.Fatal(err)
 	}
-	if len(ccps.Items) != n || len(deps.Items) < n || len(svcs.Items) < n {
+	if len(ccps.Items) != n || len(deps.Items) < n || len(rbs.Items) < n {
 		return false
 	}
 	for _, ccp := range ccps.Items {
-		if ccp.Status.ObservedGeneration != ccp.Generation {
+		init := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionInitialized)
+		if ccp.Status.ObservedGeneration != ccp.Generation || init == nil || init.Reason != coderv1alpha1.ReasonAwaitingFirstUser {
 			return false
 		}
 	}

@@ -159,7 +159,8 @@ func StartOperator(t testing.TB, opts OperatorOptions) *Operator {
 	if opts.RunKubeconfig != "" {
 		kubeconfig = opts.RunKubeconfig
 	}
-	cfg := fmt.Sprintf(`apiVersion: config.coder.com/v1alpha1
+	render := func(controllerExtra string) string {
+		return fmt.Sprintf(`apiVersion: config.coder.com/v1alpha1
 kind: CoderK8sConfiguration
 app: %s
 logging: {level: debug, format: console}
@@ -171,13 +172,25 @@ controller:
 aggregatedAPIServer: {bindAddress: 127.0.0.1, securePort: %d%s}
 mcp: {bindAddress: "127.0.0.1:%d"%s}
 %s`, opts.Mode, kubeconfig, qps, ports[0], ports[1], lease, leaderElection, controllerExtra, ports[2], aggregated, ports[3], mcpExtra, opts.ExtraConfig)
+	}
+	cfg := render(controllerExtra)
+	var identity *testenv.ChartIdentity
+	if opts.RunKubeconfig == "" {
+		var release string
+		identity, release = grantOperatorRBAC(t, opts, []byte(cfg), kubeconfig, "coder-k8s-"+strconv.Itoa(ports[0]))
+		if opts.Mode == "all" || opts.Mode == "controller" {
+			// The ClusterRoles the chart lets this release bind, as the
+			// chart writes them into the config file it renders.
+			fullname := release // the chart's fullname: the release, when it contains the chart's name
+			if !strings.Contains(release, "coder-k8s") {
+				fullname = release + "-coder-k8s"
+			}
+			cfg = render(controllerExtra + fmt.Sprintf("\n  workspaceRBAC: {clusterRole: %s-workspace, deploymentsClusterRole: %s-workspace-deployments}", fullname, fullname))
+		}
+	}
 	file := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
-	}
-	var identity *testenv.ChartIdentity
-	if opts.RunKubeconfig == "" {
-		identity = grantOperatorRBAC(t, opts, []byte(cfg), kubeconfig, "coder-k8s-"+strconv.Itoa(ports[0]))
 	}
 	cmd := exec.Command(binary, append([]string{"--config", file}, opts.Args...)...)
 	proc, err := testenv.StartProcess("coder-k8s "+opts.Mode, cmd, filepath.Join(dir, "coder-k8s.log"))
@@ -286,8 +299,8 @@ func serviceAccountGroups(user string) []string {
 // for what its configuration cfg shares with the chart's RBAC (the leader
 // Lease, autoTLS's Secret and APIService), and writes a kubeconfig holding
 // only that ServiceAccount's token to kubeconfig. release is the release
-// name when neither opts nor autoTLS name one.
-func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfig, release string) *testenv.ChartIdentity {
+// name when neither opts nor autoTLS name one; it returns the release used.
+func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfig, release string) (*testenv.ChartIdentity, string) {
 	t.Helper()
 	admin, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
 	if err != nil {
@@ -350,7 +363,7 @@ func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfi
 		t.Fatal(err)
 	}
 	t.Logf("coder-k8s %s runs as %s: the chart's RBAC for release %s applied in %s", opts.Mode, id.Username, release, time.Since(start).Round(time.Millisecond))
-	return id
+	return id, release
 }
 
 // WaitOK waits until GET url answers 200.
