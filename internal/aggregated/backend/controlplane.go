@@ -162,7 +162,9 @@ const maxTokenBytes = 1024
 //     <cp>;
 //
 // it keeps its name, namespace, UID, resourceVersion, that label, that
-// owner reference and the token (data["token"], at most maxTokenBytes). Every
+// owner reference, the coderd URL the token was issued for
+// (coderapi.AnnotationCoderURL; Backends serves the token only at that
+// URL) and the token (data["token"], at most maxTokenBytes). Every
 // other Secret is cut down to name, namespace, UID and resourceVersion:
 // no labels, annotations or data. The owner reference's UID is checked
 // against the control plane's when the Secret is used (Backends), so a
@@ -183,6 +185,9 @@ func transformSecret(in any) (any, error) {
 		// The label stays: a transform must give the same result when
 		// it is applied again to its own output.
 		out.Labels = map[string]string{coderv1alpha1.LabelControlPlane: cp}
+		if u, ok := s.Annotations[coderapi.AnnotationCoderURL]; ok {
+			out.Annotations = map[string]string{coderapi.AnnotationCoderURL: u}
+		}
 		out.OwnerReferences = []metav1.OwnerReference{*owner}
 		out.Data = map[string][]byte{coderapi.TokenKey: token}
 	}
@@ -268,6 +273,13 @@ func (p *ControlPlaneProvider) Backends(ctx context.Context, namespace string) (
 		}
 		if !metav1.IsControlledBy(&secret, ccp) {
 			p.log.V(1).Info("control plane not served: operator token Secret is not controlled by the control plane", "controlPlane", key, "secret", ref.Name)
+			continue
+		}
+		if issued := secret.Annotations[coderapi.AnnotationCoderURL]; !coderapi.SameURL(issued, u.String()) {
+			// The token goes only to the coderd it was issued by, even if
+			// someone edits the control plane's status.url.
+			p.log.V(1).Info("control plane not served: operator token Secret was issued for another coderd URL",
+				"controlPlane", key, "secret", ref.Name, "issuedFor", issued, "url", u.String())
 			continue
 		}
 		token := string(secret.Data[ref.Key])

@@ -41,6 +41,9 @@ type controlPlane struct {
 	unowned bool
 	// finalizer keeps the object around once deleted.
 	finalizer bool
+	// issuedFor is the coderd URL the token Secret says its token was
+	// issued for (coderapi.AnnotationCoderURL); empty: the test coderd's.
+	issuedFor string
 }
 
 // createControlPlane stands in for the control plane reconciler (which
@@ -66,8 +69,12 @@ func createControlPlane(t *testing.T, c client.Client, ns string, cp controlPlan
 		t.Fatal(err)
 	}
 	if !cp.noSecret {
+		issuedFor := cp.issuedFor
+		if issuedFor == "" {
+			issuedFor = coderd.URL.String()
+		}
 		secret := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: secretName},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: secretName, Annotations: map[string]string{coderapi.AnnotationCoderURL: issuedFor}},
 			Data:       map[string][]byte{coderapi.TokenKey: []byte(cp.token)},
 		}
 		if !cp.unlabeled {
@@ -189,6 +196,8 @@ func TestControlPlaneBackends(t *testing.T) {
 	createControlPlane(t, c, nsA, controlPlane{name: "no-secret", noSecret: true})
 	createControlPlane(t, c, nsA, controlPlane{name: "unlabeled", unlabeled: true})
 	createControlPlane(t, c, nsA, controlPlane{name: "unowned", unowned: true})
+	// A token issued by another coderd is not sent to status.url.
+	createControlPlane(t, c, nsA, controlPlane{name: "issued-elsewhere", issuedFor: "https://other-coderd.example.com"})
 	deleting := createControlPlane(t, c, nsA, controlPlane{name: "deleting", finalizer: true})
 	if err := c.Delete(ctx, deleting); err != nil {
 		t.Fatal(err)
@@ -456,8 +465,9 @@ func TestSecretCacheDropsOthersSecrets(t *testing.T) {
 	})
 	for _, s := range cached.Items {
 		if s.Name == coderapi.TokenSecretName("coder") {
-			if string(s.Data[coderapi.TokenKey]) != coderd.SessionToken || len(s.Data) != 1 || len(s.OwnerReferences) != 1 || len(s.Annotations) != 0 {
-				t.Errorf("token Secret cached as data keys %v, owners %v, annotations %v; want the token and its owner", keysOf(s.Data), s.OwnerReferences, s.Annotations)
+			if string(s.Data[coderapi.TokenKey]) != coderd.SessionToken || len(s.Data) != 1 || len(s.OwnerReferences) != 1 ||
+				len(s.Annotations) != 1 || s.Annotations[coderapi.AnnotationCoderURL] != coderd.URL.String() {
+				t.Errorf("token Secret cached as data keys %v, owners %v, annotations %v; want the token, its owner and the URL it was issued for", keysOf(s.Data), s.OwnerReferences, s.Annotations)
 			}
 			continue
 		}

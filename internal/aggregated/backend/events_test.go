@@ -28,14 +28,14 @@ func TestProblemsBecomeEvents(t *testing.T) {
 	ctx := t.Context()
 	ns := namespace(t, "problems")
 	createControlPlane(t, c, ns, controlPlane{name: "rejected", token: "not-a-coder-token"})
-	down := createControlPlane(t, c, ns, controlPlane{name: "down"})
-	// coderd moved to where nothing listens.
+	// coderd moved to where nothing listens (its token was issued there).
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadURL := "http://" + ln.Addr().String()
 	ln.Close()
+	down := createControlPlane(t, c, ns, controlPlane{name: "down", issuedFor: deadURL})
 	down.Status.URL = deadURL
 	if err := c.Status().Update(ctx, down); err != nil {
 		t.Fatal(err)
