@@ -132,14 +132,21 @@ generate: $(BIN)/controller-gen $(BIN)/openapi-gen ## Regenerate deepcopy, OpenA
 	  $(foreach p,$(OPENAPI_META),--readonly-pkg $(p)) $(OPENAPI_META) ./api/aggregation/v1alpha1
 	@if grep coder-k8s $(BIN)/openapi-rule-violations.txt; then echo "fix the API rule violations above"; exit 1; fi
 	$(BIN)/controller-gen crd paths=./api/v1alpha1/... output:crd:artifacts:config=config/crd/bases
-	$(BIN)/controller-gen rbac:roleName=coder-k8s-manager paths="./internal/controller/...;./internal/aggregated/backend/...;./internal/aggregated/autotls/...;./internal/mcpserver/..." output:rbac:artifacts:config=config/rbac
+	@# One ClusterRole per component, from that component's RBAC markers:
+	@# the chart gives each mode exactly the components it runs.
+	rm -rf config/rbac && mkdir -p config/rbac
+	$(BIN)/controller-gen rbac:roleName=coder-k8s-controller paths=./internal/controller/... output:rbac:artifacts:config=config/rbac/controller
+	$(BIN)/controller-gen rbac:roleName=coder-k8s-aggregated paths=./internal/aggregated/backend/... output:rbac:artifacts:config=config/rbac/aggregated
+	$(BIN)/controller-gen rbac:roleName=coder-k8s-autotls paths=./internal/aggregated/autotls/... output:rbac:artifacts:config=config/rbac/autotls
+	$(BIN)/controller-gen rbac:roleName=coder-k8s-mcp paths=./internal/mcpserver/... output:rbac:artifacts:config=config/rbac/mcp
 	$(GO) test ./internal/config/ -run TestDefaultsGolden -update >/dev/null
 	$(GO) run ./hack/configdoc --types internal/config/types.go --out docs/config-reference.md
-	@# The Helm chart renders its CRDs and the controller's ClusterRole from byte-identical copies.
+	@# The Helm chart renders its CRDs and the components' ClusterRoles from byte-identical copies.
 	mkdir -p charts/coder-k8s/files/crds charts/coder-k8s/files/rbac
 	rm -f charts/coder-k8s/files/crds/*.yaml
 	cp config/crd/bases/*.yaml charts/coder-k8s/files/crds/
-	cp config/rbac/role.yaml charts/coder-k8s/files/rbac/manager-role.yaml
+	rm -f charts/coder-k8s/files/rbac/*.yaml
+	for c in controller aggregated autotls mcp; do cp config/rbac/$$c/role.yaml charts/coder-k8s/files/rbac/$$c-role.yaml; done
 
 # The apimachinery packages whose OpenAPI definitions the aggregated API
 # server serves next to its own.

@@ -9,6 +9,15 @@ package mcpserver
 // +kubebuilder:rbac:groups="",resources=pods;events,verbs=get;list
 // +kubebuilder:rbac:groups="",resources=pods/log,verbs=get
 //
+// The control-plane tools read CoderControlPlanes, their Deployments and
+// Services and check namespaces; in mode all through the controller's
+// cache (the controller's rules cover its watches), in mode mcp-http
+// directly, with these.
+//
+// +kubebuilder:rbac:groups=coder.com,resources=codercontrolplanes,verbs=get;list
+// +kubebuilder:rbac:groups="",resources=namespaces;services,verbs=get
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get
+//
 // The aggregated resources are read uncached (no watch); set_workspace_running
 // sends a patch and delete_workspace a delete, nothing updates.
 //

@@ -4,9 +4,12 @@
 package chart
 
 import (
+	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +21,7 @@ import (
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -202,9 +206,9 @@ func (r *rendered) checkTLS(t *testing.T) {
 	}
 }
 
-// checkRBAC: bindings name the pods' ServiceAccount; the manager role has
-// exactly the generated rules; tls.mode auto may touch only its Secret and
-// its APIService by name.
+// checkRBAC: bindings name the pods' ServiceAccount; each component the
+// mode runs has exactly its generated rules and no other component's;
+// tls.mode auto may touch only its Secret and its APIService by name.
 func (r *rendered) checkRBAC(t *testing.T) {
 	sa := r.serviceAccount()
 	if lookupBool(r.vals, "serviceAccount.create") && r.m.find("ServiceAccount", sa) == nil {
@@ -226,20 +230,7 @@ func (r *rendered) checkRBAC(t *testing.T) {
 			}
 		}
 	}
-	if r.runsController() {
-		var generated rbacv1.ClusterRole
-		b, err := os.ReadFile(repoPath(t, "config", "rbac", "role.yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := yaml.UnmarshalStrict(b, &generated); err != nil {
-			t.Fatal(err)
-		}
-		role := r.m.find("ClusterRole", releaseName+"-manager")
-		if role == nil || !reflect.DeepEqual(role.typed.(*rbacv1.ClusterRole).Rules, generated.Rules) {
-			t.Errorf("ClusterRole %s-manager does not have the rules of config/rbac/role.yaml", releaseName)
-		}
-	}
+	r.checkComponentRoles(t)
 	r.checkNoEscalation(t)
 	if r.runsAggregated() && lookupString(r.vals, "tls.mode") == "auto" {
 		grants := func(kind, resource, name string) bool {
@@ -337,5 +328,254 @@ func (r *rendered) checkNoEscalation(t *testing.T) {
 		if actions, _, _ := unstructured.NestedStringSlice(binding.u.Object, "spec", "validationActions"); !slices.Equal(actions, []string{"Deny"}) {
 			t.Errorf("validationActions %v, want [Deny]", actions)
 		}
+	}
+}
+
+// rbacComponent is a component with RBAC markers: the ClusterRole the
+// chart names <release>-<suffix>, with the rules of
+// config/rbac/<dir>/role.yaml, generated from the markers in packages.
+type rbacComponent struct {
+	suffix, dir string
+	packages    []string
+}
+
+var rbacComponents = []rbacComponent{
+	{suffix: "manager", dir: "controller", packages: []string{"internal/controller"}},
+	{suffix: "aggregated", dir: "aggregated", packages: []string{"internal/aggregated/backend"}},
+	{suffix: "autotls", dir: "autotls", packages: []string{"internal/aggregated/autotls"}},
+	{suffix: "mcp", dir: "mcp", packages: []string{"internal/mcpserver"}},
+}
+
+// generatedRole reads config/rbac/<dir>/role.yaml.
+func generatedRole(t testing.TB, dir string) *rbacv1.ClusterRole {
+	t.Helper()
+	b, err := os.ReadFile(repoPath(t, "config", "rbac", dir, "role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.UnmarshalStrict(b, &role); err != nil {
+		t.Fatal(err)
+	}
+	if len(role.Rules) == 0 {
+		t.Fatalf("config/rbac/%s/role.yaml has no rules", dir)
+	}
+	return &role
+}
+
+// boundRules are the rules of every Role and ClusterRole the chart binds
+// to the pods' ServiceAccount (the workspace ClusterRoles are bound to
+// coderd's, by the operator, not to it).
+func (r *rendered) boundRules(t *testing.T) map[string][]rbacv1.PolicyRule {
+	t.Helper()
+	bound := map[string][]rbacv1.PolicyRule{}
+	rulesOf := func(kind, namespace, name string) {
+		for _, o := range r.m.all(kind) {
+			switch role := o.typed.(type) {
+			case *rbacv1.ClusterRole:
+				if role.Name == name {
+					bound[kind+" "+name] = role.Rules
+				}
+			case *rbacv1.Role:
+				if role.Name == name && role.Namespace == namespace {
+					bound[kind+" "+namespace+"/"+name] = role.Rules
+				}
+			}
+		}
+	}
+	for _, o := range r.m.all("ClusterRoleBinding") {
+		b := o.typed.(*rbacv1.ClusterRoleBinding)
+		rulesOf(b.RoleRef.Kind, "", b.RoleRef.Name)
+	}
+	for _, o := range r.m.all("RoleBinding") {
+		b := o.typed.(*rbacv1.RoleBinding)
+		rulesOf(b.RoleRef.Kind, b.Namespace, b.RoleRef.Name)
+	}
+	return bound
+}
+
+// checkComponentRoles: the mode gets the ClusterRole of each component it
+// runs with exactly that component's generated rules (autoTLS's restricted
+// to its Secret and APIService, in a Role and a ClusterRole of their own),
+// and no permission only another component needs.
+func (r *rendered) checkComponentRoles(t *testing.T) {
+	tls := lookupString(r.vals, "tls.mode")
+	runs := map[string]bool{
+		"manager":    r.runsController(),
+		"aggregated": r.cfg.App == config.AppAll,
+		"mcp":        r.runsMCP(),
+	}
+	for _, c := range rbacComponents {
+		if c.suffix == "autotls" {
+			continue
+		}
+		role := r.m.find("ClusterRole", releaseName+"-"+c.suffix)
+		binding := r.m.find("ClusterRoleBinding", releaseName+"-"+c.suffix)
+		switch {
+		case runs[c.suffix]:
+			if role == nil || binding == nil {
+				t.Errorf("mode %s runs %s but the chart renders no ClusterRole and ClusterRoleBinding %s-%s", r.cfg.App, c.dir, releaseName, c.suffix)
+				continue
+			}
+			if got, want := role.typed.(*rbacv1.ClusterRole).Rules, generatedRole(t, c.dir).Rules; !reflect.DeepEqual(got, want) {
+				t.Errorf("ClusterRole %s-%s does not have the rules of config/rbac/%s/role.yaml:\n%s", releaseName, c.suffix, c.dir,
+					lineDiff(mustYAML(t, want), mustYAML(t, got)))
+			}
+		case c.suffix == "aggregated" && r.cfg.App == config.AppAggregatedAPIServer:
+			// The static backend: its one namespace, nothing of the
+			// control-plane backend's Secrets and CoderControlPlanes.
+			want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "list", "watch"}}}
+			if role == nil || !reflect.DeepEqual(role.typed.(*rbacv1.ClusterRole).Rules, want) {
+				t.Errorf("mode aggregated-apiserver: ClusterRole %s-aggregated is not %+v", releaseName, want)
+			}
+		default:
+			if role != nil || binding != nil {
+				t.Errorf("mode %s does not run %s but the chart renders its ClusterRole or ClusterRoleBinding %s-%s", r.cfg.App, c.dir, releaseName, c.suffix)
+			}
+		}
+	}
+
+	// What only another component needs is granted by no role the chart
+	// binds (system:auth-delegator, the aggregated API server's delegated
+	// TokenReviews and SubjectAccessReviews, is Kubernetes's, not rendered).
+	type grant struct {
+		group, resource string
+		verbs           []string // any verb when empty
+	}
+	var forbidden []grant
+	if !r.runsMCP() {
+		forbidden = append(forbidden, grant{group: "authentication.k8s.io", resource: "tokenreviews"}, grant{group: "authorization.k8s.io", resource: "subjectaccessreviews"},
+			grant{group: "aggregation.coder.com", resource: "coderworkspaces"}, grant{group: "aggregation.coder.com", resource: "codertemplates"},
+			grant{resource: "pods/log"}, grant{resource: "events", verbs: []string{"get", "list", "watch"}})
+	}
+	if !r.runsAggregated() && !r.runsMCP() {
+		forbidden = append(forbidden, grant{resource: "namespaces"})
+	}
+	if !r.runsAggregated() || tls != "auto" {
+		forbidden = append(forbidden, grant{group: "apiregistration.k8s.io", resource: "apiservices"})
+	}
+	for name, rules := range r.boundRules(t) {
+		for _, rule := range rules {
+			for _, f := range forbidden {
+				verbs := slices.DeleteFunc(slices.Clone(rule.Verbs), func(v string) bool { return len(f.verbs) > 0 && !slices.Contains(f.verbs, v) })
+				if slices.Contains(rule.APIGroups, f.group) && slices.Contains(rule.Resources, f.resource) && len(verbs) > 0 {
+					t.Errorf("mode %s (tls.mode %s): %s grants %v on %s %q, which only a component the mode does not run needs", r.cfg.App, tls, name, verbs, f.resource, f.group)
+				}
+			}
+		}
+	}
+
+	// tls.mode auto: the generated autoTLS verbs, no more, no fewer, on the
+	// Secret (create unnamed, as resourceNames cannot restrict it) and the
+	// APIService by name.
+	autoRole, autoCluster := r.m.find("Role", releaseName+"-autotls"), r.m.find("ClusterRole", releaseName+"-autotls")
+	if !r.runsAggregated() || tls != "auto" {
+		if autoRole != nil || autoCluster != nil {
+			t.Errorf("mode %s tls.mode %s renders the autoTLS Role or ClusterRole", r.cfg.App, tls)
+		}
+		return
+	}
+	if autoRole == nil || autoCluster == nil {
+		t.Fatalf("tls.mode auto renders no Role and ClusterRole %s-autotls", releaseName)
+	}
+	a := r.cfg.AggregatedAPIServer.AutoTLS
+	var wantRole, wantCluster []rbacv1.PolicyRule
+	for _, rule := range generatedRole(t, "autotls").Rules {
+		switch {
+		case slices.Equal(rule.APIGroups, []string{""}) && slices.Equal(rule.Resources, []string{"secrets"}):
+			if slices.Contains(rule.Verbs, "create") {
+				wantRole = append(wantRole, rbacv1.PolicyRule{APIGroups: rule.APIGroups, Resources: rule.Resources, Verbs: []string{"create"}})
+			}
+			named := slices.DeleteFunc(slices.Clone(rule.Verbs), func(v string) bool { return v == "create" })
+			wantRole = append(wantRole, rbacv1.PolicyRule{APIGroups: rule.APIGroups, Resources: rule.Resources, ResourceNames: []string{a.SecretName}, Verbs: named})
+		case slices.Equal(rule.Resources, []string{"apiservices"}):
+			wantCluster = append(wantCluster, rbacv1.PolicyRule{APIGroups: rule.APIGroups, Resources: rule.Resources, ResourceNames: []string{a.APIServiceName}, Verbs: rule.Verbs})
+		default:
+			t.Fatalf("config/rbac/autotls/role.yaml has rule %+v: teach the chart and this test about it", rule)
+		}
+	}
+	normalize := func(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule {
+		out := make([]rbacv1.PolicyRule, 0, len(rules))
+		for _, rule := range rules {
+			rule.Verbs = slices.Sorted(slices.Values(rule.Verbs))
+			out = append(out, rule)
+		}
+		return out
+	}
+	if got := normalize(autoRole.typed.(*rbacv1.Role).Rules); !reflect.DeepEqual(got, normalize(wantRole)) {
+		t.Errorf("Role %s-autotls has %+v, want the generated autoTLS rules restricted to Secret %s: %+v", releaseName, got, a.SecretName, wantRole)
+	}
+	if got := normalize(autoCluster.typed.(*rbacv1.ClusterRole).Rules); !reflect.DeepEqual(got, normalize(wantCluster)) {
+		t.Errorf("ClusterRole %s-autotls has %+v, want %+v", releaseName, got, wantCluster)
+	}
+}
+
+func mustYAML(t testing.TB, v any) string {
+	t.Helper()
+	b, err := yaml.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// rbacMarker is one +kubebuilder:rbac marker.
+var rbacMarker = regexp.MustCompile(`(?m)^// \+kubebuilder:rbac:groups=([^,]*),resources=([^,]+)(?:,resourceNames=([^,]+))?,verbs=(\S+)$`)
+
+// TestRBACMarkersGenerated: every RBAC marker in a component's packages is
+// granted by that component's generated role (controller-gen silently
+// drops a marker in the wrong kind of comment), and every generated rule
+// comes from a marker of the component.
+func TestRBACMarkersGenerated(t *testing.T) {
+	for _, c := range rbacComponents {
+		t.Run(c.dir, func(t *testing.T) {
+			role := generatedRole(t, c.dir)
+			used := make([]bool, len(role.Rules))
+			markers := 0
+			for _, pkg := range c.packages {
+				err := filepath.WalkDir(repoPath(t, pkg), func(path string, d fs.DirEntry, err error) error {
+					if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+						return err
+					}
+					src, err := os.ReadFile(path)
+					if err != nil {
+						return err
+					}
+					for _, m := range rbacMarker.FindAllStringSubmatch(string(src), -1) {
+						markers++
+						group := strings.Trim(m[1], `"`)
+						var names []string
+						if m[3] != "" {
+							names = strings.Split(m[3], ";")
+						}
+						for _, res := range strings.Split(m[2], ";") {
+							for _, verb := range strings.Split(m[4], ";") {
+								i := slices.IndexFunc(role.Rules, func(r rbacv1.PolicyRule) bool {
+									return slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, res) &&
+										slices.Contains(r.Verbs, verb) && slices.Equal(r.ResourceNames, names)
+								})
+								if i < 0 {
+									t.Errorf("%s: marker %q: config/rbac/%s/role.yaml does not grant %s %s %q %v", path, m[0], c.dir, verb, res, group, names)
+									continue
+								}
+								used[i] = true
+							}
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if markers == 0 {
+				t.Fatalf("no RBAC markers in %v", c.packages)
+			}
+			for i, u := range used {
+				if !u {
+					t.Errorf("config/rbac/%s/role.yaml rule %+v comes from no marker in %v: run `make generate`", c.dir, role.Rules[i], c.packages)
+				}
+			}
+		})
 	}
 }

@@ -265,15 +265,18 @@ func TestChecksumFollowsConfig(t *testing.T) {
 	}
 }
 
-// TestChartFilesInSync: the chart's copies of the CRDs and the manager
-// role are byte-identical to the generated files (`make generate`).
+// TestChartFilesInSync: the chart's copies of the CRDs and the
+// components' roles are byte-identical to the generated files (`make generate`).
 func TestChartFilesInSync(t *testing.T) {
 	bases := crdFiles(t, "config/crd/bases")
 	copies, _ := filepath.Glob(filepath.Join(chartDir(t), "files", "crds", "*.yaml"))
 	if !slices.Equal(names(bases, filepath.Base), names(copies, filepath.Base)) {
 		t.Errorf("charts/coder-k8s/files/crds holds %v, config/crd/bases %v: run `make generate`", names(copies, filepath.Base), names(bases, filepath.Base))
 	}
-	pairs := [][2]string{{repoPath(t, "config", "rbac", "role.yaml"), filepath.Join(chartDir(t), "files", "rbac", "manager-role.yaml")}}
+	var pairs [][2]string
+	for _, c := range rbacComponents {
+		pairs = append(pairs, [2]string{repoPath(t, "config", "rbac", c.dir, "role.yaml"), filepath.Join(chartDir(t), "files", "rbac", c.dir+"-role.yaml")})
+	}
 	for _, b := range bases {
 		pairs = append(pairs, [2]string{b, filepath.Join(chartDir(t), "files", "crds", filepath.Base(b))})
 	}

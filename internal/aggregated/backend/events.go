@@ -21,7 +21,12 @@ import (
 // fails for the control plane's namespace, and `kubectl describe ccp`
 // says why.
 //
+// The marker stands apart from the const block: controller-gen drops RBAC
+// markers in the doc comment of a const declaration.
+//
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reasons of the Warning events above.
 const (
 	// ReasonOperatorTokenRejected: coderd answered 401 to the operator
 	// token; the controller replaces it when asked (recheck) or at its
