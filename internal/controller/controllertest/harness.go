@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -31,6 +33,8 @@ type Harness struct {
 	Recorder *Recorder
 	// Writes counts the reconciler's writes (the client setup is given).
 	Writes *WriteCounter
+	// cache reads what the reconciler sees (the manager's cache).
+	cache client.Reader
 	// kind is the kind under test, as events name it.
 	kind string
 }
@@ -51,7 +55,7 @@ func NewHarness(t *testing.T, kind, nsPrefix string, setup func(ctrl.Manager, cl
 		t.Fatal(err)
 	}
 	StartManager(t, mgr)
-	return &Harness{T: t, NS: ns, C: c, Recorder: rec, Writes: writes, kind: kind}
+	return &Harness{T: t, NS: ns, C: c, Recorder: rec, Writes: writes, cache: mgr.GetClient(), kind: kind}
 }
 
 // CreateControlPlane creates a CoderControlPlane for the coderd at url and
@@ -90,6 +94,21 @@ func (h *Harness) CreateControlPlane(name, url, token string) {
 	}
 	if err := h.C.Status().Update(ctx, ccp); err != nil {
 		h.T.Fatal(err)
+	}
+	// A control plane that was ready before the test's objects exist: the
+	// reconciler's cache must have the status, not only the create, or its
+	// first pass sees operator access not ready yet.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var cached coderv1alpha1.CoderControlPlane
+		err := h.cache.Get(ctx, client.ObjectKeyFromObject(ccp), &cached)
+		if err == nil && apimeta.IsStatusConditionTrue(cached.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.T.Fatalf("control plane %s/%s: the manager's cache has no ready status after 30s (%v)", h.NS, name, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
