@@ -198,7 +198,13 @@ func TestDeployedControlPlaneCreatesChildren(t *testing.T) {
 
 	// Status: the in-cluster URL; not available while no pod runs; access
 	// (the double) ready.
-	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable)
+	// Access is set up after the children (at a ready pod first): wait for
+	// it, then look at the whole status.
+	ccp = waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, "")
+	if c := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionAvailable); c == nil ||
+		c.Status != metav1.ConditionFalse || c.Reason != coderv1alpha1.ReasonDeploymentUnavailable {
+		t.Errorf("condition Available = %+v, want False %s", c, coderv1alpha1.ReasonDeploymentUnavailable)
+	}
 	if ccp.Status.URL != wantURL {
 		t.Errorf("status.url = %q, want %q", ccp.Status.URL, wantURL)
 	}
