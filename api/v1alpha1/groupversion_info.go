@@ -29,6 +29,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&CoderControlPlane{}, &CoderControlPlaneList{},
 		&CoderProvisioner{}, &CoderProvisionerList{},
 		&CoderWorkspaceProxy{}, &CoderWorkspaceProxyList{},
+		&CoderObjectRecord{}, &CoderObjectRecordList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

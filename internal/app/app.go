@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -31,6 +32,7 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/apiserver"
 	"github.com/coder/coder-k8s/internal/aggregated/autotls"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/controller"
 	"github.com/coder/coder-k8s/internal/controller/controlplane"
@@ -142,7 +144,8 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 			}
 			backends = backend.Join(static, cps)
 		}
-		opts := apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: backends, Log: log}
+		opts := apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: backends,
+			Records: records.New(mgr.GetCache(), mgr.GetClient()), Log: log}
 		rot, err := autoTLS(cfg, kube, log)
 		if err != nil {
 			return err
@@ -215,7 +218,20 @@ func runAggregatedAPIServer(ctx context.Context, cfg *config.Configuration, kube
 	if err != nil {
 		return err
 	}
-	opts := apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: static, Log: log}
+	// The records' informer: this mode has no manager, so it has a cache
+	// of its own, set up as the manager's.
+	co := kubecache.Options()
+	co.Scheme = scheme.New()
+	recordCache, err := cache.New(kube.rest, co)
+	if err != nil {
+		return fmt.Errorf("records cache: %w", err)
+	}
+	direct, _, err := kube.clients()
+	if err != nil {
+		return err
+	}
+	opts := apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: static,
+		Records: records.New(recordCache, direct), Log: log}
 	rot, err := autoTLS(cfg, kube, log)
 	if err != nil {
 		return err
@@ -232,6 +248,7 @@ func runAggregatedAPIServer(ctx context.Context, cfg *config.Configuration, kube
 		return err
 	}
 	g.Go(func() error { return static.Start(gctx) })
+	g.Go(func() error { return recordCache.Start(gctx) })
 	if rot != nil {
 		g.Go(func() error { return rot.Start(gctx) })
 	}

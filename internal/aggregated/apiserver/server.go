@@ -26,6 +26,7 @@ import (
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/storage"
 	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
 	"github.com/coder/coder-k8s/internal/config"
@@ -52,6 +53,7 @@ type Server struct {
 	codecs     serializer.CodecFactory
 	workspaces *storage.WorkspaceStorage
 	templates  *storage.TemplateStorage
+	records    *records.Store
 }
 
 // Options are what the server is built from.
@@ -62,6 +64,9 @@ type Options struct {
 	Kubeconfig string
 	// Backends finds the coderd of each namespace.
 	Backends backend.Provider
+	// Records keeps the objects' Kubernetes metadata; Start starts it
+	// (its informer) before serving.
+	Records *records.Store
 	// ServingCert, when set, is the serving certificate (autoTLS): certDir
 	// is ignored, and Start waits until it has a certificate. It is
 	// required when Config.AutoTLS is enabled.
@@ -99,7 +104,10 @@ func New(o Options) (*Server, error) {
 		&metav1.Status{}, &metav1.APIVersions{}, &metav1.APIGroupList{},
 		&metav1.APIGroup{}, &metav1.APIResourceList{})
 	log = log.WithName("aggregated-apiserver")
-	so := storage.Options{Backends: o.Backends, PollInterval: cfg.WatchPollInterval.Duration, Log: log}
+	if o.Records == nil {
+		return nil, fmt.Errorf("no records store given")
+	}
+	so := storage.Options{Backends: o.Backends, Records: o.Records, PollInterval: cfg.WatchPollInterval.Duration, Log: log}
 	workspaces, err := storage.NewWorkspaces(so)
 	if err != nil {
 		return nil, fmt.Errorf("coderworkspaces storage: %w", err)
@@ -121,6 +129,7 @@ func New(o Options) (*Server, error) {
 		codecs:     serializer.NewCodecFactory(scheme),
 		workspaces: workspaces,
 		templates:  templates,
+		records:    o.Records,
 	}, nil
 }
 
@@ -141,6 +150,14 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	gs, err := s.build()
 	if err != nil {
+		return err
+	}
+	// Every object's metadata comes from the records: serve only once
+	// they are all known.
+	if err := s.records.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	// The shared pollers live as long as the server.

@@ -27,6 +27,7 @@ import (
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/aggregated/coderstatus"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/coderapi"
 )
@@ -38,6 +39,8 @@ type Options struct {
 	// PollInterval is how often the shared poller lists from coderd while
 	// someone watches.
 	PollInterval time.Duration
+	// Records keeps the Kubernetes metadata Coder cannot store.
+	Records *records.Store
 	// Log receives the storage's logs; never tokens.
 	Log logr.Logger
 }
