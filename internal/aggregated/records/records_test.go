@@ -65,7 +65,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	r := &records.Record{}
 	r.Spec.Name = "coder.admin.demo"
 	r.Spec.Labels = map[string]string{"team": "a"}
-	r.Spec.ManagedFields = records.RecordManagedFields(mf)
+	r.Spec.ManagedFields = mf
 	if err := s.Save(ctx, r, key); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	if got.Spec.Generation != 1 || got.Spec.CoderID != "0c8a2b39-5c8d-4e0f-9a43-0b9c7f2a1d11" || got.Spec.Labels["team"] != "a" {
 		t.Errorf("cached record spec = %+v", got.Spec)
 	}
-	back := records.ManagedFields(got.Spec.ManagedFields)
+	back := got.Spec.ManagedFields
 	if len(back) != 1 || string(back[0].FieldsV1.Raw) != string(mf[0].FieldsV1.Raw) || back[0].Operation != metav1.ManagedFieldsOperationApply {
 		t.Errorf("managed fields after a round trip = %+v, want %+v", back, mf)
 	}
