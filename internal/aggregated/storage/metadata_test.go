@@ -420,7 +420,7 @@ func TestDurableMetadata(t *testing.T) {
 		waitFor(t, 5*time.Second, "the record is deleted", func() bool { return ms.record(t, gone, coderv1alpha1.RecordResourceTemplates) == nil })
 	})
 
-	t.Run("workspace labels", func(t *testing.T) {
+	t.Run("workspace: labels, generation, finalizer-held delete", func(t *testing.T) {
 		tpl, err := ms.coder.PushTemplate(ms.ctx, "ws-base", testenv.ProviderFreeTemplate())
 		if err != nil {
 			t.Fatal(err)
@@ -446,6 +446,7 @@ func TestDurableMetadata(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var deleted bool
 		if got := out.(*aggv1.CoderWorkspace); got.Labels["team"] != "w" || got.ResourceVersion == cur.(*aggv1.CoderWorkspace).ResourceVersion {
 			t.Errorf("workspace after the label change: labels %v rv %s", got.Labels, got.ResourceVersion)
 		}
@@ -455,6 +456,41 @@ func TestDurableMetadata(t *testing.T) {
 		}
 		if items := l.(*aggv1.CoderWorkspaceList).Items; len(items) != 1 || items[0].Labels["team"] != "w" {
 			t.Errorf("LIST = %+v, want the workspace with team=w", items)
+		}
+
+		update := func(change func(*aggv1.CoderWorkspace)) *aggv1.CoderWorkspace {
+			t.Helper()
+			cur, err := ms.wss.Get(ms.ctx, wname, &metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			next := cur.(*aggv1.CoderWorkspace).DeepCopy()
+			change(next)
+			out, _, err := ms.wss.Update(ms.ctx, wname, rest.DefaultUpdatedObjectInfo(next), nil, nil, false, &metav1.UpdateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return out.(*aggv1.CoderWorkspace)
+		}
+		// A spec change through Kubernetes counts.
+		ttl := int64(2 * time.Hour / time.Millisecond)
+		checkGeneration(t, update(func(w *aggv1.CoderWorkspace) { w.Spec.TTLMillis = &ttl }), 2)
+
+		// Finalizers hold the delete: no delete build until they are gone.
+		update(func(w *aggv1.CoderWorkspace) { w.Finalizers = []string{"example.com/hold"} })
+		out, deleted, err = ms.wss.Delete(ms.ctx, wname, nil, &metav1.DeleteOptions{})
+		if err != nil || deleted || out.(*aggv1.CoderWorkspace).DeletionTimestamp == nil {
+			t.Fatalf("held delete: deleted %v, %v, object %+v", deleted, err, out)
+		}
+		if w, err := ms.coder.Client.Workspace(ms.ctx, ws.ID); err != nil || w.LatestBuild.Transition == codersdk.WorkspaceTransitionDelete {
+			t.Fatalf("the held delete reached Coder: %v, latest build %s", err, w.LatestBuild.Transition)
+		}
+		released := update(func(w *aggv1.CoderWorkspace) { w.Finalizers = nil })
+		if released.DeletionTimestamp == nil {
+			t.Errorf("after the finalizer went, the workspace shows no deletionTimestamp")
+		}
+		if w, err := ms.coder.Client.Workspace(ms.ctx, ws.ID); err != nil || w.LatestBuild.Transition != codersdk.WorkspaceTransitionDelete {
+			t.Fatalf("after the last finalizer went, no delete build: %v, latest build %s", err, w.LatestBuild.Transition)
 		}
 	})
 }
