@@ -30,6 +30,15 @@ var EnvKeys = map[string]string{
 	"CODER_K8S_TEMPLATE_BUILD_MAX_POLL_INTERVAL":     "aggregatedAPIServer.templateBuildWait.maxPollInterval",
 }
 
+// changedKeys are keys that still load but whose meaning changed, with
+// what they mean now: setting one gives a warning (Configuration.Warnings).
+var changedKeys = map[string]string{
+	"aggregatedAPIServer.templateBuildWait.timeout": "requests no longer wait for template builds " +
+		"(they return once the files are uploaded; wait with kubectl wait --for=condition=Ready codertemplate/NAME); " +
+		"this now bounds how long a version may build in the background before coder-k8s cancels it and shows the " +
+		"template Ready=False reason BuildFailed, and need not fit in requestTimeout",
+}
+
 // Source says where a configuration comes from besides the built-in
 // defaults. Later layers win: defaults < File < Environ < Flags.
 type Source struct {
@@ -68,12 +77,18 @@ func Load(src Source) (*Configuration, error) {
 	}
 
 	var problems []string
+	var set []string // keys whose meaning changed, where each was set
 	if src.File != "" {
 		fk := koanf.New(".")
 		if err := fk.Load(file.Provider(src.File), yaml.Parser()); err != nil {
 			return nil, fmt.Errorf("read config file %s: %w", src.File, err)
 		}
 		problems = append(problems, checkEnvelope(fk)...)
+		for key := range changedKeys {
+			if fk.Exists(key) {
+				set = append(set, key+" (set in "+src.File+")")
+			}
+		}
 		if err := k.Merge(fk); err != nil {
 			return nil, fmt.Errorf("merge config file %s: %w", src.File, err)
 		}
@@ -123,6 +138,16 @@ func Load(src Source) (*Configuration, error) {
 		return nil, fmt.Errorf("decode configuration: %w", err)
 	}
 	cfg.AggregatedAPIServer.Coder.StaticBackend.SessionToken = sessionToken
+	for key := range changedKeys {
+		if o, ok := origin[key]; ok {
+			set = append(set, key+" (set by "+o+")")
+		}
+	}
+	sort.Strings(set)
+	for _, s := range set {
+		key, _, _ := strings.Cut(s, " ")
+		cfg.Warnings = append(cfg.Warnings, "deprecated: "+s+": "+changedKeys[key])
+	}
 
 	for _, fe := range Validate(&cfg) {
 		msg := fe.Error()
