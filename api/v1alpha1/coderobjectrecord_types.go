@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // Resources a CoderObjectRecord can describe.
@@ -55,10 +56,7 @@ type CoderObjectRecordSpec struct {
 	OwnerReferences []metav1.OwnerReference `json:"ownerReferences,omitempty"`
 	// ManagedFields is the object's server-side apply field ownership.
 	// +optional
-	// +kubebuilder:pruning:PreserveUnknownFields
-	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:validation:Type=array
-	ManagedFields []metav1.ManagedFieldsEntry `json:"managedFields,omitempty"`
+	ManagedFields []ManagedFieldsRecord `json:"managedFields,omitempty"`
 	// DeletionTimestamp is set when a deletion waits for finalizers.
 	// +optional
 	DeletionTimestamp *metav1.Time `json:"deletionTimestamp,omitempty"`
@@ -66,6 +64,24 @@ type CoderObjectRecordSpec struct {
 	// promoted (or the template created with it) once it succeeds.
 	// +optional
 	Build *TemplateBuildRecord `json:"build,omitempty"`
+}
+
+// ManagedFieldsRecord is a metav1.ManagedFieldsEntry whose field set is
+// kept as it is (a CRD schema would otherwise prune it).
+type ManagedFieldsRecord struct {
+	Manager   string `json:"manager,omitempty"`
+	Operation string `json:"operation,omitempty"`
+	// +optional
+	APIVersion string `json:"apiVersion,omitempty"`
+	// +optional
+	Time *metav1.Time `json:"time,omitempty"`
+	// +optional
+	FieldsType string `json:"fieldsType,omitempty"`
+	// +optional
+	// +kubebuilder:pruning:PreserveUnknownFields
+	FieldsV1 *runtime.RawExtension `json:"fieldsV1,omitempty"`
+	// +optional
+	Subresource string `json:"subresource,omitempty"`
 }
 
 // TemplateBuildRecord is a template version building in the background.

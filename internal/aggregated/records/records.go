@@ -15,6 +15,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -61,6 +62,42 @@ func (k Key) NamespacedName() types.NamespacedName {
 // KeyOf is the key of an existing record.
 func KeyOf(r *Record) Key {
 	return Key{Namespace: r.Namespace, Resource: r.Spec.Resource, ControlPlane: r.Spec.ControlPlane, CoderID: r.Spec.CoderID}
+}
+
+// ManagedFields converts recorded field ownership back to the object's.
+func ManagedFields(in []coderv1alpha1.ManagedFieldsRecord) []metav1.ManagedFieldsEntry {
+	if in == nil {
+		return nil
+	}
+	out := make([]metav1.ManagedFieldsEntry, len(in))
+	for i, m := range in {
+		out[i] = metav1.ManagedFieldsEntry{
+			Manager: m.Manager, Operation: metav1.ManagedFieldsOperationType(m.Operation), APIVersion: m.APIVersion,
+			Time: m.Time, FieldsType: m.FieldsType, Subresource: m.Subresource,
+		}
+		if m.FieldsV1 != nil {
+			out[i].FieldsV1 = &metav1.FieldsV1{Raw: append([]byte(nil), m.FieldsV1.Raw...)}
+		}
+	}
+	return out
+}
+
+// RecordManagedFields converts an object's field ownership for its record.
+func RecordManagedFields(in []metav1.ManagedFieldsEntry) []coderv1alpha1.ManagedFieldsRecord {
+	if in == nil {
+		return nil
+	}
+	out := make([]coderv1alpha1.ManagedFieldsRecord, len(in))
+	for i, m := range in {
+		out[i] = coderv1alpha1.ManagedFieldsRecord{
+			Manager: m.Manager, Operation: string(m.Operation), APIVersion: m.APIVersion,
+			Time: m.Time, FieldsType: m.FieldsType, Subresource: m.Subresource,
+		}
+		if m.FieldsV1 != nil {
+			out[i].FieldsV1 = &runtime.RawExtension{Raw: append([]byte(nil), m.FieldsV1.Raw...)}
+		}
+	}
+	return out
 }
 
 // Store reads records from an informer cache and writes them through a
