@@ -126,7 +126,16 @@ spec:
 			t.Errorf("kubectl apply took %s, want < 5s", took)
 		}
 		s.must(t, "wait", `--for=jsonpath={.status.conditions[?(@.type=="Ready")].reason}=BuildFailed`, "ctpl/coder.fails", "-n", s.ns, "--timeout=3m")
-		msg := s.must(t, "get", "ctpl", "coder.fails", "-n", s.ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)
+		// The promoter records the failure with the end of the build log
+		// within a poll interval of the import ending.
+		var msg string
+		waitFor(t, 30*time.Second, func() error {
+			msg = s.must(t, "get", "ctpl", "coder.fails", "-n", s.ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)
+			if !strings.Contains(msg, "last log lines") {
+				return errNotYet("the BuildFailed message has no log lines yet: " + msg)
+			}
+			return nil
+		})
 		vs := versions(t, "fails")
 		var failed codersdk.TemplateVersion
 		for _, v := range vs {
@@ -137,7 +146,7 @@ spec:
 		if failed.Job.Status != codersdk.ProvisionerJobFailed {
 			t.Fatalf("coderd: the broken version %s is %s, want failed", failed.ID, failed.Job.Status)
 		}
-		for _, want := range []string{"did not build", failed.ID.String(), failed.Job.Error, "stays active", "last log lines"} {
+		for _, want := range []string{"did not build", failed.ID.String(), failed.Job.Error, "stays active"} {
 			if !strings.Contains(msg, want) {
 				t.Errorf("the BuildFailed message lacks %q:\n%s", want, msg)
 			}
