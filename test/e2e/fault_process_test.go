@@ -748,26 +748,6 @@ spec: {templateName: %s, running: false}
 	})
 }
 
-// waitProvisionerIdle waits until coderd has no pending or running
-// provisioner job in the organization.
-func (f *faultStack) waitProvisionerIdle(t *testing.T, timeout time.Duration) {
-	t.Helper()
-	start := time.Now()
-	waitFor(t, timeout, func() error {
-		jobs, err := f.coder.Client.OrganizationProvisionerJobs(context.Background(), f.coder.OrganizationID, &codersdk.OrganizationProvisionerJobsOptions{
-			Status: []codersdk.ProvisionerJobStatus{codersdk.ProvisionerJobPending, codersdk.ProvisionerJobRunning},
-		})
-		if err != nil {
-			return err
-		}
-		if len(jobs) > 0 {
-			return fmt.Errorf("%d provisioner jobs pending or running (first: %s %s)", len(jobs), jobs[0].Type, jobs[0].Status)
-		}
-		return nil
-	})
-	t.Logf("provisioner idle %s after the gate was released", time.Since(start).Round(time.Millisecond))
-}
-
 // waitCoderBuild waits until coderd's latest build of workspace name is a
 // successful transition.
 func (f *faultStack) waitCoderBuild(t *testing.T, name string, transition codersdk.WorkspaceTransition) {
