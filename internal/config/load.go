@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -31,12 +32,24 @@ var EnvKeys = map[string]string{
 }
 
 // changedKeys are keys that still load but whose meaning changed, with
-// what they mean now: setting one gives a warning (Configuration.Warnings).
-var changedKeys = map[string]string{
-	"aggregatedAPIServer.templateBuildWait.timeout": "requests no longer wait for template builds " +
-		"(they return once the files are uploaded; wait with kubectl wait --for=condition=Ready codertemplate/NAME); " +
-		"this now bounds how long a version may build in the background before coder-k8s cancels it and shows the " +
-		"template Ready=False reason BuildFailed, and need not fit in requestTimeout",
+// what they mean now: setting one to other than its default gives a
+// warning (Configuration.Warnings). The default itself is fine either way,
+// so files written by `config defaults` or the chart stay quiet.
+var changedKeys = map[string]changedKey{
+	"aggregatedAPIServer.templateBuildWait.timeout": {
+		now: "requests no longer wait for template builds " +
+			"(they return once the files are uploaded; wait with kubectl wait --for=condition=Ready codertemplate/NAME); " +
+			"this now bounds how long a version may build in the background before coder-k8s cancels it and shows the " +
+			"template Ready=False reason BuildFailed, and need not fit in requestTimeout",
+		isDefault: func(c *Configuration) bool {
+			return c.AggregatedAPIServer.TemplateBuildWait.Timeout == Default().AggregatedAPIServer.TemplateBuildWait.Timeout
+		},
+	},
+}
+
+type changedKey struct {
+	now       string
+	isDefault func(*Configuration) bool
 }
 
 // Source says where a configuration comes from besides the built-in
@@ -77,7 +90,7 @@ func Load(src Source) (*Configuration, error) {
 	}
 
 	var problems []string
-	var set []string // keys whose meaning changed, where each was set
+	inFile := map[string]bool{} // changed keys the file sets
 	if src.File != "" {
 		fk := koanf.New(".")
 		if err := fk.Load(file.Provider(src.File), yaml.Parser()); err != nil {
@@ -85,9 +98,7 @@ func Load(src Source) (*Configuration, error) {
 		}
 		problems = append(problems, checkEnvelope(fk)...)
 		for key := range changedKeys {
-			if fk.Exists(key) {
-				set = append(set, key+" (set in "+src.File+")")
-			}
+			inFile[key] = fk.Exists(key)
 		}
 		if err := k.Merge(fk); err != nil {
 			return nil, fmt.Errorf("merge config file %s: %w", src.File, err)
@@ -138,15 +149,17 @@ func Load(src Source) (*Configuration, error) {
 		return nil, fmt.Errorf("decode configuration: %w", err)
 	}
 	cfg.AggregatedAPIServer.Coder.StaticBackend.SessionToken = sessionToken
-	for key := range changedKeys {
-		if o, ok := origin[key]; ok {
-			set = append(set, key+" (set by "+o+")")
+	for _, key := range slices.Sorted(maps.Keys(changedKeys)) {
+		ck := changedKeys[key]
+		where := ""
+		if o, ok := origin[key]; ok { // the environment and flags win over the file
+			where = "set by " + o
+		} else if inFile[key] {
+			where = "set in " + src.File
 		}
-	}
-	sort.Strings(set)
-	for _, s := range set {
-		key, _, _ := strings.Cut(s, " ")
-		cfg.Warnings = append(cfg.Warnings, "deprecated: "+s+": "+changedKeys[key])
+		if where != "" && !ck.isDefault(&cfg) {
+			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("deprecated: %s (%s): %s", key, where, ck.now))
+		}
 	}
 
 	for _, fe := range Validate(&cfg) {
