@@ -88,9 +88,9 @@ func TestMetadata(t *testing.T) {
 				gvr                  schema.GroupVersionResource
 				derived              map[string]string
 			}{
-				{"cws", wsMeta, "coderworkspace", workspacesGVR, map[string]string{
+				{"cws", wsMeta, "coderworkspace", workspacesGVR, map[string]string{aggv1.LabelControlPlane: "coder",
 					aggv1.LabelOrganization: s.org, aggv1.LabelOwner: s.coder.Username, aggv1.LabelTemplate: "base"}},
-				{"ctpl", tplBase, "codertemplate", templatesGVR, map[string]string{aggv1.LabelOrganization: s.org}},
+				{"ctpl", tplBase, "codertemplate", templatesGVR, map[string]string{aggv1.LabelControlPlane: "coder", aggv1.LabelOrganization: s.org}},
 			} {
 				full := o.resource + ".aggregation.coder.com/" + o.name
 				out := k.s.must(t, "label", o.kind, o.name, "-n", s.ns, "--overwrite", "example.com/team="+k.name)
@@ -231,7 +231,7 @@ spec:
 		if got := u.GetAnnotations()["argocd.argoproj.io/tracking-id"]; got != "demo:aggregation.coder.com/CoderTemplate:"+s.ns+"/"+tplGitOps {
 			t.Errorf("Argo CD's tracking annotation: %q", got)
 		}
-		wantLabels := map[string]string{"app.kubernetes.io/part-of": "gitops-demo", "kustomize.toolkit.fluxcd.io/name": "demo", aggv1.LabelOrganization: s.org}
+		wantLabels := map[string]string{"app.kubernetes.io/part-of": "gitops-demo", "kustomize.toolkit.fluxcd.io/name": "demo", aggv1.LabelOrganization: s.org, aggv1.LabelControlPlane: "coder"}
 		if got := u.GetLabels(); !maps.Equal(got, wantLabels) {
 			t.Errorf("labels %v, want %v", got, wantLabels)
 		}
@@ -285,7 +285,7 @@ spec:
 		// other manager owns them; spec.description stays (flux owns it).
 		s.must(t, "apply", "--server-side", "--field-manager=argocd-controller", "-f", writeManifest(t, argoV2))
 		u = s.getObj(t, templatesGVR, tplGitOps)
-		wantLabels = map[string]string{"kustomize.toolkit.fluxcd.io/name": "demo", "example.com/flux-owned": "true", aggv1.LabelOrganization: s.org}
+		wantLabels = map[string]string{"kustomize.toolkit.fluxcd.io/name": "demo", "example.com/flux-owned": "true", aggv1.LabelOrganization: s.org, aggv1.LabelControlPlane: "coder"}
 		if got := u.GetLabels(); !maps.Equal(got, wantLabels) {
 			t.Errorf("labels after argocd-controller dropped app.kubernetes.io/part-of: %v, want %v", got, wantLabels)
 		}
