@@ -20,12 +20,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/metadata"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -57,6 +57,8 @@ func TestMetadata(t *testing.T) {
 		t.Fatal(err)
 	}
 	wsMeta := s.workspaceName("ws-meta")
+	// Its CoderObjectRecord, once a write through Kubernetes made one.
+	recordKey := records.Key{Namespace: s.ns, Resource: "coderworkspaces", ControlPlane: "coder", CoderID: coderWS.ID.String()}
 	tplBase := s.org + ".base"
 	baseTpl := s.coderTemplate(t, "base")
 
@@ -90,7 +92,7 @@ func TestMetadata(t *testing.T) {
 			}{
 				{"cws", wsMeta, "coderworkspace", workspacesGVR, map[string]string{aggv1.LabelControlPlane: "coder",
 					aggv1.LabelOrganization: s.org, aggv1.LabelOwner: s.coder.Username, aggv1.LabelTemplate: "base"}},
-				{"ctpl", tplBase, "codertemplate", templatesGVR, map[string]string{aggv1.LabelControlPlane: "coder", aggv1.LabelOrganization: s.org}},
+				{"ctpl", tplBase, "codertemplate", templatesGVR, map[string]string{aggv1.LabelControlPlane: "coder", aggv1.LabelOrganization: s.org, aggv1.LabelTemplate: "base"}},
 			} {
 				full := o.resource + ".aggregation.coder.com/" + o.name
 				out := k.s.must(t, "label", o.kind, o.name, "-n", s.ns, "--overwrite", "example.com/team="+k.name)
@@ -128,7 +130,7 @@ func TestMetadata(t *testing.T) {
 
 		// The record in Kubernetes holds them, keyed by the Coder UUID.
 		var rec coderv1alpha1.CoderObjectRecord
-		key := types.NamespacedName{Namespace: s.ns, Name: "workspace." + coderWS.ID.String()}
+		key := recordKey.NamespacedName()
 		if err := s.c.Get(ctx, key, &rec); err != nil {
 			t.Fatalf("CoderObjectRecord %s: %v", key, err)
 		}
@@ -231,7 +233,7 @@ spec:
 		if got := u.GetAnnotations()["argocd.argoproj.io/tracking-id"]; got != "demo:aggregation.coder.com/CoderTemplate:"+s.ns+"/"+tplGitOps {
 			t.Errorf("Argo CD's tracking annotation: %q", got)
 		}
-		wantLabels := map[string]string{"app.kubernetes.io/part-of": "gitops-demo", "kustomize.toolkit.fluxcd.io/name": "demo", aggv1.LabelOrganization: s.org, aggv1.LabelControlPlane: "coder"}
+		wantLabels := map[string]string{"app.kubernetes.io/part-of": "gitops-demo", "kustomize.toolkit.fluxcd.io/name": "demo", aggv1.LabelOrganization: s.org, aggv1.LabelControlPlane: "coder", aggv1.LabelTemplate: "gitops"}
 		if got := u.GetLabels(); !maps.Equal(got, wantLabels) {
 			t.Errorf("labels %v, want %v", got, wantLabels)
 		}
@@ -285,7 +287,7 @@ spec:
 		// other manager owns them; spec.description stays (flux owns it).
 		s.must(t, "apply", "--server-side", "--field-manager=argocd-controller", "-f", writeManifest(t, argoV2))
 		u = s.getObj(t, templatesGVR, tplGitOps)
-		wantLabels = map[string]string{"kustomize.toolkit.fluxcd.io/name": "demo", "example.com/flux-owned": "true", aggv1.LabelOrganization: s.org, aggv1.LabelControlPlane: "coder"}
+		wantLabels = map[string]string{"kustomize.toolkit.fluxcd.io/name": "demo", "example.com/flux-owned": "true", aggv1.LabelOrganization: s.org, aggv1.LabelControlPlane: "coder", aggv1.LabelTemplate: "gitops"}
 		if got := u.GetLabels(); !maps.Equal(got, wantLabels) {
 			t.Errorf("labels after argocd-controller dropped app.kubernetes.io/part-of: %v, want %v", got, wantLabels)
 		}
@@ -583,7 +585,7 @@ metadata:
   labels: {%s: %s}
 `, wsMeta, s.ns, aggv1.LabelOwner, s.coder.Username)))
 		var rec coderv1alpha1.CoderObjectRecord
-		if err := s.c.Get(ctx, types.NamespacedName{Namespace: s.ns, Name: "workspace." + coderWS.ID.String()}, &rec); err != nil {
+		if err := s.c.Get(ctx, recordKey.NamespacedName(), &rec); err != nil {
 			t.Fatal(err)
 		}
 		if _, ok := rec.Spec.Labels[aggv1.LabelOwner]; ok {
@@ -709,6 +711,8 @@ func (s *aggStack) kubectlJSON(t *testing.T, args ...string) *unstructured.Unstr
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	// kubectl leaves managedFields out of its output unless asked.
+	args = append(args, "--show-managed-fields")
 	cmd := exec.CommandContext(ctx, s.kubectl, append([]string{"--kubeconfig", s.k.KubeconfigPath}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -746,6 +750,9 @@ func compareDryRun(t *testing.T, what string, dry, real *unstructured.Unstructur
 			delete(c.Object, "status")
 		}
 		return c.Object
+	}
+	if len(real.GetManagedFields()) < 2 {
+		t.Errorf("%s: the write returned managedFields %s, want the request's manager's entry next to coderd's", what, mustJSON(real.GetManagedFields()))
 	}
 	d, r := mustJSON(norm(dry)), mustJSON(norm(real))
 	if d != r {
