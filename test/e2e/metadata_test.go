@@ -652,6 +652,29 @@ spec: {templateName: base, running: false}
 		s.must(t, "delete", "cws", name, "-n", s.ns, "--timeout=90s")
 	})
 
+	t.Run("the record goes when its workspace is deleted in Coder", func(t *testing.T) {
+		ws := s.coderWorkspace(t, "ws-p1")
+		key := records.Key{Namespace: s.ns, Resource: "coderworkspaces", ControlPlane: "coder", CoderID: ws.ID.String()}
+		var rec coderv1alpha1.CoderObjectRecord
+		if err := s.c.Get(ctx, key.NamespacedName(), &rec); err != nil {
+			t.Fatalf("ws-p1, applied with a label, has no CoderObjectRecord %s: %v", key.NamespacedName(), err)
+		}
+		if rec.Spec.Labels["example.com/set"] != "prune-demo" {
+			t.Errorf("record %s labels %v", key.NamespacedName(), rec.Spec.Labels)
+		}
+		s.coderCLI(t, "delete", s.coder.Username+"/ws-p1", "--yes")
+		waitFor(t, 90*time.Second, func() error {
+			err := s.c.Get(ctx, key.NamespacedName(), &rec)
+			if !apierrors.IsNotFound(err) {
+				return errNotYet(fmt.Sprintf("record %s after coder delete: %v", key.NamespacedName(), err))
+			}
+			return nil
+		})
+		if _, err := s.dyn.Resource(workspacesGVR).Namespace(s.ns).Get(ctx, s.workspaceName("ws-p1"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("GET ws-p1 after Coder deleted it and its record went: %v, want NotFound", err)
+		}
+	})
+
 	t.Run("metadata survives an operator restart", func(t *testing.T) {
 		s.op.Stop(30 * time.Second)
 		s.op = s.startOperator(t, OperatorOptions{})
