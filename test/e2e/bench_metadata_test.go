@@ -33,10 +33,12 @@ const (
 //     ConfigMap holding the same files, from exec to exit, medians of
 //     alternating runs. The apply returns once the version is uploaded
 //     and queued; it does not wait for the build.
-//   - the time from `kubectl label` of a workspace returning to the
-//     MODIFIED event carrying the new label at an open watch (p50 and p99
-//     over benchMetaChanges changes; an event that came before kubectl
-//     exited counts as 0).
+//   - the time from sending a label change of a workspace (the merge
+//     patch kubectl label sends) to the MODIFIED event carrying the new
+//     label at an open watch (p50 and p99 over benchMetaChanges changes;
+//     timed from the request's start because the write publishes the
+//     event before it answers, so it usually arrives before the PATCH
+//     returns).
 //   - the aggregated LIST ratio (vs coderd's own list, as in
 //     benchAggregated) before and after every workspace got a label and an
 //     annotation (so every object has a stored record).
@@ -49,6 +51,10 @@ func (st *benchStack) benchMetadata(b *testing.B, n int) {
 	b.ResetTimer()
 
 	// The reference: the list ratio of this run before any record exists.
+	_, plainBody, _, err := timedGet(st.hc, agg, "identity")
+	if err != nil {
+		b.Fatal(err)
+	}
 	plainAgg, plainCoderd := st.alternate(b, agg, coderd)
 	plain := plainAgg.Seconds() / plainCoderd.Seconds()
 
@@ -73,6 +79,10 @@ func (st *benchStack) benchMetadata(b *testing.B, n int) {
 	}
 	st.checkItems(b, "aggregated LIST -l "+benchMetaLabel+"=all", body, "items", n)
 
+	_, metaBody, _, err := timedGet(st.hc, agg, "identity")
+	if err != nil {
+		b.Fatal(err)
+	}
 	metaAgg, metaCoderd := st.alternate(b, agg, coderd)
 	withMeta := metaAgg.Seconds() / metaCoderd.Seconds()
 	b.StopTimer()
@@ -80,9 +90,9 @@ func (st *benchStack) benchMetadata(b *testing.B, n int) {
 	b.ReportMetric(withMeta, "list-meta-ratio")
 	b.ReportMetric(float64(metaAgg.Microseconds())/1000, "list-meta-ms")
 	b.ReportMetric(float64(plainAgg.Microseconds())/1000, "list-plain-ms")
-	fmt.Printf("list ratio with stored metadata=%.2f (target: the same run's ratio without, %.2f, within noise): aggregated LIST median %s (without metadata %s), coderd median %s (%s); %d workspaces, %d alternating pairs each\n",
+	fmt.Printf("list ratio with stored metadata=%.2f (target: the same run's ratio without, %.2f, within noise): aggregated LIST median %s (without metadata %s), coderd median %s (%s); JSON %d KiB (without metadata %d KiB); %d workspaces, %d alternating pairs each\n",
 		withMeta, plain, metaAgg.Round(100*time.Microsecond), plainAgg.Round(100*time.Microsecond),
-		metaCoderd.Round(100*time.Microsecond), plainCoderd.Round(100*time.Microsecond), n, benchListPairs)
+		metaCoderd.Round(100*time.Microsecond), plainCoderd.Round(100*time.Microsecond), len(metaBody)/1024, len(plainBody)/1024, n, benchListPairs)
 }
 
 // benchTemplateApply times kubectl apply --server-side of a template
@@ -158,16 +168,19 @@ func (st *benchStack) benchMetaWatch(b *testing.B) {
 		}
 		close(events)
 	}()
-	var lat []time.Duration
+	var lat, calls []time.Duration
 	for i := range benchMetaChanges {
 		name := st.k8sName(benchWorkspace(i))
 		value := fmt.Sprintf("v%d", i)
 		// Spread the changes over the poll cycle.
 		time.Sleep(200*time.Millisecond + time.Duration(i*7%10)*pollInterval/10)
-		if _, _, err := runTimed(nil, st.kubectl, "--kubeconfig", st.k.KubeconfigPath, "label", "cws", name, "-n", benchNS, "--overwrite", benchMetaLabel+"="+value); err != nil {
+		// The merge patch kubectl label sends.
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, benchMetaLabel, value)
+		start := time.Now()
+		if _, err := st.dyn.Resource(workspacesGVR).Namespace(benchNS).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{FieldManager: "kubectl-label"}); err != nil {
 			b.Fatal(err)
 		}
-		returned := time.Now()
+		calls = append(calls, time.Since(start))
 		deadline := time.After(30 * time.Second)
 	wait:
 		for {
@@ -177,7 +190,7 @@ func (st *benchStack) benchMetaWatch(b *testing.B) {
 					b.Fatalf("the watch ended before the label change of %s", name)
 				}
 				if e.name == name && e.value == value {
-					lat = append(lat, max(e.at.Sub(returned), 0))
+					lat = append(lat, e.at.Sub(start))
 					break wait
 				}
 			case <-deadline:
@@ -188,6 +201,6 @@ func (st *benchStack) benchMetaWatch(b *testing.B) {
 	p50, p99 := percentile(lat, 50), percentile(lat, 99)
 	b.ReportMetric(float64(p50.Microseconds())/1000, "meta-watch-p50-ms")
 	b.ReportMetric(float64(p99.Microseconds())/1000, "meta-watch-p99-ms")
-	fmt.Printf("metadata watch latency p50=%s p99=%s (target ≤ 1 s): from kubectl label returning to the MODIFIED event with the new label at an open watch, %d changes (poll interval %s)\n",
-		p50.Round(time.Millisecond), p99.Round(time.Millisecond), benchMetaChanges, pollInterval)
+	fmt.Printf("metadata watch latency p50=%s p99=%s (target ≤ 1 s): from sending the label patch (what kubectl label sends) to the MODIFIED event with the new label at an open watch, %d changes; the PATCH itself took median %s (poll interval %s)\n",
+		p50.Round(time.Millisecond), p99.Round(time.Millisecond), benchMetaChanges, percentile(calls, 50).Round(time.Millisecond), pollInterval)
 }
