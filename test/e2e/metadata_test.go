@@ -662,6 +662,20 @@ spec: {templateName: base, running: false}
 		if rec.Spec.Labels["example.com/set"] != "prune-demo" {
 			t.Errorf("record %s labels %v", key.NamespacedName(), rec.Spec.Labels)
 		}
+		// In a cluster a watch on coderworkspaces is always open (the
+		// garbage collector's, Argo CD's): the poller's full lists then
+		// find what Coder no longer has.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		w, err := s.dyn.Resource(workspacesGVR).Watch(wctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+		go func() {
+			for range w.ResultChan() {
+			}
+		}()
 		s.coderCLI(t, "delete", s.coder.Username+"/ws-p1", "--yes")
 		waitFor(t, 90*time.Second, func() error {
 			err := s.c.Get(ctx, key.NamespacedName(), &rec)
