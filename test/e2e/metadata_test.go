@@ -73,7 +73,7 @@ func TestMetadata(t *testing.T) {
 			}
 			mf := u.GetManagedFields()
 			if len(mf) != 1 || mf[0].Manager != "coderd" || mf[0].Operation != metav1.ManagedFieldsOperationUpdate ||
-				mf[0].FieldsV1 == nil || string(mf[0].FieldsV1.Raw) != `{"f:status":{}}` {
+				mf[0].FieldsV1 == nil || mf[0].FieldsV1.GetRawString() != `{"f:status":{}}` {
 				t.Errorf("%s: managedFields %s, want only coderd's Update of status", o.name, mustJSON(mf))
 			}
 			checkObservedGeneration(t, u, 1)
@@ -245,7 +245,7 @@ spec:
 			{"f:spec", "f:displayName"}, {"f:spec", "f:description"}, {"f:spec", "f:files"},
 		} {
 			if !ownsField(argo, path...) {
-				t.Errorf("argocd-controller does not own %v: %s", path, argo.FieldsV1.Raw)
+				t.Errorf("argocd-controller does not own %v: %s", path, argo.FieldsV1.GetRawString())
 			}
 		}
 
@@ -277,10 +277,10 @@ spec:
 		flux := managerEntry(t, u, "flux", metav1.ManagedFieldsOperationApply)
 		argo = managerEntry(t, u, "argocd-controller", metav1.ManagedFieldsOperationApply)
 		if !ownsField(flux, "f:spec", "f:description") || !ownsField(flux, "f:metadata", "f:labels", "f:example.com/flux-owned") {
-			t.Errorf("flux's entry after --force-conflicts: %s", flux.FieldsV1.Raw)
+			t.Errorf("flux's entry after --force-conflicts: %s", flux.FieldsV1.GetRawString())
 		}
 		if ownsField(argo, "f:spec", "f:description") {
-			t.Errorf("argocd-controller still owns spec.description after flux forced it: %s", argo.FieldsV1.Raw)
+			t.Errorf("argocd-controller still owns spec.description after flux forced it: %s", argo.FieldsV1.GetRawString())
 		}
 
 		// Fields dropped from an apply configuration are removed when no
@@ -866,7 +866,7 @@ func ownsField(e metav1.ManagedFieldsEntry, path ...string) bool {
 		return false
 	}
 	var m map[string]any
-	if err := json.Unmarshal(e.FieldsV1.Raw, &m); err != nil {
+	if err := json.Unmarshal(e.FieldsV1.GetRawBytes(), &m); err != nil {
 		return false
 	}
 	for _, p := range path {
