@@ -82,6 +82,10 @@ bench-aggregated: tools build ## 300 real workspaces: aggregated LIST vs coderd,
 bench-mcp: tools build ## list_workspaces over MCP vs the same LIST through the aggregated API (300 workspaces); tool calls/s with 10 clients.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^MCP$$' -benchtime 1x -timeout 40m
 
+.PHONY: bench-metadata
+bench-metadata: tools build ## kubectl apply --server-side of a template vs a ConfigMap of the same files; a label change to an open watch (p50/p99); list ratio with stored metadata vs without (300 workspaces).
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Metadata$$' -benchtime 1x -timeout 40m
+
 .PHONY: bench-startup
 bench-startup: tools build ## all mode against kube-apiserver, no control plane: process start to every /readyz OK vs kubectl get --raw /readyz; idle RSS.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkStartup$$' -benchtime 1x -timeout 10m

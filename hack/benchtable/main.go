@@ -169,6 +169,7 @@ const (
 	controller = "BenchmarkController"
 	aggregated = "BenchmarkWorkspaces/Aggregated"
 	mcp        = "BenchmarkWorkspaces/MCP"
+	metadata   = "BenchmarkWorkspaces/Metadata"
 	startupCP  = "BenchmarkWorkspaces/Startup"
 	startup    = "BenchmarkStartup"
 	memory     = "BenchmarkMemory"
@@ -200,6 +201,15 @@ var rows = []row{
 		ref: "aggregated LIST %.1f ms", refUnits: []string{"list-ms"}, target: atMost(1.3, "≤ 1.3")},
 	{label: "MCP tool calls/s, 10 clients", bench: mcp, unit: "calls/s", shown: "calls/s", digits: 1,
 		ref: "aggregated LIST, 10 clients: %.1f/s", refUnits: []string{"ref-list/s"}},
+	{label: "template apply ratio (kubectl apply --server-side)", bench: metadata, unit: "apply-ratio", shown: "×", digits: 2,
+		ref: "ConfigMap of the same files %.0f ms", refUnits: []string{"configmap-apply-ms"}, target: atMost(1.5, "≤ 1.5")},
+	{label: "label change to an open watch, p50", bench: metadata, unit: "meta-watch-p50-ms", shown: "ms", digits: 0,
+		target: atMost(1000, "≤ 1000")},
+	{label: "label change to an open watch, p99", bench: metadata, unit: "meta-watch-p99-ms", shown: "ms", digits: 0,
+		target: atMost(1000, "≤ 1000")},
+	{label: "aggregated list ratio, every workspace with stored metadata", bench: metadata, unit: "list-meta-ratio", shown: "×", digits: 2,
+		ref: "same run without metadata %.2f×", refUnits: []string{"list-plain-ratio"},
+		target: sameAs("list-plain-ratio", 0.1, "equal to the ratio without (±10%)")},
 	{label: "RSS idle, no control plane", bench: startup, unit: "rss-idle-MiB", shown: "MiB", digits: 1},
 	{label: "RSS idle, control plane with workspaces", bench: startupCP, unit: "rss-idle-MiB", shown: "MiB", digits: 1},
 	{label: "RSS loaded, workspaces cached", bench: aggregated, unit: "rss-MiB", shown: "MiB", digits: 1,

@@ -9,7 +9,8 @@ import (
 )
 
 // testdata/bench.txt is the output of one real `make bench` run (2 cores),
-// with the BenchmarkMemory lines of a later `make bench-memory` run added:
+// with the BenchmarkMemory lines of a later `make bench-memory` run and the
+// BenchmarkWorkspaces/Metadata line of a `make bench-metadata` run added:
 // the benchmarks' own printouts, a controller-runtime warning with a stack
 // trace, `--- BENCH:` log blocks, the goos/pkg header and the result lines.
 func readFixture(t *testing.T) results {
@@ -33,7 +34,7 @@ func TestParseRealOutput(t *testing.T) {
 	for n := range res {
 		names = append(names, n)
 	}
-	want := []string{"BenchmarkController", "BenchmarkMemory", "BenchmarkStartup", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Startup"}
+	want := []string{"BenchmarkController", "BenchmarkMemory", "BenchmarkStartup", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Metadata", "BenchmarkWorkspaces/Startup"}
 	if len(names) != len(want) {
 		t.Fatalf("parsed benchmarks %v, want %v", names, want)
 	}
@@ -54,6 +55,8 @@ func TestParseRealOutput(t *testing.T) {
 		{"BenchmarkWorkspaces/Aggregated", "rss-MiB", 103.0},
 		{"BenchmarkWorkspaces/MCP", "calls/s", 14.35},
 		{"BenchmarkWorkspaces/MCP", "mcp-ratio", 0.3940},
+		{"BenchmarkWorkspaces/Metadata", "apply-ratio", 13.70},
+		{"BenchmarkWorkspaces/Metadata", "list-meta-ratio", 1.709},
 		{"BenchmarkWorkspaces/Startup", "ready-s", 0.5793},
 		{"BenchmarkController", "steady-writes/CR", 0},
 		{"BenchmarkController", "s/100-control-planes", 6.412},
@@ -124,6 +127,9 @@ func TestRenderRealOutput(t *testing.T) {
 		{"coderd requests per poll, 50 watchers", "0.90", "yes", "equal to 1 watcher's"},
 		{"MCP ratio", "0.39", "yes", "aggregated LIST 94.0 ms"},
 		{"MCP tool calls/s, 10 clients", "14.3", "—", "aggregated LIST, 10 clients: 8.5/s"},
+		{"template apply ratio (kubectl apply --server-side)", "13.70", "NO", "ConfigMap of the same files 331 ms; target ≤ 1.5"},
+		{"label change to an open watch, p99", "0", "yes", "target ≤ 1000"},
+		{"aggregated list ratio, every workspace with stored metadata", "1.71", "NO", "same run without metadata 1.40×"},
 		{"controller steady-state writes", "0.00", "yes", "target 0 (goal)"},
 		{"RSS idle, no control plane", "83.7", "—", ""},
 		{"RSS ratio, unrelated objects / empty", "1.009", "yes", "empty cluster; target ≤ 1.10"},

@@ -576,7 +576,7 @@ func (w *lineWatcher) waitLine(t *testing.T, timeout time.Duration, parts ...str
 }
 
 // writeManifest writes a manifest to a temporary file for kubectl -f.
-func writeManifest(t *testing.T, manifest string) string {
+func writeManifest(t testing.TB, manifest string) string {
 	t.Helper()
 	// Not t.TempDir(): kubectl -f splits paths at commas, which subtest
 	// names contain.
