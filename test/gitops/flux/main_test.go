@@ -5,12 +5,11 @@
 // and corrected, kstatus health, and pruning by inventory.
 //
 // It is a Go module of its own so it builds with the Kubernetes libraries
-// fluxcd/pkg/ssa v0.76.2 pins; it runs the real stack through package
-// stack (hack/dev).
+// fluxcd/pkg/ssa v0.76.2 pins (client-go v0.36, controller-runtime v0.24);
+// it runs the real stack through package stack (hack/dev).
 package flux
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
@@ -27,32 +26,18 @@ var (
 	kube client.Client
 )
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	ctx := context.Background()
-	st, err := stack.Start(ctx)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start the stack:", err)
-		return 1
-	}
-	env = st
-	cfg, err := clientcmd.BuildConfigFromFlags("", st.Kubeconfig)
-	if err == nil {
-		kube, err = client.New(cfg, client.Options{})
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kubernetes client:", err)
-		fmt.Fprintln(os.Stderr, "logs kept in", st.StopKeepLogs())
-		return 1
-	}
-	code := m.Run()
-	if code != 0 {
-		fmt.Fprintln(os.Stderr, "logs of hack/dev and coder-k8s kept in", st.StopKeepLogs())
-		return code
-	}
-	st.Stop()
-	return code
+func TestMain(m *testing.M) {
+	os.Exit(stack.Tests(m, func(st *stack.Stack) error {
+		env = st
+		cfg, err := clientcmd.BuildConfigFromFlags("", st.Kubeconfig)
+		if err == nil {
+			kube, err = client.New(cfg, client.Options{})
+		}
+		if err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+		return nil
+	}))
 }
 
 // within is how long a step may take; builds of the provider-free template

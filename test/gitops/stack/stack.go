@@ -185,3 +185,26 @@ func tail(path string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// Tests is a suite's TestMain: it starts the stack, calls setup with it (to
+// build clients), runs the tests and stops the stack, keeping its logs when
+// something failed. It returns the exit code.
+func Tests(m interface{ Run() int }, setup func(*Stack) error) int {
+	st, err := Start(context.Background())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start the stack:", err)
+		return 1
+	}
+	if err := setup(st); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintln(os.Stderr, "logs of hack/dev and coder-k8s kept in", st.StopKeepLogs())
+		return 1
+	}
+	code := m.Run()
+	if code != 0 {
+		fmt.Fprintln(os.Stderr, "logs of hack/dev and coder-k8s kept in", st.StopKeepLogs())
+		return code
+	}
+	st.Stop()
+	return code
+}

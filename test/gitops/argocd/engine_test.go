@@ -1,0 +1,394 @@
+package argocd
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/argoproj/gitops-engine/pkg/cache"
+	"github.com/argoproj/gitops-engine/pkg/diff"
+	"github.com/argoproj/gitops-engine/pkg/engine"
+	"github.com/argoproj/gitops-engine/pkg/health"
+	"github.com/argoproj/gitops-engine/pkg/sync"
+	"github.com/argoproj/gitops-engine/pkg/sync/common"
+	"github.com/go-logr/logr/testr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	app           = "coder-gitops"
+	templateName  = "argo-tpl"
+	workspaceName = "argo-ws"
+	displayName   = "Argo CD template"
+	// trackingAnnotation is Argo CD's annotation tracking
+	// (application.resourceTrackingMethod: annotation, the default since
+	// Argo CD 3.0): <app>:<group>/<kind>:<namespace>/<name>.
+	trackingAnnotation = "argocd.argoproj.io/tracking-id"
+)
+
+var (
+	templates  = schema.GroupVersionResource{Group: "aggregation.coder.com", Version: "v1alpha1", Resource: "codertemplates"}
+	workspaces = schema.GroupVersionResource{Group: "aggregation.coder.com", Version: "v1alpha1", Resource: "coderworkspaces"}
+)
+
+// The Application's manifests. The template is in sync wave 0 and the
+// workspace in wave 1: the engine applies the workspace once the template
+// is Healthy (built), and prunes in the reverse order.
+const manifests = `apiVersion: aggregation.coder.com/v1alpha1
+kind: CoderTemplate
+metadata:
+  name: coder.` + templateName + `
+  namespace: %[1]s
+  annotations:
+    argocd.argoproj.io/sync-wave: "0"
+spec:
+  displayName: ` + displayName + `
+  description: Synced by Argo CD's gitops-engine
+  files:
+    main.tf: |
+      output "greeting" {
+        value = "hello from argo cd"
+      }
+---
+apiVersion: aggregation.coder.com/v1alpha1
+kind: CoderWorkspace
+metadata:
+  name: coder.admin.` + workspaceName + `
+  namespace: %[1]s
+  annotations:
+    argocd.argoproj.io/sync-wave: "1"
+spec:
+  templateName: ` + templateName + `
+  running: true`
+
+// targets are the manifests as Argo CD's controller hands them to the
+// engine: with the tracking annotation set.
+func targets(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	var objs []*unstructured.Unstructured
+	for _, doc := range strings.Split(fmt.Sprintf(manifests, env.Namespace), "\n---\n") {
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+			t.Fatalf("manifest: %v", err)
+		}
+		a := u.GetAnnotations()
+		a[trackingAnnotation] = trackingID(u)
+		u.SetAnnotations(a)
+		objs = append(objs, u)
+	}
+	return objs
+}
+
+func trackingID(u *unstructured.Unstructured) string {
+	gvk := u.GroupVersionKind()
+	return fmt.Sprintf("%s:%s/%s:%s/%s", app, gvk.Group, gvk.Kind, u.GetNamespace(), u.GetName())
+}
+
+// trackedApp is what Argo CD's cluster cache records for a resource: the
+// application its tracking annotation names, when the annotation describes
+// this very resource (a copied annotation does not count).
+func trackedApp(u *unstructured.Unstructured) string {
+	id := u.GetAnnotations()[trackingAnnotation]
+	name, _, ok := strings.Cut(id, ":")
+	if !ok || id != trackingID(u) {
+		return ""
+	}
+	return name
+}
+
+func isManaged(r *cache.Resource) bool {
+	info, _ := r.Info.(string)
+	return info == app
+}
+
+// healthCheck stands in for the resource customizations an Argo CD user adds
+// for kinds it has no built-in check for (a Lua script in argocd-cm): the
+// engine calls it through health.GetResourceHealth like its own checks.
+// Healthy needs the Ready condition True for the current generation.
+type healthCheck struct{}
+
+func (healthCheck) GetResourceHealth(u *unstructured.Unstructured) (*health.HealthStatus, error) {
+	if u.GetAPIVersion() != "aggregation.coder.com/v1alpha1" {
+		return nil, nil
+	}
+	ready := condition(u, "Ready")
+	if ready == nil {
+		return &health.HealthStatus{Status: health.HealthStatusProgressing, Message: "no Ready condition yet"}, nil
+	}
+	if og, found, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration"); found && og != u.GetGeneration() {
+		return &health.HealthStatus{Status: health.HealthStatusProgressing, Message: fmt.Sprintf("status describes generation %d of %d", og, u.GetGeneration())}, nil
+	}
+	msg := fmt.Sprintf("%v: %v", ready["reason"], ready["message"])
+	switch {
+	case ready["status"] == "True":
+		return &health.HealthStatus{Status: health.HealthStatusHealthy, Message: msg}, nil
+	case ready["reason"] == "BuildFailed":
+		return &health.HealthStatus{Status: health.HealthStatusDegraded, Message: msg}, nil
+	}
+	if phase, _, _ := unstructured.NestedString(u.Object, "status", "phase"); phase == "failed" {
+		return &health.HealthStatus{Status: health.HealthStatusDegraded, Message: msg}, nil
+	}
+	return &health.HealthStatus{Status: health.HealthStatusProgressing, Message: msg}, nil
+}
+
+func condition(u *unstructured.Unstructured, typ string) map[string]any {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, ok := c.(map[string]any); ok && m["type"] == typ {
+			return m
+		}
+	}
+	return nil
+}
+
+// resourceStatus is one row of the Application's resource tree.
+type resourceStatus struct {
+	key    string
+	synced bool
+	health health.HealthStatusCode
+	diff   string
+}
+
+// appStatus is what Argo CD's controller computes on a refresh: the managed
+// live objects from the cluster cache, reconciled with the targets, diffed,
+// and their health.
+type appStatus struct {
+	resources []resourceStatus
+	// live counts the managed live objects.
+	live int
+}
+
+func (s appStatus) synced() bool {
+	for _, r := range s.resources {
+		if !r.synced {
+			return false
+		}
+	}
+	return true
+}
+
+func (s appStatus) healthy() bool {
+	for _, r := range s.resources {
+		if r.health != health.HealthStatusHealthy {
+			return false
+		}
+	}
+	return true
+}
+
+func (s appStatus) String() string {
+	var b strings.Builder
+	for _, r := range s.resources {
+		sync := "Synced"
+		if !r.synced {
+			sync = "OutOfSync"
+		}
+		fmt.Fprintf(&b, "  %s: %s %s", r.key, sync, r.health)
+		if r.diff != "" {
+			fmt.Fprintf(&b, "\n    diff: %s", r.diff)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func refresh(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Unstructured) appStatus {
+	t.Helper()
+	live, err := cc.GetManagedLiveObjs(targetObjs, isManaged)
+	if err != nil {
+		t.Fatalf("managed live objects: %v", err)
+	}
+	res := sync.Reconcile(targetObjs, live, env.Namespace, cc)
+	diffs, err := diff.DiffArray(res.Target, res.Live)
+	if err != nil {
+		t.Fatalf("diff: %v", err)
+	}
+	var st appStatus
+	for i := range res.Target {
+		tgt, lv := res.Target[i], res.Live[i]
+		obj := tgt
+		if obj == nil {
+			obj = lv
+		}
+		r := resourceStatus{key: obj.GetKind() + "/" + obj.GetName(), synced: tgt != nil && lv != nil && !diffs.Diffs[i].Modified, health: health.HealthStatusMissing}
+		if lv != nil {
+			st.live++
+			h, err := health.GetResourceHealth(lv, healthCheck{})
+			if err != nil {
+				t.Fatalf("health of %s: %v", r.key, err)
+			}
+			r.health = h.Status
+		}
+		if diffs.Diffs[i].Modified && tgt != nil && lv != nil {
+			r.diff = fmt.Sprintf("live %s, want %s", diffs.Diffs[i].NormalizedLive, diffs.Diffs[i].PredictedLive)
+		}
+		st.resources = append(st.resources, r)
+	}
+	return st
+}
+
+// waitStatus refreshes until ok says the status is the expected one.
+func waitStatus(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Unstructured, what string, ok func(appStatus) bool) appStatus {
+	t.Helper()
+	start := time.Now()
+	var st appStatus
+	for time.Since(start) < within {
+		st = refresh(t, cc, targetObjs)
+		if ok(st) {
+			t.Logf("%s after %s:\n%s", what, time.Since(start).Round(time.Millisecond), st)
+			return st
+		}
+		time.Sleep(time.Second)
+	}
+	t.Fatalf("not %s after %s:\n%s\ncoder-k8s log:\n%s", what, within, st, env.OperatorLogTail(30))
+	return st
+}
+
+func syncApp(ctx context.Context, t *testing.T, eng engine.GitOpsEngine, targetObjs []*unstructured.Unstructured, revision string) []common.ResourceSyncResult {
+	t.Helper()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	results, err := eng.Sync(ctx, targetObjs, isManaged, revision, env.Namespace,
+		sync.WithPrune(true), sync.WithHealthOverride(healthCheck{}), sync.WithLogr(testr.NewWithOptions(t, testr.Options{Verbosity: 0})))
+	var b strings.Builder
+	for _, r := range results {
+		fmt.Fprintf(&b, "  %s %s: %s %s\n", r.ResourceKey.Kind, r.ResourceKey.Name, r.Status, r.Message)
+	}
+	if err != nil {
+		t.Fatalf("sync %s: %v\n%scoder-k8s log:\n%s", revision, err, b.String(), env.OperatorLogTail(30))
+	}
+	t.Logf("sync %s in %s:\n%s", revision, time.Since(start).Round(time.Millisecond), b.String())
+	return results
+}
+
+func requireResults(t *testing.T, results []common.ResourceSyncResult, want common.ResultCode, n int) {
+	t.Helper()
+	got := 0
+	for _, r := range results {
+		if r.Status != want {
+			t.Errorf("%s %s: %s (%s), want %s", r.ResourceKey.Kind, r.ResourceKey.Name, r.Status, r.Message, want)
+		}
+		got++
+	}
+	if got != n {
+		t.Errorf("%d resource results, want %d", got, n)
+	}
+}
+
+func TestArgoCDEngine(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+
+	// Argo CD's cluster cache for the destination namespace, recording
+	// each resource's application from its tracking annotation and keeping
+	// the manifests of tracked ones (as Argo CD does).
+	cc := cache.NewClusterCache(restCfg,
+		cache.SetNamespaces([]string{env.Namespace}),
+		cache.SetLogr(testr.NewWithOptions(t, testr.Options{Verbosity: 0})),
+		cache.SetPopulateResourceInfoHandler(func(u *unstructured.Unstructured, _ bool) (any, bool) {
+			a := trackedApp(u)
+			return a, a != ""
+		}))
+	eng := engine.NewEngine(restCfg, cc, engine.WithLogr(testr.NewWithOptions(t, testr.Options{Verbosity: 0})))
+	stop, err := eng.Run()
+	if err != nil {
+		t.Fatalf("cluster cache: %v", err)
+	}
+	defer stop()
+	tgt := targets(t)
+
+	t.Run("sync: Synced and Healthy", func(t *testing.T) {
+		st := refresh(t, cc, tgt)
+		if st.synced() || st.live != 0 {
+			t.Fatalf("before the first sync: want OutOfSync, nothing live:\n%s", st)
+		}
+		requireResults(t, syncApp(ctx, t, eng, tgt, "rev1"), common.ResultCodeSynced, 2)
+		waitStatus(t, cc, tgt, "Synced and Healthy", func(s appStatus) bool { return s.synced() && s.healthy() })
+	})
+	if t.Failed() {
+		return
+	}
+
+	t.Run("no diff on the next refresh", func(t *testing.T) {
+		// A hard refresh: the cluster cache relists everything.
+		cc.Invalidate()
+		if err := cc.EnsureSynced(); err != nil {
+			t.Fatal(err)
+		}
+		if st := refresh(t, cc, tgt); !st.synced() || !st.healthy() || st.live != 2 {
+			t.Fatalf("after a hard refresh, want both Synced and Healthy:\n%s", st)
+		}
+		// The tracking annotation is what made them the app's.
+		for _, o := range []struct {
+			gvr  schema.GroupVersionResource
+			name string
+		}{{templates, "coder." + templateName}, {workspaces, "coder.admin." + workspaceName}} {
+			live, err := kube.Resource(o.gvr).Namespace(env.Namespace).Get(ctx, o.name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := live.GetAnnotations()[trackingAnnotation]; got != trackingID(live) {
+				t.Errorf("%s %s: %s = %q, want %q", o.gvr.Resource, o.name, trackingAnnotation, got, trackingID(live))
+			}
+		}
+	})
+
+	t.Run("drift made in Coder: OutOfSync, then healed", func(t *testing.T) {
+		if _, err := env.Coder(ctx, "templates", "edit", templateName, "--display-name", "Changed in Coder", "--yes"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.Coder(ctx, "stop", workspaceName, "--yes"); err != nil {
+			t.Fatal(err)
+		}
+		st := waitStatus(t, cc, tgt, "OutOfSync (both)", func(s appStatus) bool {
+			for _, r := range s.resources {
+				if r.synced {
+					return false
+				}
+			}
+			return len(s.resources) == 2
+		})
+		for _, r := range st.resources {
+			if r.health == health.HealthStatusMissing {
+				t.Errorf("%s is Missing: the change in Coder lost the object's tracking", r.key)
+			}
+		}
+		// Self-heal: Argo CD syncs an OutOfSync app with automated.selfHeal.
+		requireResults(t, syncApp(ctx, t, eng, tgt, "rev1"), common.ResultCodeSynced, 2)
+		waitStatus(t, cc, tgt, "Synced and Healthy again", func(s appStatus) bool { return s.synced() && s.healthy() })
+		live, err := kube.Resource(templates).Namespace(env.Namespace).Get(ctx, "coder."+templateName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _, _ := unstructured.NestedString(live.Object, "spec", "displayName"); got != displayName {
+			t.Errorf("template displayName %q after the sync, want %q", got, displayName)
+		}
+	})
+
+	t.Run("prune", func(t *testing.T) {
+		// The manifests are gone from Git: the sync prunes both.
+		requireResults(t, syncApp(ctx, t, eng, nil, "rev2"), common.ResultCodePruned, 2)
+		for _, o := range []struct {
+			gvr  schema.GroupVersionResource
+			name string
+		}{{workspaces, "coder.admin." + workspaceName}, {templates, "coder." + templateName}} {
+			_, err := kube.Resource(o.gvr).Namespace(env.Namespace).Get(ctx, o.name, metav1.GetOptions{})
+			if !apierrors.IsNotFound(err) {
+				t.Errorf("%s %s after the prune: %v, want NotFound", o.gvr.Resource, o.name, err)
+			}
+		}
+		if st := refresh(t, cc, nil); st.live != 0 {
+			t.Errorf("managed live objects after the prune:\n%s", st)
+		}
+		if out, err := env.Coder(ctx, "templates", "list", "--output", "json"); err != nil || strings.Contains(out, `"`+templateName+`"`) {
+			t.Errorf("coder templates list after the prune: %v\n%s", err, out)
+		}
+	})
+}
