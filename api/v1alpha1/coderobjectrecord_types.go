@@ -54,10 +54,11 @@ type CoderObjectRecordSpec struct {
 	// +optional
 	OwnerReferences []metav1.OwnerReference `json:"ownerReferences,omitempty"`
 	// ManagedFields is the object's server-side apply field ownership.
+	// Kept as given: no schema (fieldsV1 is free-form JSON, which a
+	// schema would prune).
 	// +optional
-	// +kubebuilder:pruning:PreserveUnknownFields
 	// +kubebuilder:validation:Schemaless
-	// +kubebuilder:validation:Type=array
+	// +kubebuilder:pruning:PreserveUnknownFields
 	ManagedFields []metav1.ManagedFieldsEntry `json:"managedFields,omitempty"`
 	// DeletionTimestamp is set when a deletion waits for finalizers.
 	// +optional

@@ -82,6 +82,10 @@ type CoderTemplateStatus struct {
 	// UpdatedAt is when coderd last changed the template.
 	// +optional
 	UpdatedAt *metav1.Time `json:"updatedAt,omitempty"`
+	// ObservedGeneration is the metadata.generation this status
+	// describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Conditions: Ready (the active version built successfully).
 	// +optional
 	// +listType=map

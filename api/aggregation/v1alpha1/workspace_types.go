@@ -106,6 +106,10 @@ type CoderWorkspaceStatus struct {
 	// URL opens the workspace in the Coder dashboard.
 	// +optional
 	URL string `json:"url,omitempty"`
+	// ObservedGeneration is the metadata.generation this status
+	// describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Conditions: Ready (running and its start build succeeded) and
 	// Building (a build is pending or running).
 	// +optional

@@ -318,6 +318,13 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateStatus(ref common.Re
 							Ref:         ref(v1.Time{}.OpenAPIModelName()),
 						},
 					},
+					"observedGeneration": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ObservedGeneration is the metadata.generation this status describes.",
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
 					"conditions": {
 						VendorExtensible: spec.VendorExtensible{
 							Extensions: spec.Extensions{
@@ -611,6 +618,13 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceStatus(ref common.R
 							Description: "URL opens the workspace in the Coder dashboard.",
 							Type:        []string{"string"},
 							Format:      "",
+						},
+					},
+					"observedGeneration": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ObservedGeneration is the metadata.generation this status describes.",
+							Type:        []string{"integer"},
+							Format:      "int64",
 						},
 					},
 					"conditions": {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -91,6 +92,7 @@ type resource struct {
 	fields map[string]string
 
 	cache    *watchcache.Cache
+	records  *recordView
 	interval time.Duration
 	// listBackend reads every object of one coderd.
 	listBackend func(context.Context, target) ([]watchcache.Object, error)
@@ -114,6 +116,7 @@ func startCache[T any, PT interface {
 		return obj.GetLabels(), selectFields(obj)
 	}
 	r.interval = o.PollInterval
+	r.records = newRecordView(o.Records, r)
 	var err error
 	r.cache, err = watchcache.New(watchcache.Options{
 		NewObject: func() watchcache.Object { return PT(new(T)) },
@@ -128,8 +131,19 @@ func startCache[T any, PT interface {
 	return err
 }
 
-// Run polls coderd for the watch cache until ctx ends.
-func (r *resource) Run(ctx context.Context) { r.cache.Run(ctx) }
+// Run polls coderd for the watch cache, and keeps the records and the
+// cached objects' metadata in step, until ctx ends.
+func (r *resource) Run(ctx context.Context) {
+	if r.records.store != nil {
+		if err := r.records.store.OnChange(ctx, func(rec *records.Record, _ bool) { r.onRecordChange(rec) }); err != nil {
+			r.log.Error(err, "watching records; metadata changed elsewhere shows on the next poll")
+		}
+		var upkeep sync.WaitGroup
+		upkeep.Go(func() { r.records.run(ctx) })
+		defer upkeep.Wait()
+	}
+	r.cache.Run(ctx)
+}
 
 // Cache exposes the watch cache's figures for metrics and benchmarks.
 func (r *resource) Cache() *watchcache.Cache { return r.cache }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
@@ -110,6 +111,7 @@ func (s *TemplateStorage) ShortNames() []string    { return []string{"ctpl"} }
 // and source. Versions whose build has ended and sources (content
 // addressed) are remembered, so a steady-state poll is one request.
 func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchcache.Object, error) {
+	started := time.Now()
 	tpls, err := t.Client.Templates(ctx, codersdk.TemplateFilter{})
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
@@ -125,6 +127,9 @@ func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchc
 		})
 	}
 	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if err := s.mergeListed(ctx, t, out, started); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -170,7 +175,23 @@ func (s *TemplateStorage) fetch(ctx context.Context, t target, n templateObjectN
 	return tpl, nil
 }
 
+// read fetches one template from coderd, merges its record and records it
+// in the cache.
 func (s *TemplateStorage) read(ctx context.Context, t target, n templateObjectName, name string) (*aggv1.CoderTemplate, error) {
+	obj, err := s.readCoder(ctx, t, n, name)
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.publishRead(ctx, t, obj)
+	if err != nil {
+		return nil, err
+	}
+	return out.(*aggv1.CoderTemplate), nil
+}
+
+// readCoder fetches one template from coderd: Coder's view, without its
+// Kubernetes metadata.
+func (s *TemplateStorage) readCoder(ctx context.Context, t target, n templateObjectName, name string) (*aggv1.CoderTemplate, error) {
 	tpl, err := s.fetch(ctx, t, n, name)
 	if err != nil {
 		return nil, err
@@ -179,7 +200,7 @@ func (s *TemplateStorage) read(ctx context.Context, t target, n templateObjectNa
 	if err != nil {
 		return nil, s.coderErr(t, err, name)
 	}
-	return s.cache.Upsert(t.Key(), obj)[0].(*aggv1.CoderTemplate), nil
+	return obj, nil
 }
 
 // Get reads the template from coderd.
@@ -203,14 +224,17 @@ func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, create
 	if err != nil {
 		return nil, err
 	}
+	dry := tpl.DeepCopy()
+	dry.Namespace = t.Namespace
+	dry.Spec.Organization = n.Org
+	dry.Labels = objectLabels(t, n.Org, map[string]string{aggv1.LabelTemplate: n.Name})
+	dry.CreationTimestamp = metav1.Now()
+	dry.Status = aggv1.CoderTemplateStatus{Organization: n.Org}
+	if errs := validateMeta(tpl, dry.Labels, nil); len(errs) > 0 {
+		return nil, s.invalid(tpl.Name, errs)
+	}
 	if opts != nil && isDryRun(opts.DryRun) {
-		out := tpl.DeepCopy()
-		out.Namespace = t.Namespace
-		out.Spec.Organization = n.Org
-		out.Labels = objectLabels(t, n.Org, map[string]string{aggv1.LabelTemplate: n.Name})
-		out.CreationTimestamp = metav1.Now()
-		out.Status = aggv1.CoderTemplateStatus{Organization: n.Org}
-		return out, nil
+		return s.createWrite(t, dry).preview(tpl, dry, nil), nil
 	}
 	orgID, err := s.orgs.get(ctx, t, n.Org)
 	if err != nil {
@@ -236,7 +260,11 @@ func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, create
 	if err != nil {
 		return nil, s.createErr(t, err, tpl.Name)
 	}
-	return s.read(ctx, t, n, tpl.Name)
+	out, err := s.readCoder(ctx, t, n, tpl.Name)
+	if err != nil {
+		return nil, err
+	}
+	return s.createWrite(t, out).commit(ctx, tpl, out, nil)
 }
 
 // Run polls coderd for the watch cache until ctx ends. Then build waits in
@@ -338,6 +366,7 @@ func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.
 		return created, err == nil, err
 	}
 	errs := validateTemplateUpdate(next, cur, name)
+	errs = append(errs, validateMeta(next, derivedLabels(cur.Labels), cur)...)
 	filesChanged := next.Spec.Files != nil && !maps.Equal(next.Spec.Files, cur.Spec.Files)
 	if filesChanged {
 		errs = append(errs, templatesource.Validate(next.Spec.Files, s.opts.Limits, specPath.Child("files"))...)
@@ -350,15 +379,23 @@ func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.
 			return nil, false, err
 		}
 	}
+	w, err := s.beginWrite(ctx, t, cur)
+	if err != nil {
+		return nil, false, err
+	}
 	metaChanged := next.Spec.DisplayName != cur.Spec.DisplayName || next.Spec.Description != cur.Spec.Description || next.Spec.Icon != cur.Spec.Icon
 	promote := !filesChanged && next.Spec.VersionID != "" && next.Spec.VersionID != cur.Spec.VersionID
 	if !metaChanged && !filesChanged && !promote {
-		return cur, false, nil
+		out, err := s.updateMetadata(ctx, w, next, cur, opts)
+		return out, false, err
+	}
+	if cur.DeletionTimestamp != nil {
+		return nil, false, apierrors.NewConflict(s.gr, name, errors.New("the template is being deleted"))
 	}
 	if opts != nil && isDryRun(opts.DryRun) {
 		out := cur.DeepCopy()
 		out.Spec = next.Spec
-		return out, false, nil
+		return w.preview(next, out, nil), false, nil
 	}
 	tpl, err := s.fetch(ctx, t, n, name)
 	if err != nil {
@@ -387,8 +424,38 @@ func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.
 			return nil, false, s.coderErr(t, err, name)
 		}
 	}
-	out, err := s.read(ctx, t, n, name)
-	return out, false, err
+	out, err := s.readCoder(ctx, t, n, name)
+	if err != nil {
+		return nil, false, err
+	}
+	res, err := w.commit(ctx, next, out, nil)
+	return res, false, err
+}
+
+// updateMetadata serves an update that changes no spec field: only the
+// record is written (Coder is not asked), unless it removes the last
+// finalizer of a template whose deletion they held, which deletes it in
+// Coder now.
+func (s *TemplateStorage) updateMetadata(ctx context.Context, w *write, next, cur *aggv1.CoderTemplate, opts *metav1.UpdateOptions) (runtime.Object, error) {
+	dryRun := opts != nil && isDryRun(opts.DryRun)
+	if releasesDelete(cur, next) {
+		out := w.preview(next, cur.DeepCopy(), nil)
+		if dryRun {
+			return out, nil
+		}
+		if err := w.t.Client.DeleteTemplate(ctx, uuid.MustParse(cur.Status.ID)); err != nil {
+			return nil, s.coderErr(w.t, err, cur.Name)
+		}
+		s.cache.Delete(w.t.Key(), cur.Name)
+		return out, w.forget(ctx)
+	}
+	if !w.changes(w.record(next, cur, nil)) {
+		return cur, nil
+	}
+	if dryRun {
+		return w.preview(next, cur.DeepCopy(), nil), nil
+	}
+	return w.commit(ctx, next, cur.DeepCopy(), nil)
 }
 
 // metaUpdate starts a metadata update from the template's current
@@ -424,6 +491,17 @@ func (s *TemplateStorage) Delete(ctx context.Context, name string, deleteValidat
 	if err != nil {
 		return nil, false, err
 	}
+	w, err := s.beginWrite(ctx, t, cur)
+	if err != nil {
+		return nil, false, err
+	}
+	if heldByFinalizers(cur) {
+		if cur.DeletionTimestamp != nil {
+			return cur, false, nil
+		}
+		out, err := w.holdDelete(ctx, opts != nil && isDryRun(opts.DryRun))
+		return out, false, err
+	}
 	if opts != nil && isDryRun(opts.DryRun) {
 		return cur, true, nil
 	}
@@ -431,7 +509,7 @@ func (s *TemplateStorage) Delete(ctx context.Context, name string, deleteValidat
 		return nil, false, s.coderErr(t, err, name)
 	}
 	s.cache.Delete(t.Key(), name)
-	return cur, true, nil
+	return cur, true, w.forget(ctx)
 }
 
 // versionCache remembers template versions whose build has ended, per

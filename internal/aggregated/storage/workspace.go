@@ -85,6 +85,7 @@ func (s *WorkspaceStorage) ShortNames() []string    { return []string{"cws"} }
 // what an earlier list returned reuses the object built then, so a list
 // (and a poll) decodes and converts only what changed.
 func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watchcache.Object, error) {
+	started := time.Now()
 	res, err := t.Client.Request(ctx, http.MethodGet, "/api/v2/workspaces", nil)
 	if err != nil {
 		return nil, fmt.Errorf("list workspaces: %w", err)
@@ -138,11 +139,29 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 		out[f.i] = obj.DeepCopy()
 	}
 	s.memo.set(memoKey, next)
+	if err := s.mergeListed(ctx, t, out, started); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
-// read fetches one workspace from coderd and records it in the cache.
+// read fetches one workspace from coderd, merges its record and records
+// it in the cache.
 func (s *WorkspaceStorage) read(ctx context.Context, t target, n workspaceName, name string) (*aggv1.CoderWorkspace, error) {
+	obj, err := s.readCoder(ctx, t, n, name)
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.publishRead(ctx, t, obj)
+	if err != nil {
+		return nil, err
+	}
+	return out.(*aggv1.CoderWorkspace), nil
+}
+
+// readCoder fetches one workspace from coderd: Coder's view, without
+// its Kubernetes metadata.
+func (s *WorkspaceStorage) readCoder(ctx context.Context, t target, n workspaceName, name string) (*aggv1.CoderWorkspace, error) {
 	w, err := t.Client.WorkspaceByOwnerAndName(ctx, n.Owner, n.Name, codersdk.WorkspaceOptions{})
 	if err != nil {
 		if code := coderapi.StatusCode(err); code == http.StatusNotFound || code == http.StatusGone {
@@ -157,8 +176,7 @@ func (s *WorkspaceStorage) read(ctx context.Context, t target, n workspaceName, 
 	if err != nil {
 		return nil, s.coderErr(t, err, name)
 	}
-	obj := toWorkspace(t, &w, params[w.LatestBuild.ID])
-	return s.cache.Upsert(t.Key(), obj)[0].(*aggv1.CoderWorkspace), nil
+	return toWorkspace(t, &w, params[w.LatestBuild.ID]), nil
 }
 
 // lookup parses name and finds its backend.
@@ -188,8 +206,12 @@ func (s *WorkspaceStorage) Create(ctx context.Context, obj runtime.Object, creat
 	if err != nil {
 		return nil, err
 	}
+	dry := dryRunWorkspace(ws, t, n)
+	if errs := validateMeta(ws, dry.Labels, nil); len(errs) > 0 {
+		return nil, s.invalid(ws.Name, errs)
+	}
 	if opts != nil && isDryRun(opts.DryRun) {
-		return dryRunWorkspace(ws, t, n), nil
+		return s.createWrite(t, dry).preview(ws, dry, nil), nil
 	}
 	orgID, err := s.orgs.get(ctx, t, n.Org)
 	if err != nil {
@@ -227,7 +249,11 @@ func (s *WorkspaceStorage) Create(ctx context.Context, obj runtime.Object, creat
 			return nil, s.coderErr(t, fmt.Errorf("workspace %s was created, but stopping it failed: %w", ws.Name, err), ws.Name)
 		}
 	}
-	return s.read(ctx, t, n, ws.Name)
+	out, err := s.readCoder(ctx, t, n, ws.Name)
+	if err != nil {
+		return nil, err
+	}
+	return s.createWrite(t, out).commit(ctx, ws, out, nil)
 }
 
 func (s *WorkspaceStorage) checkVersionOf(ctx context.Context, t target, tpl codersdk.Template, id uuid.UUID, name string) error {
@@ -299,7 +325,9 @@ func (s *WorkspaceStorage) Update(ctx context.Context, name string, objInfo rest
 	if created != nil || err != nil {
 		return created, err == nil, err
 	}
-	if errs := validateWorkspaceUpdate(ws, cur, name); len(errs) > 0 {
+	errs := validateWorkspaceUpdate(ws, cur, name)
+	errs = append(errs, validateMeta(ws, derivedLabels(cur.Labels), cur)...)
+	if len(errs) > 0 {
 		return nil, false, s.invalid(name, errs)
 	}
 	if updateValidation != nil {
@@ -307,19 +335,47 @@ func (s *WorkspaceStorage) Update(ctx context.Context, name string, objInfo rest
 			return nil, false, err
 		}
 	}
-	ch := workspaceChanges(&cur.Spec, &ws.Spec)
-	if ch.none() {
-		return cur, false, nil
+	w, err := s.beginWrite(ctx, t, cur)
+	if err != nil {
+		return nil, false, err
 	}
-	if cur.DeletionTimestamp != nil {
+	ch := workspaceChanges(&cur.Spec, &ws.Spec)
+	release := releasesDelete(cur, ws)
+	if ch.none() && !release {
+		if !w.changes(w.record(ws, cur, nil)) {
+			return cur, false, nil
+		}
+		// Only Kubernetes metadata changes: Coder is not asked.
+		if opts != nil && isDryRun(opts.DryRun) {
+			return w.preview(ws, cur.DeepCopy(), nil), false, nil
+		}
+		out, err := w.commit(ctx, ws, cur.DeepCopy(), nil)
+		return out, false, err
+	}
+	if !ch.none() && cur.DeletionTimestamp != nil {
 		return nil, false, apierrors.NewConflict(s.gr, name, errors.New("the workspace is being deleted"))
 	}
 	if opts != nil && isDryRun(opts.DryRun) {
 		out := cur.DeepCopy()
 		out.Spec = ws.Spec
-		return out, false, nil
+		return w.preview(ws, out, nil), false, nil
 	}
 	id := uuid.MustParse(cur.Status.ID)
+	if release {
+		// The last finalizer is gone: the deletion they held starts now.
+		if _, err := t.Client.CreateWorkspaceBuild(ctx, id, codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionDelete}); err != nil {
+			return nil, false, s.coderErr(t, err, name)
+		}
+		out, err := s.readCoder(ctx, t, n, name)
+		if apierrors.IsNotFound(err) {
+			return w.preview(ws, cur.DeepCopy(), nil), false, w.forget(ctx)
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		res, err := w.commit(ctx, ws, out, nil)
+		return res, false, err
+	}
 	if ch.ttl {
 		if err := t.Client.UpdateWorkspaceTTL(ctx, id, codersdk.UpdateWorkspaceTTLRequest{TTLMillis: ws.Spec.TTLMillis}); err != nil {
 			return nil, false, s.coderErr(t, err, name)
@@ -345,8 +401,12 @@ func (s *WorkspaceStorage) Update(ctx context.Context, name string, objInfo rest
 			return nil, false, s.coderErr(t, err, name)
 		}
 	}
-	out, err := s.read(ctx, t, n, name)
-	return out, false, err
+	out, err := s.readCoder(ctx, t, n, name)
+	if err != nil {
+		return nil, false, err
+	}
+	res, err := w.commit(ctx, ws, out, nil)
+	return res, false, err
 }
 
 // Delete starts a delete build. The workspace stays visible, with a
@@ -358,6 +418,14 @@ func (s *WorkspaceStorage) Delete(ctx context.Context, name string, deleteValida
 	}
 	if cur.DeletionTimestamp != nil {
 		return cur, false, nil
+	}
+	w, err := s.beginWrite(ctx, t, cur)
+	if err != nil {
+		return nil, false, err
+	}
+	if heldByFinalizers(cur) {
+		out, err := w.holdDelete(ctx, opts != nil && isDryRun(opts.DryRun))
+		return out, false, err
 	}
 	if opts != nil && isDryRun(opts.DryRun) {
 		out := cur.DeepCopy()
@@ -372,7 +440,7 @@ func (s *WorkspaceStorage) Delete(ctx context.Context, name string, deleteValida
 	out, err := s.read(ctx, t, n, name)
 	if apierrors.IsNotFound(err) {
 		// The delete build has already finished.
-		return cur, true, nil
+		return cur, true, w.forget(ctx)
 	}
 	return out, false, err
 }

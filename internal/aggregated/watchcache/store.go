@@ -62,16 +62,16 @@ func (r *ring) since(after uint64) []*event {
 	return out
 }
 
-// fingerprint hashes o's content without its resourceVersion and
-// managedFields. It restores both fields instead of copying the object;
-// callers only pass objects nobody else reads yet.
+// fingerprint hashes o's content without its resourceVersion. Field
+// ownership (managedFields) is content: the aggregated API keeps it, and
+// a change of it alone is a change of the object, as in Kubernetes. It
+// restores the resourceVersion instead of copying the object; callers
+// only pass objects nobody else reads yet.
 func fingerprint(o Object) (uint64, error) {
-	rv, mf := o.GetResourceVersion(), o.GetManagedFields()
+	rv := o.GetResourceVersion()
 	o.SetResourceVersion("")
-	o.SetManagedFields(nil)
 	data, err := json.Marshal(o)
 	o.SetResourceVersion(rv)
-	o.SetManagedFields(mf)
 	if err != nil {
 		return 0, fmt.Errorf("encoding %q for its fingerprint: %w", o.GetName(), err)
 	}

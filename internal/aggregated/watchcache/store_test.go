@@ -65,7 +65,6 @@ func expectedFP(t *testing.T, o Object) uint64 {
 	t.Helper()
 	cp := deepCopy(o)
 	cp.SetResourceVersion("")
-	cp.SetManagedFields(nil)
 	data, err := json.Marshal(cp)
 	if err != nil {
 		t.Fatal(err)
@@ -131,10 +130,9 @@ func TestIdenticalContentIsNoChange(t *testing.T) {
 	listRV := c.ResourceVersion()
 	fc.Step(time.Minute)
 
-	// Different incoming resourceVersion and managedFields do not count as content.
+	// A different incoming resourceVersion does not count as content.
 	again := obj("ns", "a", lbl("x", "1"))
 	again.SetResourceVersion("1")
-	again.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "other"}})
 	second := c.Replace("k", []Object{again, obj("ns", "b", nil)})
 	third := c.Upsert("k", obj("ns", "a", lbl("x", "1")))
 
@@ -152,10 +150,15 @@ func TestIdenticalContentIsNoChange(t *testing.T) {
 	if third[0].GetResourceVersion() != first[0].GetResourceVersion() {
 		t.Fatal("Upsert of identical content changed the RV")
 	}
-	// The stored object keeps its original (empty) managedFields.
-	got, _ := c.Get("k", "a")
-	if len(got.GetManagedFields()) != 0 {
-		t.Fatal("identical content replaced the stored object")
+	// Field ownership is content: a change of it alone is a change.
+	owned := obj("ns", "a", lbl("x", "1"))
+	owned.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "other"}})
+	fourth := c.Upsert("k", owned)
+	if fourth[0].GetResourceVersion() == first[0].GetResourceVersion() {
+		t.Fatal("a managedFields change kept the RV")
+	}
+	if got, _ := c.Get("k", "a"); len(got.GetManagedFields()) != 1 {
+		t.Fatal("a managedFields change was not stored")
 	}
 }
 

@@ -13,7 +13,7 @@
 // seq = max(last+1, now in Unix milliseconds), so versions stay monotonic
 // across process restarts. An object's resourceVersion is the decimal of
 // seq*1_000_000 + fp, where fp is a fingerprint of the object's content
-// (FNV-1a 64 of its JSON without resourceVersion and managedFields, modulo
+// (FNV-1a 64 of its JSON without resourceVersion, modulo
 // 1_000_000). The list resourceVersion is lastSeq*1_000_000 + 999_999, so it
 // is at least every object's resourceVersion. The low six digits identify
 // content, which lets optimistic-concurrency checks work across replicas
