@@ -97,7 +97,7 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 	// gone (aggregated ones included), the namespace controller empties
 	// deleted namespaces.
 	step("starting kube-controller-manager (garbage collector, namespace controller)")
-	kcm, err := kube.StartControllerManager(ctx, "garbage-collector", "namespace")
+	kcm, err := kube.StartControllerManager(ctx, "garbage-collector-controller", "namespace-controller")
 	if err != nil {
 		return err
 	}
