@@ -9,10 +9,11 @@ import (
 
 	"github.com/argoproj/gitops-engine/pkg/cache"
 	"github.com/argoproj/gitops-engine/pkg/diff"
-	"github.com/argoproj/gitops-engine/pkg/engine"
 	"github.com/argoproj/gitops-engine/pkg/health"
 	"github.com/argoproj/gitops-engine/pkg/sync"
 	"github.com/argoproj/gitops-engine/pkg/sync/common"
+	"github.com/argoproj/gitops-engine/pkg/utils/kube"
+	"github.com/argoproj/gitops-engine/pkg/utils/tracing"
 	"github.com/go-logr/logr/testr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -250,21 +251,59 @@ func waitStatus(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.
 	return st
 }
 
-func syncApp(ctx context.Context, t *testing.T, eng engine.GitOpsEngine, targetObjs []*unstructured.Unstructured, revision string) []common.ResourceSyncResult {
+// syncApp runs one sync operation as Argo CD's application controller does:
+// on every reconciliation (here each second) it reconciles the targets with
+// the cluster cache's current live objects, creates a sync context carrying
+// the operation's state so far (sync.WithInitialState) and advances it one
+// step. (engine.Sync keeps one sync context with the live objects of its
+// start, so it never sees a resource become healthy and cannot pass a sync
+// wave; Argo CD does not use it.)
+func syncApp(ctx context.Context, t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Unstructured, revision string) []common.ResourceSyncResult {
 	t.Helper()
+	log := testr.NewWithOptions(t, testr.Options{Verbosity: 0})
+	kubectl := &kube.KubectlCmd{Log: log, Tracer: tracing.NopTracer{}}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, within)
-	defer cancel()
-	results, err := eng.Sync(ctx, targetObjs, isManaged, revision, env.Namespace,
-		sync.WithPrune(true), sync.WithHealthOverride(healthCheck{}), sync.WithLogr(testr.NewWithOptions(t, testr.Options{Verbosity: 0})))
+	startedAt := metav1.Now()
+	var (
+		phase   common.OperationPhase
+		message string
+		results []common.ResourceSyncResult
+	)
+	for {
+		live, err := cc.GetManagedLiveObjs(targetObjs, isManaged)
+		if err != nil {
+			t.Fatalf("managed live objects: %v", err)
+		}
+		res := sync.Reconcile(targetObjs, live, env.Namespace, cc)
+		syncCtx, cleanup, err := sync.NewSyncContext(revision, res, restCfg, restCfg, kubectl, env.Namespace, cc.GetOpenAPISchema(),
+			sync.WithInitialState(phase, message, results, startedAt),
+			sync.WithPrune(true), sync.WithHealthOverride(healthCheck{}), sync.WithLogr(log))
+		if err != nil {
+			t.Fatalf("sync context: %v", err)
+		}
+		syncCtx.Sync()
+		phase, message, results = syncCtx.GetState()
+		cleanup()
+		if phase.Completed() {
+			break
+		}
+		if time.Since(start) > within {
+			t.Fatalf("sync %s: still %s after %s: %s\ncoder-k8s log:\n%s", revision, phase, within, message, env.OperatorLogTail(30))
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
 	var b strings.Builder
 	for _, r := range results {
 		fmt.Fprintf(&b, "  %s %s: %s %s\n", r.ResourceKey.Kind, r.ResourceKey.Name, r.Status, r.Message)
 	}
-	if err != nil {
-		t.Fatalf("sync %s: %v\n%scoder-k8s log:\n%s", revision, err, b.String(), env.OperatorLogTail(30))
+	if phase != common.OperationSucceeded {
+		t.Fatalf("sync %s: %s: %s\n%scoder-k8s log:\n%s", revision, phase, message, b.String(), env.OperatorLogTail(30))
 	}
-	t.Logf("sync %s in %s:\n%s", revision, time.Since(start).Round(time.Millisecond), b.String())
+	t.Logf("sync %s: %s in %s:\n%s", revision, phase, time.Since(start).Round(time.Millisecond), b.String())
 	return results
 }
 
@@ -296,12 +335,10 @@ func TestArgoCDEngine(t *testing.T) {
 			a := trackedApp(u)
 			return a, a != ""
 		}))
-	eng := engine.NewEngine(restCfg, cc, engine.WithLogr(testr.NewWithOptions(t, testr.Options{Verbosity: 0})))
-	stop, err := eng.Run()
-	if err != nil {
+	if err := cc.EnsureSynced(); err != nil {
 		t.Fatalf("cluster cache: %v", err)
 	}
-	defer stop()
+	defer cc.Invalidate()
 	tgt := targets(t)
 
 	t.Run("sync: Synced and Healthy", func(t *testing.T) {
@@ -309,7 +346,7 @@ func TestArgoCDEngine(t *testing.T) {
 		if st.synced() || st.live != 0 {
 			t.Fatalf("before the first sync: want OutOfSync, nothing live:\n%s", st)
 		}
-		requireResults(t, syncApp(ctx, t, eng, tgt, "rev1"), common.ResultCodeSynced, 2)
+		requireResults(t, syncApp(ctx, t, cc, tgt, "rev1"), common.ResultCodeSynced, 2)
 		waitStatus(t, cc, tgt, "Synced and Healthy", func(s appStatus) bool { return s.synced() && s.healthy() })
 	})
 	if t.Failed() {
@@ -330,7 +367,7 @@ func TestArgoCDEngine(t *testing.T) {
 			gvr  schema.GroupVersionResource
 			name string
 		}{{templates, "coder." + templateName}, {workspaces, "coder.admin." + workspaceName}} {
-			live, err := kube.Resource(o.gvr).Namespace(env.Namespace).Get(ctx, o.name, metav1.GetOptions{})
+			live, err := dyn.Resource(o.gvr).Namespace(env.Namespace).Get(ctx, o.name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -361,9 +398,9 @@ func TestArgoCDEngine(t *testing.T) {
 			}
 		}
 		// Self-heal: Argo CD syncs an OutOfSync app with automated.selfHeal.
-		requireResults(t, syncApp(ctx, t, eng, tgt, "rev1"), common.ResultCodeSynced, 2)
+		requireResults(t, syncApp(ctx, t, cc, tgt, "rev1"), common.ResultCodeSynced, 2)
 		waitStatus(t, cc, tgt, "Synced and Healthy again", func(s appStatus) bool { return s.synced() && s.healthy() })
-		live, err := kube.Resource(templates).Namespace(env.Namespace).Get(ctx, "coder."+templateName, metav1.GetOptions{})
+		live, err := dyn.Resource(templates).Namespace(env.Namespace).Get(ctx, "coder."+templateName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -374,12 +411,12 @@ func TestArgoCDEngine(t *testing.T) {
 
 	t.Run("prune", func(t *testing.T) {
 		// The manifests are gone from Git: the sync prunes both.
-		requireResults(t, syncApp(ctx, t, eng, nil, "rev2"), common.ResultCodePruned, 2)
+		requireResults(t, syncApp(ctx, t, cc, nil, "rev2"), common.ResultCodePruned, 2)
 		for _, o := range []struct {
 			gvr  schema.GroupVersionResource
 			name string
 		}{{workspaces, "coder.admin." + workspaceName}, {templates, "coder." + templateName}} {
-			_, err := kube.Resource(o.gvr).Namespace(env.Namespace).Get(ctx, o.name, metav1.GetOptions{})
+			_, err := dyn.Resource(o.gvr).Namespace(env.Namespace).Get(ctx, o.name, metav1.GetOptions{})
 			if !apierrors.IsNotFound(err) {
 				t.Errorf("%s %s after the prune: %v, want NotFound", o.gvr.Resource, o.name, err)
 			}

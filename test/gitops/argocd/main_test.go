@@ -28,7 +28,7 @@ import (
 var (
 	env     *stack.Stack
 	restCfg *rest.Config
-	kube    dynamic.Interface
+	dyn     dynamic.Interface
 )
 
 func TestMain(m *testing.M) {
@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 		var err error
 		restCfg, err = clientcmd.BuildConfigFromFlags("", st.Kubeconfig)
 		if err == nil {
-			kube, err = dynamic.NewForConfig(restCfg)
+			dyn, err = dynamic.NewForConfig(restCfg)
 		}
 		if err != nil {
 			return fmt.Errorf("kubernetes client: %w", err)
