@@ -13,10 +13,15 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/kubecache"
 	"github.com/coder/coder-k8s/internal/metrics/metricstest"
+	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -39,11 +44,25 @@ func TestRejectedTokensAreRemembered(t *testing.T) {
 	}
 	cfg := config.Default().AggregatedAPIServer
 	cfg.BindAddress, cfg.SecurePort, cfg.CertDir = "127.0.0.1", port, t.TempDir()
-	srv, err := New(Options{Config: cfg, Kubeconfig: k.KubeconfigPath, Backends: noBackends{}, Log: testr.New(t)})
+	ctx, cancel := context.WithCancel(context.Background())
+	// The records' informer, as the aggregated-apiserver mode sets it up.
+	co := kubecache.Options()
+	co.Scheme = scheme.New()
+	rc, err := cache.New(k.Config, co)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	kc, err := client.New(k.Config, client.Options{Scheme: co.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cacheDone := make(chan struct{})
+	go func() { _ = rc.Start(ctx); close(cacheDone) }()
+	t.Cleanup(func() { cancel(); <-cacheDone })
+	srv, err := New(Options{Config: cfg, Kubeconfig: k.KubeconfigPath, Backends: noBackends{}, Records: records.New(rc, kc), Log: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Start(ctx) }()
 	t.Cleanup(func() {

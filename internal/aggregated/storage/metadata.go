@@ -373,9 +373,9 @@ func (w *write) save(ctx context.Context, rec *records.Record, rebuild func() *r
 
 func (w *write) saveErr(err error) error {
 	if apierrors.IsConflict(err) {
-		return apierrors.NewConflict(w.r.gr, w.key.Name(), fmt.Errorf("Coder accepted the change, but its Kubernetes metadata changed meanwhile; read the object and retry: %w", err))
+		return apierrors.NewConflict(w.r.gr, w.key.Name(), fmt.Errorf("the change was made in Coder, but its Kubernetes metadata changed meanwhile; read the object and retry: %w", err))
 	}
-	return apierrors.NewInternalError(fmt.Errorf("Coder accepted the change, but saving its Kubernetes metadata failed: %w", err))
+	return apierrors.NewInternalError(fmt.Errorf("the change was made in Coder, but saving its Kubernetes metadata failed: %w", err))
 }
 
 // publish merges out with rec and stores it in the watch cache.
@@ -390,7 +390,7 @@ func (w *write) forget(ctx context.Context) error {
 		return nil
 	}
 	if err := w.r.records.delete(ctx, w.prev, w.key); err != nil {
-		return apierrors.NewInternalError(fmt.Errorf("Coder deleted the object, but deleting its Kubernetes metadata failed: %w", err))
+		return apierrors.NewInternalError(fmt.Errorf("the object was deleted in Coder, but deleting its Kubernetes metadata failed: %w", err))
 	}
 	return nil
 }

@@ -222,7 +222,7 @@ func TestDurableMetadata(t *testing.T) {
 	ms := newMetaStack(t)
 	mf := []metav1.ManagedFieldsEntry{{Manager: "argocd-controller", Operation: metav1.ManagedFieldsOperationApply,
 		APIVersion: aggv1.SchemeGroupVersion.String(), FieldsType: "FieldsV1", Time: &metav1.Time{Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)},
-		FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{"f:team":{}}},"f:spec":{"f:displayName":{}}}`)}}}
+		FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{"f:team":{}}},"f:spec":{"f:displayName":{}}}`)}}
 	meta := metav1.ObjectMeta{
 		Labels:          map[string]string{"team": "a", aggv1.LabelTemplate: "alpha"},
 		Annotations:     map[string]string{"argocd.argoproj.io/tracking-id": "app:aggregation.coder.com/CoderTemplate:team-a/x"},

@@ -416,7 +416,10 @@ func (s *WorkspaceStorage) Delete(ctx context.Context, name string, deleteValida
 	if err != nil {
 		return nil, false, err
 	}
-	if cur.DeletionTimestamp != nil {
+	if cur.DeletionTimestamp != nil && (slices.Contains(cur.Finalizers, FinalizerDeleteBuild) || heldByFinalizers(cur)) {
+		// A delete build is under way, or finalizers hold the deletion.
+		// (A deletionTimestamp without either is a deletion whose build
+		// failed: deleting again retries it.)
 		return cur, false, nil
 	}
 	w, err := s.beginWrite(ctx, t, cur)
