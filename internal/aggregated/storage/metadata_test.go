@@ -301,10 +301,12 @@ func TestDurableMetadata(t *testing.T) {
 		if r := ms.record(t, before, coderv1alpha1.RecordResourceTemplates); r.Spec.Labels["env"] != "" {
 			t.Fatal("the dry run wrote the record")
 		}
+		start := time.Now()
 		out, err := ms.updateTemplate(t, name, false, func(o *aggv1.CoderTemplate) { o.Labels["env"] = "prod" })
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("label change through the storage took %v", time.Since(start))
 		if n := coderWrites(ms.proxy.Stats().Since(stats)); n != 0 {
 			t.Errorf("a label change made %d write requests to coderd, want 0", n)
 		}
@@ -316,6 +318,7 @@ func TestDurableMetadata(t *testing.T) {
 			t.Errorf("the dry run returned\n%+v\nthe update returned\n%+v", dry, out)
 		}
 		ev := nextEvent(t, w, name, time.Second)
+		t.Logf("the label change reached the open watch %v after the request started", time.Since(start))
 		if got := ev.Object.(*aggv1.CoderTemplate); ev.Type != watch.Modified || got.Labels["env"] != "prod" || got.ResourceVersion != out.ResourceVersion {
 			t.Errorf("watch event %s labels %v rv %s; want MODIFIED with env=prod at rv %s", ev.Type, got.Labels, got.ResourceVersion, out.ResourceVersion)
 		}
@@ -323,10 +326,12 @@ func TestDurableMetadata(t *testing.T) {
 		// A record changed elsewhere (another replica) reaches the watch too.
 		r := ms.record(t, before, coderv1alpha1.RecordResourceTemplates)
 		r.Spec.Annotations["note"] = "from another replica"
+		start = time.Now()
 		if err := ms.kube.Update(ms.ctx, r); err != nil {
 			t.Fatal(err)
 		}
 		ev = nextEvent(t, w, name, time.Second)
+		t.Logf("a record changed in kube-apiserver reached the open watch after %v", time.Since(start))
 		if got := ev.Object.(*aggv1.CoderTemplate); ev.Type != watch.Modified || got.Annotations["note"] != "from another replica" {
 			t.Errorf("watch event %s annotations %v; want MODIFIED with the note", ev.Type, got.Annotations)
 		}
@@ -420,7 +425,7 @@ func TestDurableMetadata(t *testing.T) {
 		waitFor(t, 5*time.Second, "the record is deleted", func() bool { return ms.record(t, gone, coderv1alpha1.RecordResourceTemplates) == nil })
 	})
 
-	t.Run("workspace labels", func(t *testing.T) {
+	t.Run("workspace: labels, generation, finalizer-held delete", func(t *testing.T) {
 		tpl, err := ms.coder.PushTemplate(ms.ctx, "ws-base", testenv.ProviderFreeTemplate())
 		if err != nil {
 			t.Fatal(err)
@@ -446,6 +451,7 @@ func TestDurableMetadata(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var deleted bool
 		if got := out.(*aggv1.CoderWorkspace); got.Labels["team"] != "w" || got.ResourceVersion == cur.(*aggv1.CoderWorkspace).ResourceVersion {
 			t.Errorf("workspace after the label change: labels %v rv %s", got.Labels, got.ResourceVersion)
 		}
@@ -455,6 +461,41 @@ func TestDurableMetadata(t *testing.T) {
 		}
 		if items := l.(*aggv1.CoderWorkspaceList).Items; len(items) != 1 || items[0].Labels["team"] != "w" {
 			t.Errorf("LIST = %+v, want the workspace with team=w", items)
+		}
+
+		update := func(change func(*aggv1.CoderWorkspace)) *aggv1.CoderWorkspace {
+			t.Helper()
+			cur, err := ms.wss.Get(ms.ctx, wname, &metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			next := cur.(*aggv1.CoderWorkspace).DeepCopy()
+			change(next)
+			out, _, err := ms.wss.Update(ms.ctx, wname, rest.DefaultUpdatedObjectInfo(next), nil, nil, false, &metav1.UpdateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return out.(*aggv1.CoderWorkspace)
+		}
+		// A spec change through Kubernetes counts.
+		ttl := int64(2 * time.Hour / time.Millisecond)
+		checkGeneration(t, update(func(w *aggv1.CoderWorkspace) { w.Spec.TTLMillis = &ttl }), 2)
+
+		// Finalizers hold the delete: no delete build until they are gone.
+		update(func(w *aggv1.CoderWorkspace) { w.Finalizers = []string{"example.com/hold"} })
+		out, deleted, err = ms.wss.Delete(ms.ctx, wname, nil, &metav1.DeleteOptions{})
+		if err != nil || deleted || out.(*aggv1.CoderWorkspace).DeletionTimestamp == nil {
+			t.Fatalf("held delete: deleted %v, %v, object %+v", deleted, err, out)
+		}
+		if w, err := ms.coder.Client.Workspace(ms.ctx, ws.ID); err != nil || w.LatestBuild.Transition == codersdk.WorkspaceTransitionDelete {
+			t.Fatalf("the held delete reached Coder: %v, latest build %s", err, w.LatestBuild.Transition)
+		}
+		released := update(func(w *aggv1.CoderWorkspace) { w.Finalizers = nil })
+		if released.DeletionTimestamp == nil {
+			t.Errorf("after the finalizer went, the workspace shows no deletionTimestamp")
+		}
+		if w, err := ms.coder.Client.Workspace(ms.ctx, ws.ID); err != nil || w.LatestBuild.Transition != codersdk.WorkspaceTransitionDelete {
+			t.Fatalf("after the last finalizer went, no delete build: %v, latest build %s", err, w.LatestBuild.Transition)
 		}
 	})
 }
@@ -489,5 +530,60 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 			t.Fatalf("%s: not within %v", what, within)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestMergeRecord checks the merge of Coder's view with a record: derived
+// labels win, merging again changes nothing, no record means Coder's view
+// alone, and a spec changed in Coder counts as the next generation.
+func TestMergeRecord(t *testing.T) {
+	tgt := fxTarget(t, "prod", false)
+	base := toWorkspace(tgt, fxWorkspace(), nil)
+	del := metav1.NewTime(time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC))
+	rec := &records.Record{Spec: coderv1alpha1.CoderObjectRecordSpec{
+		Generation: 4, SpecHash: specHashOf(base),
+		Labels:      map[string]string{"team": "a", aggv1.LabelOwner: "mallory"},
+		Annotations: map[string]string{"note": "x"}, Finalizers: []string{"example.com/hold", FinalizerDeleteBuild},
+		DeletionTimestamp: &del,
+	}}
+	obj := base.DeepCopy()
+	if mergeRecord(obj, rec) {
+		t.Error("a spec change in Coder reported for an unchanged spec")
+	}
+	want := map[string]string{"team": "a", aggv1.LabelOwner: "alice", aggv1.LabelOrganization: "acme", aggv1.LabelTemplate: "docker", aggv1.LabelControlPlane: "prod"}
+	if !apiequality.Semantic.DeepEqual(obj.Labels, want) {
+		t.Errorf("labels = %v, want %v", obj.Labels, want)
+	}
+	if !apiequality.Semantic.DeepEqual(obj.Finalizers, []string{"example.com/hold"}) || obj.DeletionTimestamp == nil || !obj.DeletionTimestamp.Equal(&del) ||
+		obj.Annotations["note"] != "x" || !apiequality.Semantic.DeepEqual(obj.ManagedFields, coderdOwnsStatus()) {
+		t.Errorf("merged metadata = finalizers %v, deletionTimestamp %v, annotations %v, managedFields %v", obj.Finalizers, obj.DeletionTimestamp, obj.Annotations, obj.ManagedFields)
+	}
+	checkGeneration(t, obj, 4)
+	again := obj.DeepCopy()
+	mergeRecord(again, rec)
+	if !apiequality.Semantic.DeepEqual(again, obj) {
+		t.Errorf("merging twice changed the object:\n%+v\n%+v", obj, again)
+	}
+	// Without a record: Coder's view alone.
+	mergeRecord(again, nil)
+	base.Generation = 1
+	setObservedGeneration(base, 1)
+	if !apiequality.Semantic.DeepEqual(again, base) {
+		t.Errorf("merging with no record:\n%+v\nwant\n%+v", again, base)
+	}
+	// A spec changed in Coder is the next generation.
+	changed := toWorkspace(tgt, fxWorkspace(), nil)
+	changed.Spec.Running = !changed.Spec.Running
+	if !mergeRecord(changed, rec) {
+		t.Error("a spec change in Coder was not reported")
+	}
+	checkGeneration(t, changed, 5)
+	// A delete build keeps its own deletionTimestamp and finalizer.
+	deleting := toWorkspace(tgt, fxWorkspace(), nil)
+	ts := metav1.NewTime(fxBuildQueued.Truncate(time.Second))
+	deleting.DeletionTimestamp, deleting.Finalizers = &ts, []string{FinalizerDeleteBuild}
+	mergeRecord(deleting, rec)
+	if !deleting.DeletionTimestamp.Equal(&ts) || !apiequality.Semantic.DeepEqual(deleting.Finalizers, []string{"example.com/hold", FinalizerDeleteBuild}) {
+		t.Errorf("deleting workspace: deletionTimestamp %v finalizers %v", deleting.DeletionTimestamp, deleting.Finalizers)
 	}
 }
