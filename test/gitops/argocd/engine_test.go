@@ -3,6 +3,8 @@ package argocd
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/argoproj/gitops-engine/pkg/utils/kube"
 	"github.com/argoproj/gitops-engine/pkg/utils/tracing"
 	"github.com/go-logr/logr/testr"
+	lua "github.com/yuin/gopher-lua"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -108,45 +111,79 @@ func isManaged(r *cache.Resource) bool {
 	return info == app
 }
 
-// healthCheck stands in for the resource customizations an Argo CD user adds
-// for kinds it has no built-in check for (a Lua script in argocd-cm): the
-// engine calls it through health.GetResourceHealth like its own checks.
-// Healthy needs the Ready condition True for the current generation.
-type healthCheck struct{}
+// luaHealth is the health check docs/gitops.md tells Argo CD users to add
+// (resource.customizations.health.aggregation.coder.com_<Kind> in argocd-cm),
+// run as Argo CD runs such scripts: gopher-lua (the version Argo CD v3.3.0
+// uses) with the live object as the global obj, returning hs.status and
+// hs.message. The engine calls it through health.GetResourceHealth, like its
+// built-in checks.
+type luaHealth struct{ script string }
 
-func (healthCheck) GetResourceHealth(u *unstructured.Unstructured) (*health.HealthStatus, error) {
+func (h luaHealth) GetResourceHealth(u *unstructured.Unstructured) (*health.HealthStatus, error) {
 	if u.GetAPIVersion() != "aggregation.coder.com/v1alpha1" {
 		return nil, nil
 	}
-	ready := condition(u, "Ready")
-	if ready == nil {
-		return &health.HealthStatus{Status: health.HealthStatusProgressing, Message: "no Ready condition yet"}, nil
+	l := lua.NewState()
+	defer l.Close()
+	l.SetGlobal("obj", toLua(l, u.Object))
+	if err := l.DoString(h.script); err != nil {
+		return nil, fmt.Errorf("health script: %w", err)
 	}
-	if og, found, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration"); found && og != u.GetGeneration() {
-		return &health.HealthStatus{Status: health.HealthStatusProgressing, Message: fmt.Sprintf("status describes generation %d of %d", og, u.GetGeneration())}, nil
+	hs, ok := l.Get(-1).(*lua.LTable)
+	if !ok {
+		return nil, fmt.Errorf("health script returned %s, want a table", l.Get(-1).Type())
 	}
-	msg := fmt.Sprintf("%v: %v", ready["reason"], ready["message"])
-	switch {
-	case ready["status"] == "True":
-		return &health.HealthStatus{Status: health.HealthStatusHealthy, Message: msg}, nil
-	case ready["reason"] == "BuildFailed":
-		return &health.HealthStatus{Status: health.HealthStatusDegraded, Message: msg}, nil
-	}
-	if phase, _, _ := unstructured.NestedString(u.Object, "status", "phase"); phase == "failed" {
-		return &health.HealthStatus{Status: health.HealthStatusDegraded, Message: msg}, nil
-	}
-	return &health.HealthStatus{Status: health.HealthStatusProgressing, Message: msg}, nil
+	return &health.HealthStatus{
+		Status:  health.HealthStatusCode(lua.LVAsString(hs.RawGetString("status"))),
+		Message: lua.LVAsString(hs.RawGetString("message")),
+	}, nil
 }
 
-func condition(u *unstructured.Unstructured, typ string) map[string]any {
-	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	for _, c := range conds {
-		if m, ok := c.(map[string]any); ok && m["type"] == typ {
-			return m
+// toLua converts a decoded JSON value into Lua values, as Argo CD's Lua VM
+// does.
+func toLua(l *lua.LState, v any) lua.LValue {
+	switch v := v.(type) {
+	case map[string]any:
+		t := l.NewTable()
+		for k, e := range v {
+			t.RawSetString(k, toLua(l, e))
 		}
+		return t
+	case []any:
+		t := l.NewTable()
+		for _, e := range v {
+			t.Append(toLua(l, e))
+		}
+		return t
+	case string:
+		return lua.LString(v)
+	case bool:
+		return lua.LBool(v)
+	case int64:
+		return lua.LNumber(v)
+	case float64:
+		return lua.LNumber(v)
 	}
-	return nil
+	return lua.LNil
 }
+
+// docsHealthScript is the Lua block of docs/gitops.md.
+func docsHealthScript(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "gitops.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "```lua\n")
+	script, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/gitops.md has no lua block")
+	}
+	return script
+}
+
+// healthCheck is the health check in use (docs/gitops.md's script).
+var healthCheck health.HealthOverride
 
 // resourceStatus is one row of the Application's resource tree.
 type resourceStatus struct {
@@ -220,11 +257,13 @@ func refresh(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Uns
 		r := resourceStatus{key: obj.GetKind() + "/" + obj.GetName(), synced: tgt != nil && lv != nil && !diffs.Diffs[i].Modified, health: health.HealthStatusMissing}
 		if lv != nil {
 			st.live++
-			h, err := health.GetResourceHealth(lv, healthCheck{})
+			h, err := health.GetResourceHealth(lv, healthCheck)
 			if err != nil {
 				t.Fatalf("health of %s: %v", r.key, err)
 			}
-			r.health = h.Status
+			if h != nil {
+				r.health = h.Status
+			}
 		}
 		if diffs.Diffs[i].Modified && tgt != nil && lv != nil {
 			r.diff = fmt.Sprintf("live %s, want %s", diffs.Diffs[i].NormalizedLive, diffs.Diffs[i].PredictedLive)
@@ -277,7 +316,7 @@ func syncApp(ctx context.Context, t *testing.T, cc cache.ClusterCache, targetObj
 		res := sync.Reconcile(targetObjs, live, env.Namespace, cc)
 		syncCtx, cleanup, err := sync.NewSyncContext(revision, res, restCfg, restCfg, kubectl, env.Namespace, cc.GetOpenAPISchema(),
 			sync.WithInitialState(phase, message, results, startedAt),
-			sync.WithPrune(true), sync.WithHealthOverride(healthCheck{}), sync.WithLogr(log))
+			sync.WithPrune(true), sync.WithHealthOverride(healthCheck), sync.WithLogr(log))
 		if err != nil {
 			t.Fatalf("sync context: %v", err)
 		}
@@ -340,6 +379,7 @@ func TestArgoCDEngine(t *testing.T) {
 	}
 	defer cc.Invalidate()
 	tgt := targets(t)
+	healthCheck = luaHealth{script: docsHealthScript(t)}
 
 	t.Run("sync: Synced and Healthy", func(t *testing.T) {
 		st := refresh(t, cc, tgt)

@@ -129,6 +129,7 @@ replace (
 require (
 	github.com/coder/coder-k8s/test/gitops/stack v0.0.0
 	github.com/go-logr/logr v1.4.3
+	github.com/yuin/gopher-lua v1.1.1
 	k8s.io/apimachinery v0.34.0
 	k8s.io/client-go v0.34.0
 	sigs.k8s.io/yaml v1.6.0
