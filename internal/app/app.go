@@ -222,6 +222,9 @@ func runAggregatedAPIServer(ctx context.Context, cfg *config.Configuration, kube
 	// of its own, set up as the manager's.
 	co := kubecache.Options()
 	co.Scheme = scheme.New()
+	// The static backend's objects, and so their records, are all in one
+	// namespace: watch only that one (the chart grants a Role there).
+	co.DefaultNamespaces = map[string]cache.Config{cfg.AggregatedAPIServer.Coder.StaticBackend.Namespace: {}}
 	recordCache, err := cache.New(kube.rest, co)
 	if err != nil {
 		return fmt.Errorf("records cache: %w", err)

@@ -428,6 +428,13 @@ func (r *rendered) checkComponentRoles(t *testing.T) {
 			if role == nil || !reflect.DeepEqual(role.typed.(*rbacv1.ClusterRole).Rules, want) {
 				t.Errorf("mode aggregated-apiserver: ClusterRole %s-aggregated is not %+v", releaseName, want)
 			}
+			// Its records, only in the backend's namespace.
+			ns := r.cfg.AggregatedAPIServer.Coder.StaticBackend.Namespace
+			records := []rbacv1.PolicyRule{{APIGroups: []string{"coder.com"}, Resources: []string{"coderobjectrecords"},
+				Verbs: []string{"get", "list", "watch", "create", "update", "delete"}}}
+			if got := r.boundRules(t)["Role "+ns+"/"+releaseName+"-aggregated-records"]; !reflect.DeepEqual(got, records) {
+				t.Errorf("mode aggregated-apiserver: Role %s/%s-aggregated-records bound with %+v, want %+v", ns, releaseName, got, records)
+			}
 		default:
 			if role != nil || binding != nil {
 				t.Errorf("mode %s does not run %s but the chart renders its ClusterRole or ClusterRoleBinding %s-%s", r.cfg.App, c.dir, releaseName, c.suffix)

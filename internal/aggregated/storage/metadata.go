@@ -603,10 +603,21 @@ func (v *recordView) save(ctx context.Context, rec *records.Record, k records.Ke
 	if err := v.store.Save(ctx, rec, k); err != nil {
 		return err
 	}
-	v.mu.Lock()
-	v.recent[k] = recentWrite{rec: rec.DeepCopy(), rv: rvNumber(rec.ResourceVersion), at: time.Now()}
-	v.mu.Unlock()
+	v.remember(k, recentWrite{rec: rec.DeepCopy(), rv: rvNumber(rec.ResourceVersion), at: time.Now()})
 	return nil
+}
+
+// remember keeps an own write, and forgets those old enough for the
+// informer to show them (keys never read again would stay otherwise).
+func (v *recordView) remember(k records.Key, w recentWrite) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for key, old := range v.recent {
+		if time.Since(old.at) > recentFor {
+			delete(v.recent, key)
+		}
+	}
+	v.recent[k] = w
 }
 
 // delete deletes rec (still at its version) and remembers that.
@@ -617,9 +628,7 @@ func (v *recordView) delete(ctx context.Context, rec *records.Record, k records.
 	if err := v.store.Delete(ctx, rec); err != nil {
 		return err
 	}
-	v.mu.Lock()
-	v.recent[k] = recentWrite{rv: rvNumber(rec.ResourceVersion), deleted: true, at: time.Now()}
-	v.mu.Unlock()
+	v.remember(k, recentWrite{rv: rvNumber(rec.ResourceVersion), deleted: true, at: time.Now()})
 	return nil
 }
 
