@@ -66,6 +66,9 @@ then flags set on the command line.`,
 			defer flush()
 			logging.Install(log)
 			log.Info("starting", "version", version.Get().Version, "app", cfg.App)
+			for _, w := range cfg.Warnings {
+				log.Info("configuration warning: " + w)
+			}
 			if err := app.Run(cmd.Context(), cfg, log); err != nil {
 				log.Error(err, "stopped with an error")
 				return err
@@ -108,6 +111,9 @@ every problem with its field path. It exits 0 when the configuration is valid.`,
 			cfg, err := load(cmd)
 			if err != nil {
 				return err
+			}
+			for _, w := range cfg.Warnings {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: %s\n", w)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "configuration is valid (app: %s)\n", cfg.App)
 			return nil

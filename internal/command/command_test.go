@@ -49,15 +49,19 @@ func TestDefaultsValidate(t *testing.T) {
 			t.Fatalf("exit %d, stderr:\n%s", code, stderr)
 		}
 	})
-	t.Run("build wait timeout of 45m", func(t *testing.T) {
-		bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if strings.Contains(stderr, "warning") {
+		t.Errorf("validate of the defaults warns:\n%s", stderr)
+	}
+	t.Run("build wait timeout of 45m: loads, with a deprecation warning", func(t *testing.T) {
+		old := filepath.Join(t.TempDir(), "old.yaml")
 		body := strings.Replace(out0(t), "timeout: 25m0s", "timeout: 45m", 1)
-		if err := os.WriteFile(bad, []byte(body), 0o600); err != nil {
+		if err := os.WriteFile(old, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		code, _, stderr := run(t, "config", "validate", "--config", bad)
-		if code == 0 || !strings.Contains(stderr, "aggregatedAPIServer.templateBuildWait.timeout") {
-			t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+		code, out, stderr := run(t, "config", "validate", "--config", old)
+		if code != 0 || !strings.Contains(out, "configuration is valid") ||
+			!strings.Contains(stderr, "warning: deprecated: aggregatedAPIServer.templateBuildWait.timeout (set in "+old+"): requests no longer wait for template builds") {
+			t.Fatalf("exit %d, stdout:\n%s\nstderr:\n%s", code, out, stderr)
 		}
 	})
 	t.Run("unknown apiVersion", func(t *testing.T) {
@@ -74,8 +78,7 @@ func TestDefaultsValidate(t *testing.T) {
 	t.Run("build wait timeout of 45m from the environment", func(t *testing.T) {
 		t.Setenv("CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT", "45m")
 		code, _, stderr := run(t, "config", "validate", "--config", file)
-		if code == 0 || !strings.Contains(stderr, "CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT") ||
-			!strings.Contains(stderr, "aggregatedAPIServer.templateBuildWait.timeout") {
+		if code != 0 || !strings.Contains(stderr, "warning: deprecated: aggregatedAPIServer.templateBuildWait.timeout (set by environment variable CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT)") {
 			t.Fatalf("exit %d, stderr:\n%s", code, stderr)
 		}
 	})

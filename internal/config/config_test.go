@@ -200,13 +200,9 @@ func TestRejects(t *testing.T) {
 		file: envelope + "aggregatedAPIServer:\n  templateBuildWait:\n    timout: 5m\n",
 		want: []string{"aggregatedAPIServer.templateBuildWait.timout: unknown field"},
 	}, {
-		name: "build wait above request timeout",
-		file: envelope + "aggregatedAPIServer:\n  templateBuildWait:\n    timeout: 45m\n",
-		want: []string{"aggregatedAPIServer.templateBuildWait.timeout: Invalid value: \"45m0s\": must not exceed requestTimeout (30m0s)"},
-	}, {
-		name: "build wait above request timeout from the environment",
+		name: "zero build wait from the environment",
 		file: envelope,
-		env:  []string{"CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT=45m"},
+		env:  []string{"CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT=0s"},
 		want: []string{"aggregatedAPIServer.templateBuildWait.timeout", "set by environment variable CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT"},
 	}, {
 		name: "unknown apiVersion",
@@ -397,5 +393,39 @@ func TestMCPAuthNoneOnlyOnLoopback(t *testing.T) {
 	// Kubernetes authentication may listen anywhere.
 	if _, err := Load(Source{File: writeFile(t, envelope+"mcp: {auth: kubernetes, bindAddress: \":8090\"}\n"), Environ: []string{}}); err != nil {
 		t.Errorf("auth kubernetes on all interfaces: %v", err)
+	}
+}
+
+// An old file setting templateBuildWait.timeout (once a request's wait,
+// now the background build's limit) still loads, above requestTimeout too,
+// and says that the key's meaning changed; so does the environment.
+func TestChangedKeyWarning(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	file := "apiVersion: config.coder.com/v1alpha1\nkind: CoderK8sConfiguration\naggregatedAPIServer:\n  templateBuildWait:\n    timeout: 45m\n"
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(Source{File: path, Environ: []string{}})
+	if err != nil {
+		t.Fatalf("an old file no longer loads: %v", err)
+	}
+	assertEqual(t, "timeout", cfg.AggregatedAPIServer.TemplateBuildWait.Timeout.Duration, 45*time.Minute)
+	if len(cfg.Warnings) != 1 || !strings.HasPrefix(cfg.Warnings[0], "deprecated: aggregatedAPIServer.templateBuildWait.timeout (set in "+path+"): requests no longer wait for template builds") {
+		t.Errorf("warnings = %q", cfg.Warnings)
+	}
+
+	cfg, err = Load(Source{Environ: []string{"CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT=10m"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Warnings) != 1 || !strings.Contains(cfg.Warnings[0], "(set by environment variable CODER_K8S_TEMPLATE_BUILD_WAIT_TIMEOUT)") {
+		t.Errorf("warnings = %q", cfg.Warnings)
+	}
+	cfg, err = Load(Source{Environ: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Warnings) != 0 {
+		t.Errorf("the defaults give warnings: %q", cfg.Warnings)
 	}
 }

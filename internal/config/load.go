@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -28,6 +29,27 @@ var EnvKeys = map[string]string{
 	"CODER_K8S_TEMPLATE_BUILD_BACKOFF_AFTER":         "aggregatedAPIServer.templateBuildWait.backoffAfter",
 	"CODER_K8S_TEMPLATE_BUILD_INITIAL_POLL_INTERVAL": "aggregatedAPIServer.templateBuildWait.initialPollInterval",
 	"CODER_K8S_TEMPLATE_BUILD_MAX_POLL_INTERVAL":     "aggregatedAPIServer.templateBuildWait.maxPollInterval",
+}
+
+// changedKeys are keys that still load but whose meaning changed, with
+// what they mean now: setting one to other than its default gives a
+// warning (Configuration.Warnings). The default itself is fine either way,
+// so files written by `config defaults` or the chart stay quiet.
+var changedKeys = map[string]changedKey{
+	"aggregatedAPIServer.templateBuildWait.timeout": {
+		now: "requests no longer wait for template builds " +
+			"(they return once the files are uploaded; wait with kubectl wait --for=condition=Ready codertemplate/NAME); " +
+			"this now bounds how long a version may build in the background before coder-k8s cancels it and shows the " +
+			"template Ready=False reason BuildFailed, and need not fit in requestTimeout",
+		isDefault: func(c *Configuration) bool {
+			return c.AggregatedAPIServer.TemplateBuildWait.Timeout == Default().AggregatedAPIServer.TemplateBuildWait.Timeout
+		},
+	},
+}
+
+type changedKey struct {
+	now       string
+	isDefault func(*Configuration) bool
 }
 
 // Source says where a configuration comes from besides the built-in
@@ -68,12 +90,16 @@ func Load(src Source) (*Configuration, error) {
 	}
 
 	var problems []string
+	inFile := map[string]bool{} // changed keys the file sets
 	if src.File != "" {
 		fk := koanf.New(".")
 		if err := fk.Load(file.Provider(src.File), yaml.Parser()); err != nil {
 			return nil, fmt.Errorf("read config file %s: %w", src.File, err)
 		}
 		problems = append(problems, checkEnvelope(fk)...)
+		for key := range changedKeys {
+			inFile[key] = fk.Exists(key)
+		}
 		if err := k.Merge(fk); err != nil {
 			return nil, fmt.Errorf("merge config file %s: %w", src.File, err)
 		}
@@ -123,6 +149,18 @@ func Load(src Source) (*Configuration, error) {
 		return nil, fmt.Errorf("decode configuration: %w", err)
 	}
 	cfg.AggregatedAPIServer.Coder.StaticBackend.SessionToken = sessionToken
+	for _, key := range slices.Sorted(maps.Keys(changedKeys)) {
+		ck := changedKeys[key]
+		where := ""
+		if o, ok := origin[key]; ok { // the environment and flags win over the file
+			where = "set by " + o
+		} else if inFile[key] {
+			where = "set in " + src.File
+		}
+		if where != "" && !ck.isDefault(&cfg) {
+			cfg.Warnings = append(cfg.Warnings, fmt.Sprintf("deprecated: %s (%s): %s", key, where, ck.now))
+		}
+	}
 
 	for _, fe := range Validate(&cfg) {
 		msg := fe.Error()

@@ -53,6 +53,11 @@ type Configuration struct {
 	AggregatedAPIServer AggregatedAPIServer `json:"aggregatedAPIServer"`
 	// MCP configures the Model Context Protocol server.
 	MCP MCP `json:"mcp"`
+
+	// Warnings says what in the loaded configuration still works but
+	// should change (keys whose meaning changed); Load fills it, and the
+	// process logs it at start. Never read from or written to a file.
+	Warnings []string `json:"-"`
 }
 
 // Logging configures the zap logger shared by every component.
@@ -164,9 +169,11 @@ type AggregatedAPIServer struct {
 	// AutoTLS makes coder-k8s keep its own CA and serving certificate in a
 	// Secret, rotate them, and put the CA into its APIService's caBundle.
 	AutoTLS AutoTLS `json:"autoTLS"`
-	// RequestTimeout bounds every request, including template build waits.
+	// RequestTimeout bounds every request. No request waits for a
+	// template build (they build in the background), so only watches
+	// use a long one.
 	RequestTimeout Duration `json:"requestTimeout"`
-	// TemplateBuildWait tunes how template updates wait for builds.
+	// TemplateBuildWait tunes the background wait for template builds.
 	TemplateBuildWait TemplateBuildWait `json:"templateBuildWait"`
 	// WatchPollInterval is how often the shared poller lists from coderd
 	// to turn changes made anywhere into watch events.
@@ -197,13 +204,16 @@ type AutoTLS struct {
 	CertValidity Duration `json:"certValidity"`
 }
 
-// TemplateBuildWait tunes how long a template update waits for Coder to
-// build the new version before promoting it: polls every
-// InitialPollInterval until BackoffAfter, then doubles up to MaxPollInterval,
-// giving up after Timeout.
+// TemplateBuildWait tunes the background wait for a template version
+// that a CoderTemplate create or update uploaded: coder-k8s polls its
+// build every InitialPollInterval until BackoffAfter, then doubles the
+// interval up to MaxPollInterval, makes the version active once it has
+// built, and gives up after Timeout. Requests do not wait for builds.
 type TemplateBuildWait struct {
-	// Timeout is the longest a build wait may take; it may not exceed
-	// aggregatedAPIServer.requestTimeout.
+	// Timeout is how long a version may build before coder-k8s cancels
+	// its import in Coder and shows the template Ready=False reason
+	// BuildFailed. (Before background builds it bounded a request's wait
+	// and could not exceed requestTimeout.)
 	Timeout Duration `json:"timeout"`
 	// BackoffAfter is how long to poll at InitialPollInterval before
 	// doubling the interval.

@@ -147,12 +147,6 @@ func validateAggregated(cfg *Configuration, p *field.Path) field.ErrorList {
 	if w.BackoffAfter.Duration < 0 {
 		errs = append(errs, field.Invalid(wp.Child("backoffAfter"), w.BackoffAfter.String(), "must not be negative"))
 	}
-	// A build wait longer than the request would be cut off by the request
-	// timeout and report a misleading error.
-	if w.Timeout.Duration > a.RequestTimeout.Duration {
-		errs = append(errs, field.Invalid(wp.Child("timeout"), w.Timeout.String(),
-			fmt.Sprintf("must not exceed requestTimeout (%s)", a.RequestTimeout)))
-	}
 	if w.InitialPollInterval.Duration > w.MaxPollInterval.Duration {
 		errs = append(errs, field.Invalid(wp.Child("initialPollInterval"), w.InitialPollInterval.String(),
 			fmt.Sprintf("must not exceed maxPollInterval (%s)", w.MaxPollInterval)))

@@ -69,7 +69,7 @@ func TestAggregatedAPI(t *testing.T) {
 		}
 	})
 
-	t.Run("template: server-side apply with files builds, promotes and is idempotent", func(t *testing.T) {
+	t.Run("template: server-side apply with files builds in the background, promotes and is idempotent", func(t *testing.T) {
 		apply := func(tf string) (string, error) {
 			return s.run("apply", "--server-side", "-f", writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
 kind: CoderTemplate
@@ -88,6 +88,7 @@ spec:
 		} else if !strings.Contains(out, "serverside-applied") {
 			t.Errorf("apply output: %s", out)
 		}
+		s.must(t, "wait", "--for=condition=Ready", "ctpl/coder.demo", "-n", s.ns, "--timeout=3m")
 		tpl, err := s.coder.Client.TemplateByName(ctx, s.coder.OrganizationID, "demo")
 		if err != nil {
 			t.Fatalf("coderd has no template demo: %v", err)
@@ -112,14 +113,18 @@ spec:
 			t.Errorf("re-applying the same files made a new version: %s → %s", tpl.ActiveVersionID, again.ActiveVersionID)
 		}
 
-		// Changed files: a new version, built and promoted.
+		// Changed files: a new version, built and promoted in the
+		// background; kubectl wait sees it Ready once it is active.
 		if _, err := apply(mainTF + "\noutput \"extra\" {\n  value = 1\n}\n"); err != nil {
 			t.Fatal(err)
 		}
-		after := s.coderTemplate(t, "demo")
-		if after.ActiveVersionID == tpl.ActiveVersionID {
-			t.Fatalf("changing spec.files did not promote a new version")
-		}
+		waitFor(t, 3*time.Minute, func() error {
+			if s.coderTemplate(t, "demo").ActiveVersionID == tpl.ActiveVersionID {
+				return errNotYet("changing spec.files has not promoted a new version yet")
+			}
+			return nil
+		})
+		s.must(t, "wait", "--for=condition=Ready", "ctpl/coder.demo", "-n", s.ns, "--timeout=1m")
 		files := s.must(t, "get", "ctpl", "coder.demo", "-n", s.ns, "-o", "jsonpath={.spec.files.main\\.tf}")
 		if !strings.Contains(files, `output "extra"`) {
 			t.Errorf("spec.files does not show the new source:\n%s", files)
@@ -133,7 +138,7 @@ spec:
 		}
 	})
 
-	t.Run("template: bad files are refused naming the file, and a failed build names Coder's error", func(t *testing.T) {
+	t.Run("template: bad files are refused naming the file, and a failed build shows Coder's error", func(t *testing.T) {
 		out, err := s.run("apply", "--server-side", "-f", writeManifest(t, `apiVersion: aggregation.coder.com/v1alpha1
 kind: CoderTemplate
 metadata: {name: coder.evil, namespace: coder}
@@ -151,12 +156,17 @@ spec:
   files:
     main.tf: "this is not terraform {"
 `))
-		if err == nil || !strings.Contains(out, "Invalid") || !strings.Contains(out, "spec.files") {
-			t.Errorf("a template that does not build was not refused as invalid: %v\n%s", err, out)
+		if err != nil {
+			t.Fatalf("the create waited for the build or was refused: %v\n%s", err, out)
 		}
-		if _, err := s.coder.Client.TemplateByName(ctx, s.coder.OrganizationID, "broken"); err == nil {
-			t.Errorf("coderd has a template from a failed build")
+		// It builds in the background and fails: Ready=False BuildFailed
+		// with Coder's error.
+		s.must(t, "wait", "--for=jsonpath={.status.conditions[?(@.type==\"Ready\")].reason}=BuildFailed", "ctpl/coder.broken", "-n", s.ns, "--timeout=3m")
+		msg := s.must(t, "get", "ctpl", "coder.broken", "-n", s.ns, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].message}")
+		if !strings.Contains(msg, "did not build") {
+			t.Errorf("the BuildFailed message does not say the version did not build: %q", msg)
 		}
+		s.must(t, "delete", "ctpl", "coder.broken", "-n", s.ns)
 	})
 
 	wsA := s.workspaceName("ws-a")

@@ -27,6 +27,16 @@ const (
 	ConditionBuilding = "Building"
 )
 
+// Reasons of a template's Ready condition while the spec.files last
+// applied build in the background.
+const (
+	// ReasonBuilding: the applied version is building (Ready=False).
+	ReasonBuilding = "Building"
+	// ReasonBuildFailed: the applied version did not build; the previous
+	// active version stays active (Ready=False).
+	ReasonBuildFailed = "BuildFailed"
+)
+
 // WorkspaceFields returns the fields a CoderWorkspace can be selected by
 // with --field-selector.
 func WorkspaceFields(w *CoderWorkspace) fields.Set {

@@ -70,6 +70,12 @@ type CoderTemplateStatus struct {
 	// BuildError is that job's error message when it failed.
 	// +optional
 	BuildError string `json:"buildError,omitempty"`
+	// BuildingVersionID is the version built from the spec.files last
+	// applied while it builds in the background, or after its build
+	// failed; it becomes the active version once it succeeds. Empty when
+	// the active version is the one applied.
+	// +optional
+	BuildingVersionID string `json:"buildingVersionID,omitempty"`
 	// Deprecated reports that the template is deprecated.
 	// +optional
 	Deprecated bool `json:"deprecated,omitempty"`

@@ -291,6 +291,13 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateStatus(ref common.Re
 							Format:      "",
 						},
 					},
+					"buildingVersionID": {
+						SchemaProps: spec.SchemaProps{
+							Description: "BuildingVersionID is the version built from the spec.files last applied while it builds in the background, or after its build failed; it becomes the active version once it succeeds. Empty when the active version is the one applied.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
 					"deprecated": {
 						SchemaProps: spec.SchemaProps{
 							Description: "Deprecated reports that the template is deprecated.",

@@ -60,7 +60,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	}
 	mf := []metav1.ManagedFieldsEntry{{
 		Manager: "argocd-controller", Operation: metav1.ManagedFieldsOperationApply, APIVersion: "aggregation.coder.com/v1alpha1",
-		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{"f:team":{}}}}`)},
+		FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{"f:team":{}}}}`),
 	}}
 	r := &records.Record{}
 	r.Spec.Name = "coder.admin.demo"
@@ -86,7 +86,7 @@ func TestStoreRoundTrip(t *testing.T) {
 		t.Errorf("cached record spec = %+v", got.Spec)
 	}
 	back := got.Spec.ManagedFields
-	if len(back) != 1 || string(back[0].FieldsV1.Raw) != string(mf[0].FieldsV1.Raw) || back[0].Operation != metav1.ManagedFieldsOperationApply {
+	if len(back) != 1 || back[0].FieldsV1.GetRawString() != mf[0].FieldsV1.GetRawString() || back[0].Operation != metav1.ManagedFieldsOperationApply {
 		t.Errorf("managed fields after a round trip = %+v, want %+v", back, mf)
 	}
 

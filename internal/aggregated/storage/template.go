@@ -21,6 +21,8 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/coderapi"
@@ -28,8 +30,8 @@ import (
 
 // TemplateOptions adds what only templates need.
 type TemplateOptions struct {
-	// BuildWait tunes how creates and file updates wait for the new
-	// version's build.
+	// BuildWait tunes the background wait for new versions' builds (the
+	// promoter's poll schedule and when it gives up).
 	BuildWait templatesource.WaitConfig
 	// Limits bound spec.files.
 	Limits templatesource.Limits
@@ -45,14 +47,7 @@ type TemplateStorage struct {
 	sources  *templatesource.SourceCache
 	versions versionCache
 	orgs     orgIDs
-	// stopping ends when Run's context does: the server is shutting down,
-	// and build waits in flight stop waiting.
-	stopping context.Context
-	stop     context.CancelFunc
 }
-
-// errShuttingDown cancels build waits when the server shuts down.
-var errShuttingDown = errors.New("the aggregated API server is shutting down")
 
 var (
 	_ rest.Storage              = (*TemplateStorage)(nil)
@@ -95,7 +90,6 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 		opts:    to,
 		sources: templatesource.NewSourceCache(to.SourceCacheBytes),
 	}
-	s.stopping, s.stop = context.WithCancel(context.Background())
 	if err := startCache(&s.resource, o, s.listTemplates, aggv1.TemplateFields); err != nil {
 		return nil, err
 	}
@@ -137,6 +131,12 @@ func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchc
 
 // convert reads what a template's view needs besides the template.
 func (s *TemplateStorage) convert(ctx context.Context, t target, tpl *codersdk.Template) (*aggv1.CoderTemplate, error) {
+	return s.convertWith(ctx, t, tpl, nil)
+}
+
+// convertWith is convert with the template's record given (nil: read
+// from the informer cache), for the answer to a write that just saved it.
+func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *codersdk.Template, rec *records.Record) (*aggv1.CoderTemplate, error) {
 	v, err := s.versions.get(ctx, t, tpl.ActiveVersionID)
 	if err != nil {
 		return nil, fmt.Errorf("active version of template %s: %w", tpl.Name, err)
@@ -152,7 +152,11 @@ func (s *TemplateStorage) convert(ctx context.Context, t target, tpl *codersdk.T
 		s.log.V(1).Info("template source not shown in spec.files", "template", tpl.Name, "reason", err.Error())
 		files = nil
 	}
-	return toTemplate(t, tpl, &v, files), nil
+	obj := toTemplate(t, tpl, &v, files)
+	if err := s.showBuild(ctx, t, tpl, obj, rec); err != nil {
+		return nil, err
+	}
+	return obj, nil
 }
 
 func (s *TemplateStorage) lookup(ctx context.Context, name string) (target, templateObjectName, error) {
@@ -178,7 +182,7 @@ func (s *TemplateStorage) fetch(ctx context.Context, t target, n templateObjectN
 // read fetches one template from coderd, merges its record and records it
 // in the cache.
 func (s *TemplateStorage) read(ctx context.Context, t target, n templateObjectName, name string) (*aggv1.CoderTemplate, error) {
-	obj, err := s.readCoder(ctx, t, n, name)
+	obj, err := s.readCoder(ctx, t, n, name, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -190,13 +194,14 @@ func (s *TemplateStorage) read(ctx context.Context, t target, n templateObjectNa
 }
 
 // readCoder fetches one template from coderd: Coder's view, without its
-// Kubernetes metadata.
-func (s *TemplateStorage) readCoder(ctx context.Context, t target, n templateObjectName, name string) (*aggv1.CoderTemplate, error) {
+// Kubernetes metadata, showing the background build of rec (nil: of the
+// template's record).
+func (s *TemplateStorage) readCoder(ctx context.Context, t target, n templateObjectName, name string, rec *records.Record) (*aggv1.CoderTemplate, error) {
 	tpl, err := s.fetch(ctx, t, n, name)
 	if err != nil {
 		return nil, err
 	}
-	obj, err := s.convert(ctx, t, &tpl)
+	obj, err := s.convertWith(ctx, t, &tpl, rec)
 	if err != nil {
 		return nil, s.coderErr(t, err, name)
 	}
@@ -217,8 +222,9 @@ func (s *TemplateStorage) List(ctx context.Context, opts *metainternalversion.Li
 	return &aggv1.CoderTemplateList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderTemplate](objs)}, nil
 }
 
-// Create uploads the files, waits for the version to build and creates
-// the template with it; or creates it from an existing version.
+// Create uploads the files and creates the template with the new version
+// while it still imports (the promoter follows its build); or creates it
+// from an existing version.
 func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error) {
 	tpl, n, t, err := toCreate(ctx, &s.resource, obj, s.validateCreate, createValidation)
 	if err != nil {
@@ -241,12 +247,13 @@ func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, create
 		return nil, s.coderErr(t, err, tpl.Name)
 	}
 	var versionID uuid.UUID
+	var build *coderv1alpha1.TemplateBuildRecord
 	if len(tpl.Spec.Files) > 0 {
-		v, err := s.buildVersion(ctx, t, orgID, uuid.Nil, tpl.Spec.Files, tpl.Name)
+		v, b, err := s.startBuild(ctx, t, orgID, uuid.Nil, tpl.Spec.Files, &tpl.Spec, tpl.Name)
 		if err != nil {
 			return nil, err
 		}
-		versionID = v.ID
+		versionID, build = v.ID, b
 	} else {
 		versionID = uuid.MustParse(tpl.Spec.VersionID) // validated
 	}
@@ -258,67 +265,33 @@ func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, create
 		VersionID:   versionID,
 	})
 	if err != nil {
+		if build != nil {
+			s.abandonVersion(ctx, t, versionID)
+		}
+		if ctx.Err() != nil {
+			return nil, s.requestErr(ctx, t, err, tpl.Name, "coderd to create the template")
+		}
 		return nil, s.createErr(t, err, tpl.Name)
 	}
-	out, err := s.readCoder(ctx, t, n, tpl.Name)
+	// The record does not exist yet: show the build the write records.
+	plan := buildPlan{set: build != nil, build: build}
+	out, err := s.readCoder(ctx, t, n, tpl.Name, plan.shown(nil))
 	if err != nil {
 		return nil, err
 	}
-	return s.createWrite(t, out).commit(ctx, tpl, out, nil)
+	return s.createWrite(t, out).commit(ctx, tpl, out, plan.apply)
 }
 
-// Run polls coderd for the watch cache until ctx ends. Then build waits in
-// flight end at once: a build can take minutes, longer than a graceful
-// shutdown may.
+// Run polls coderd for the watch cache and promotes templates' background
+// builds until ctx ends.
 func (s *TemplateStorage) Run(ctx context.Context) {
-	unregister := context.AfterFunc(ctx, s.stop)
-	defer unregister()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.runPromoter(ctx)
+	}()
 	s.resource.Run(ctx)
-}
-
-// buildVersion uploads files as a new version (of templateID, or of no
-// template yet), waits for its build and returns it.
-func (s *TemplateStorage) buildVersion(ctx context.Context, t target, orgID, templateID uuid.UUID, files map[string]string, name string) (codersdk.TemplateVersion, error) {
-	fileID, err := templatesource.Upload(ctx, t.Client, files, s.opts.Limits)
-	if err != nil {
-		var fe *templatesource.FileError
-		if errors.As(err, &fe) {
-			return codersdk.TemplateVersion{}, s.invalid(name, field.ErrorList{field.Invalid(specPath.Child("files").Key(fe.Path), "", fe.Reason)})
-		}
-		return codersdk.TemplateVersion{}, s.coderErr(t, err, name)
-	}
-	v, err := t.Client.CreateTemplateVersion(ctx, orgID, codersdk.CreateTemplateVersionRequest{
-		TemplateID:    templateID,
-		StorageMethod: codersdk.ProvisionerStorageMethodFile,
-		FileID:        fileID,
-		Provisioner:   codersdk.ProvisionerTypeTerraform,
-	})
-	if err != nil {
-		return v, s.coderErr(t, err, name)
-	}
-	waitCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stopWaiting := context.AfterFunc(s.stopping, func() { cancel(errShuttingDown) })
-	defer stopWaiting()
-	built, err := templatesource.WaitForBuild(waitCtx, t.Client, v.ID, s.opts.BuildWait)
-	if err != nil {
-		var failed *templatesource.BuildFailedError
-		var timeout *templatesource.BuildTimeoutError
-		switch {
-		case errors.Is(context.Cause(waitCtx), errShuttingDown):
-			// Nothing refers to the new version yet: the template is as
-			// it was, and the request can be retried as it is.
-			return built, apierrors.NewServiceUnavailable(fmt.Sprintf(
-				"%v: it stopped waiting for template version %s to build in Coder; %s was not created or changed, retry the request",
-				errShuttingDown, v.ID, name))
-		case errors.As(err, &failed):
-			return built, s.invalid(name, field.ErrorList{field.Invalid(specPath.Child("files"), "", "the template version did not build: "+failed.Error())})
-		case errors.As(err, &timeout):
-			return built, apierrors.NewTimeoutError(timeout.Error(), 0)
-		}
-		return built, s.coderErr(t, err, name)
-	}
-	return built, nil
+	<-done
 }
 
 func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObjectName, field.ErrorList) {
@@ -353,8 +326,9 @@ func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObje
 	return n, errs
 }
 
-// Update changes the template's metadata, uploads and promotes a new
-// version when spec.files changed, or promotes spec.versionID. With
+// Update changes the template's metadata, uploads a new version to build
+// in the background when spec.files changed (the promoter makes it active
+// once built), or promotes spec.versionID. With
 // forceAllowCreate (server-side apply) a missing template is created.
 func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, opts *metav1.UpdateOptions) (runtime.Object, bool, error) {
 	t, n, cur, err := current(ctx, s, name)
@@ -408,27 +382,24 @@ func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.
 			return nil, false, s.coderErr(t, err, name)
 		}
 	}
-	var activate uuid.UUID
+	var plan buildPlan
 	switch {
 	case filesChanged:
-		v, err := s.buildVersion(ctx, t, tpl.OrganizationID, tpl.ID, next.Spec.Files, name)
-		if err != nil {
+		if plan, err = s.planFiles(ctx, t, &tpl, &next.Spec, name, w.prev); err != nil {
 			return nil, false, err
 		}
-		activate = v.ID
 	case promote:
-		activate = uuid.MustParse(next.Spec.VersionID) // validated
-	}
-	if activate != uuid.Nil {
+		plan = s.planDrop(ctx, t, w.prev)
+		activate := uuid.MustParse(next.Spec.VersionID) // validated
 		if err := t.Client.UpdateActiveTemplateVersion(ctx, tpl.ID, codersdk.UpdateActiveTemplateVersion{ID: activate}); err != nil {
 			return nil, false, s.coderErr(t, err, name)
 		}
 	}
-	out, err := s.readCoder(ctx, t, n, name)
+	out, err := s.readCoder(ctx, t, n, name, plan.shown(w.prev))
 	if err != nil {
 		return nil, false, err
 	}
-	res, err := w.commit(ctx, next, out, nil)
+	res, err := w.commit(ctx, next, out, plan.apply)
 	return res, false, err
 }
 

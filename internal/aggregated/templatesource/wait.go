@@ -288,3 +288,31 @@ func logTail(ctx context.Context, client *codersdk.Client, id uuid.UUID) string 
 		}
 	}
 }
+
+// NextInterval is the pause before the next poll of a build that started
+// elapsed ago, after a pause of prev: the schedule WaitForBuild follows,
+// for callers that poll builds themselves (the background promoter).
+func (c WaitConfig) NextInterval(elapsed, prev time.Duration) time.Duration {
+	return c.nextInterval(elapsed, max(prev, c.InitialPollInterval))
+}
+
+// Poll reads template version id once. done is false while its build
+// runs; a build that ended without success gives a *BuildFailedError
+// carrying the end of its log. Errors reading the version are returned
+// as they are (IsTransient tells whether to retry).
+func Poll(ctx context.Context, client *codersdk.Client, id uuid.UUID) (v codersdk.TemplateVersion, done bool, err error) {
+	v, err = client.TemplateVersion(ctx, id)
+	if err != nil {
+		return v, false, fmt.Errorf("get template version %s: %w", id, err)
+	}
+	switch v.Job.Status {
+	case codersdk.ProvisionerJobSucceeded:
+		return v, true, nil
+	case codersdk.ProvisionerJobFailed, codersdk.ProvisionerJobCanceled:
+		return v, true, buildFailed(ctx, client, v)
+	}
+	return v, false, nil
+}
+
+// IsTransient reports an error worth retrying (see isTransient).
+func IsTransient(err error) bool { return isTransient(err) }

@@ -1,0 +1,310 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
+	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
+	"github.com/coder/coder-k8s/internal/coderapi"
+)
+
+// Templates build in the background. A create or file update uploads the
+// files, creates the version and returns: no request waits for Coder's
+// import. The version goes in the template's record (spec.build); the
+// served object shows the files as applied and Ready=False reason
+// Building, and the promoter (promoter.go) makes the version active once
+// its import succeeds, or marks the build failed. A new template is
+// created in Coder at once with its still-importing version (coderd v2.30
+// accepts that), so its record is keyed by the template's UUID from the
+// start.
+
+// startBuild uploads files and creates a template version from them (of
+// templateID, or of no template yet) without waiting for its import. It
+// returns the version and the build record describing it.
+func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templateID uuid.UUID, files map[string]string, spec *aggv1.CoderTemplateSpec, name string) (codersdk.TemplateVersion, *coderv1alpha1.TemplateBuildRecord, error) {
+	fileID, err := templatesource.Upload(ctx, t.Client, files, s.opts.Limits)
+	if err != nil {
+		var fe *templatesource.FileError
+		if errors.As(err, &fe) {
+			return codersdk.TemplateVersion{}, nil, s.invalid(name, field.ErrorList{field.Invalid(specPath.Child("files").Key(fe.Path), "", fe.Reason)})
+		}
+		return codersdk.TemplateVersion{}, nil, s.requestErr(ctx, t, err, name, "coderd to store the template files")
+	}
+	v, err := t.Client.CreateTemplateVersion(ctx, orgID, codersdk.CreateTemplateVersionRequest{
+		TemplateID:    templateID,
+		StorageMethod: codersdk.ProvisionerStorageMethodFile,
+		FileID:        fileID,
+		Provisioner:   codersdk.ProvisionerTypeTerraform,
+	})
+	if err != nil {
+		return v, nil, s.requestErr(ctx, t, err, name, "coderd to create the template version")
+	}
+	b := &coderv1alpha1.TemplateBuildRecord{
+		VersionID:    v.ID.String(),
+		FilesHash:    templatesource.FilesHash(files),
+		Organization: orgID.String(),
+		DisplayName:  spec.DisplayName,
+		Description:  spec.Description,
+		Icon:         spec.Icon,
+		StartedAt:    metav1.NewTime(time.Now().Truncate(time.Second)),
+	}
+	return v, b, nil
+}
+
+// requestErr is coderErr for a call the request made to coderd, except
+// that a request whose own context ended (kube-apiserver's or
+// k8s.io/apiserver's request timeout, or the client going away) gets a 504
+// Timeout saying what it waited for: coderd was not necessarily at fault.
+func (s *TemplateStorage) requestErr(ctx context.Context, t target, err error, name, waitedFor string) error {
+	if ctx.Err() != nil {
+		return apierrors.NewTimeoutError(fmt.Sprintf("the request for %s %s ended (%v) while it waited for %s; retry it",
+			s.kind, name, context.Cause(ctx), waitedFor), 0)
+	}
+	return s.coderErr(t, err, name)
+}
+
+// abandonVersion cancels the import of a version nothing will use (its
+// template could not be created, or newer files replaced it), so that
+// coderd's provisioners do not spend time on it. Best effort: coderd
+// refuses to cancel an import that has ended, which is fine.
+func (s *TemplateStorage) abandonVersion(ctx context.Context, t target, id uuid.UUID) {
+	if id == uuid.Nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := t.Client.CancelTemplateVersion(ctx, id); err != nil && coderapi.StatusCode(err) != 400 {
+		s.log.V(1).Info("could not cancel an abandoned template version's import", "templateVersion", id.String(), "error", err.Error())
+	}
+}
+
+// buildPlan is what a write does to the template's background build:
+// set it to build (nil clears it) when set, else leave it.
+type buildPlan struct {
+	set   bool
+	build *coderv1alpha1.TemplateBuildRecord
+}
+
+// apply changes the record the write saves.
+func (p buildPlan) apply(rec *records.Record) {
+	if p.set {
+		rec.Spec.Build = p.build.DeepCopy()
+	}
+}
+
+// shown is the record whose build the write's answer shows: prev (nil:
+// none yet) with the plan applied.
+func (p buildPlan) shown(prev *records.Record) *records.Record {
+	rec := &records.Record{}
+	if prev != nil {
+		rec = prev.DeepCopy()
+	}
+	p.apply(rec)
+	return rec
+}
+
+// planFiles plans an update whose spec.files differ from the files
+// shown: it reuses the pending build or the active version when either
+// has the same files (uploading nothing), and otherwise starts a new
+// build that replaces a pending or failed one. prev is the template's
+// record (nil when none).
+func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk.Template, spec *aggv1.CoderTemplateSpec, name string, prev *records.Record) (buildPlan, error) {
+	hash := templatesource.FilesHash(spec.Files)
+	var pending *coderv1alpha1.TemplateBuildRecord
+	if prev != nil {
+		pending = prev.Spec.Build
+	}
+	if pending != nil && pending.FilesHash == hash {
+		// The same files again (a failed build too: its files are what
+		// the object shows, so GitOps tools see no drift to re-apply).
+		return buildPlan{}, nil
+	}
+	activeHash, err := s.activeFilesHash(ctx, t, tpl)
+	if err != nil {
+		return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the active version's source")
+	}
+	if activeHash == hash {
+		// Back to what is active: drop the build.
+		return s.planDrop(ctx, t, prev), nil
+	}
+	_, b, err := s.startBuild(ctx, t, tpl.OrganizationID, tpl.ID, spec.Files, spec, name)
+	if err != nil {
+		return buildPlan{}, err
+	}
+	if pending != nil && !pending.Failed && pending.VersionID != b.VersionID {
+		s.abandonVersion(ctx, t, uuid.MustParse(pending.VersionID))
+	}
+	return buildPlan{set: true, build: b}, nil
+}
+
+// planDrop forgets the template's pending build (cancelling its import),
+// because the request chose another version or went back to the active
+// one's files.
+func (s *TemplateStorage) planDrop(ctx context.Context, t target, prev *records.Record) buildPlan {
+	if prev == nil || prev.Spec.Build == nil {
+		return buildPlan{}
+	}
+	if !prev.Spec.Build.Failed {
+		if id, err := uuid.Parse(prev.Spec.Build.VersionID); err == nil {
+			s.abandonVersion(ctx, t, id)
+		}
+	}
+	return buildPlan{set: true}
+}
+
+// activeFilesHash is the FilesHash of the template's active version's
+// source, "" when it cannot be shown as spec.files.
+func (s *TemplateStorage) activeFilesHash(ctx context.Context, t target, tpl *codersdk.Template) (string, error) {
+	v, err := s.versions.get(ctx, t, tpl.ActiveVersionID)
+	if err != nil {
+		return "", err
+	}
+	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, v.Job.FileID, s.opts.Limits)
+	if err != nil {
+		var fe *templatesource.FileError
+		if errors.As(err, &fe) {
+			return "", nil
+		}
+		return "", err
+	}
+	return templatesource.FilesHash(files), nil
+}
+
+// templateRecord reads a template's record (this server's own writes
+// included); nil when there is none.
+func (s *TemplateStorage) templateRecord(ctx context.Context, t target, templateID uuid.UUID) (*records.Record, error) {
+	rec, err := s.records.get(ctx, s.recordKey(t, templateID.String()))
+	if err != nil {
+		return nil, apierrors.NewInternalError(err)
+	}
+	return rec, nil
+}
+
+// showBuild shows the template's background build on obj, its view of
+// the Coder template tpl: spec.files as applied (the building version's
+// files), status.buildingVersionID and the Ready condition. rec is the
+// template's record, or nil to read it from the informer cache.
+func (s *TemplateStorage) showBuild(ctx context.Context, t target, tpl *codersdk.Template, obj *aggv1.CoderTemplate, rec *records.Record) error {
+	if rec == nil {
+		var err error
+		if rec, err = s.templateRecord(ctx, t, tpl.ID); err != nil {
+			return err
+		}
+	}
+	var b *coderv1alpha1.TemplateBuildRecord
+	if rec != nil {
+		b = rec.Spec.Build
+	}
+	if b == nil {
+		// The active version itself may still be importing (a template
+		// made in Coder, or a record not saved yet).
+		if buildInProgress(codersdk.ProvisionerJobStatus(obj.Status.BuildStatus)) {
+			setReady(obj, metav1.Condition{Type: aggv1.ConditionReady, Status: metav1.ConditionFalse, Reason: aggv1.ReasonBuilding,
+				Message:            fmt.Sprintf("the active version %s is building (job %s)", obj.Status.ActiveVersionName, obj.Status.BuildStatus),
+				LastTransitionTime: readyCondition(obj).LastTransitionTime})
+		}
+		return nil
+	}
+	id, err := uuid.Parse(b.VersionID)
+	if err != nil {
+		return nil // not a record this server wrote
+	}
+	v, err := s.versions.get(ctx, t, id)
+	if err != nil {
+		if coderapi.IsNotFound(err) {
+			// The version was deleted in Coder: nothing to show.
+			return nil
+		}
+		return fmt.Errorf("building version %s of template %s: %w", id, tpl.Name, err)
+	}
+	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, v.Job.FileID, s.opts.Limits)
+	if err != nil {
+		var fe *templatesource.FileError
+		if !errors.As(err, &fe) {
+			return fmt.Errorf("source of building version %s of template %s: %w", id, tpl.Name, err)
+		}
+		files = nil
+	}
+	obj.Spec.Files = files
+	if id != tpl.ActiveVersionID || b.Failed {
+		obj.Status.BuildingVersionID = b.VersionID
+	}
+	if c, ok := buildCondition(b, &v, tpl.ActiveVersionID); ok {
+		setReady(obj, c)
+	}
+	return nil
+}
+
+// buildCondition is the Ready condition of a template whose applied files
+// build as version v (recorded as b) while activeID is active; false when
+// the active version's own condition stands (v is active and built).
+func buildCondition(b *coderv1alpha1.TemplateBuildRecord, v *codersdk.TemplateVersion, activeID uuid.UUID) (metav1.Condition, bool) {
+	c := metav1.Condition{Type: aggv1.ConditionReady, Status: metav1.ConditionFalse, LastTransitionTime: b.StartedAt}
+	if v.Job.CompletedAt != nil {
+		c.LastTransitionTime = metav1.NewTime(v.Job.CompletedAt.Truncate(time.Second))
+	}
+	stays := ""
+	if v.ID != activeID {
+		stays = "; the active version " + activeID.String() + " stays active"
+	}
+	failed := b.Failed || v.Job.Status == codersdk.ProvisionerJobFailed || v.Job.Status == codersdk.ProvisionerJobCanceled
+	switch {
+	case failed:
+		msg := b.Error
+		if msg == "" {
+			msg = v.Job.Error
+		}
+		if msg == "" {
+			msg = "the import ended with status " + string(v.Job.Status)
+		}
+		c.Reason = aggv1.ReasonBuildFailed
+		c.Message = fmt.Sprintf("template version %s (%s) did not build: %s%s", v.Name, v.ID, msg, stays)
+		if b.Log != "" {
+			c.Message += "\nlast log lines:\n" + b.Log
+		}
+	case v.Job.Status == codersdk.ProvisionerJobSucceeded && v.ID == activeID:
+		return c, false
+	case v.Job.Status == codersdk.ProvisionerJobSucceeded:
+		c.Reason = aggv1.ReasonBuilding
+		c.Message = fmt.Sprintf("template version %s (%s) built; it is being made the active version", v.Name, v.ID)
+	default:
+		c.Reason = aggv1.ReasonBuilding
+		c.LastTransitionTime = b.StartedAt
+		c.Message = fmt.Sprintf("template version %s (%s) is building (job %s)%s", v.Name, v.ID, v.Job.Status, stays)
+	}
+	return c, true
+}
+
+// readyCondition returns obj's Ready condition (toTemplate always sets
+// one).
+func readyCondition(obj *aggv1.CoderTemplate) metav1.Condition {
+	for _, c := range obj.Status.Conditions {
+		if c.Type == aggv1.ConditionReady {
+			return c
+		}
+	}
+	return metav1.Condition{}
+}
+
+// setReady replaces obj's Ready condition.
+func setReady(obj *aggv1.CoderTemplate, c metav1.Condition) {
+	for i := range obj.Status.Conditions {
+		if obj.Status.Conditions[i].Type == aggv1.ConditionReady {
+			c.ObservedGeneration = obj.Status.Conditions[i].ObservedGeneration
+			obj.Status.Conditions[i] = c
+			return
+		}
+	}
+	obj.Status.Conditions = append(obj.Status.Conditions, c)
+}
