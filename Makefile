@@ -33,6 +33,10 @@ TEST_FUZZTIME ?= 3000x
 build: ## Build bin/coder-k8s.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/coder-k8s ./cmd/coder-k8s
 
+.PHONY: build-dev
+build-dev: ## Build bin/dev, the local stack program (make dev, the GitOps suites).
+	$(GO) build -o $(BIN)/dev ./hack/dev
+
 .PHONY: docker-build
 docker-build: ## Build the container image (needs a Docker engine).
 	docker build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t coder-k8s:$(VERSION) .
@@ -40,16 +44,25 @@ docker-build: ## Build the container image (needs a Docker engine).
 ##@ Run
 
 .PHONY: dev
-dev: tools build ## Run the local stack (kube-apiserver, etcd, PostgreSQL, coderd) plus coder-k8s; Ctrl-C stops it.
-	$(GO) build -o $(BIN)/dev ./hack/dev
+dev: tools build build-dev ## Run the local stack (kube-apiserver, etcd, kube-controller-manager, PostgreSQL, coderd) plus coder-k8s; Ctrl-C stops it.
 	$(BIN)/dev --state-dir .dev --operator $(BIN)/coder-k8s
 
 ##@ Test
 
 .PHONY: test
-test: tools build chart-lint ## Run every test suite against the real components (the chart's Go tests in test/chart included), then each fuzz target for TEST_FUZZTIME.
+test: tools build chart-lint test-gitops ## Run every test suite against the real components (the chart's Go tests in test/chart and the GitOps engine suites included), then each fuzz target for TEST_FUZZTIME.
 	$(GO) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
 	@if [ "$(TEST_FUZZTIME)" != 0 ]; then $(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME); fi
+
+# The GitOps engine suites: Go modules of their own, pinned to the Kubernetes
+# libraries Argo CD's gitops-engine and Flux's ssa build with (they cannot
+# share the project's); each runs hack/dev for the stack (test/gitops/stack).
+GITOPS_MODULES := test/gitops/argocd test/gitops/flux
+
+.PHONY: test-gitops
+test-gitops: tools build build-dev ## Argo CD's gitops-engine and Flux's ssa managing templates and workspaces on the real stack.
+	@for m in $(GITOPS_MODULES); do echo "go test ./$$m"; \
+	  (cd $$m && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...) || exit 1; done
 
 .PHONY: test-unit
 test-unit: ## Run only the tests that need no external binary.
@@ -113,6 +126,7 @@ lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
 	  if [ -n "$$out" ]; then echo "gofmt needs to run on:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(BIN)/staticcheck ./...
+	@for m in $(GITOPS_MODULES) test/gitops/stack; do echo "go vet ./$$m/..."; (cd $$m && $(GO) vet ./...) || exit 1; done
 
 .PHONY: chart-lint
 chart-lint: $(BIN)/helm $(BIN)/ct yamllint ## Lint the Helm chart: helm lint with every ci values file, then ct lint (offline).

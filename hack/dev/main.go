@@ -1,7 +1,13 @@
 // Command dev runs the local stack behind `make dev`: kube-apiserver + etcd,
+// kube-controller-manager (garbage collector, namespace controller),
 // PostgreSQL + coderd with a demo template and workspace, and coder-k8s in
 // all mode against them. It prints how to use the stack and stops
-// everything on Ctrl-C.
+// everything on Ctrl-C or SIGTERM.
+//
+// The GitOps engine suites (test/gitops, separate Go modules that cannot
+// import internal/testenv) run it with --demo=false --ready-file: the file
+// appears once the aggregated API serves the control plane's namespace and
+// tells them where everything is.
 package main
 
 import (
@@ -21,6 +27,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -49,17 +56,25 @@ const (
 func main() {
 	stateDir := flag.String("state-dir", ".dev", "directory for the generated kubeconfig, config file, certificates and logs")
 	operator := flag.String("operator", "bin/coder-k8s", "coder-k8s binary to run")
+	var o options
+	flag.BoolVar(&o.demo, "demo", true, "push a demo template and create a demo workspace in Coder")
+	flag.StringVar(&o.readyFile, "ready-file", "", "once the stack serves the aggregated API, write KEY=value lines (KUBECONFIG, CODER_URL, CODER_SESSION_TOKEN_FILE, CODER_USERNAME, NAMESPACE) to this file")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *stateDir, *operator); err != nil {
+	if err := run(ctx, *stateDir, *operator, o); err != nil {
 		fmt.Fprintln(os.Stderr, "dev:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, stateDir, operatorBin string) error {
+type options struct {
+	demo      bool
+	readyFile string
+}
+
+func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 	stateDir, err := filepath.Abs(stateDir)
 	if err != nil {
 		return err
@@ -78,6 +93,16 @@ func run(ctx context.Context, stateDir, operatorBin string) error {
 	}
 	defer kube.Stop()
 
+	// As in a cluster: the garbage collector deletes objects whose owner is
+	// gone (aggregated ones included), the namespace controller empties
+	// deleted namespaces.
+	step("starting kube-controller-manager (garbage collector, namespace controller)")
+	kcm, err := kube.StartControllerManager(ctx, "garbage-collector-controller", "namespace-controller")
+	if err != nil {
+		return err
+	}
+	defer kcm.Stop(10 * time.Second)
+
 	step("starting PostgreSQL and coderd (Terraform provisioner: OpenTofu)")
 	coder, err := testenv.StartCoder(ctx, testenv.CoderOptions{})
 	if err != nil {
@@ -85,12 +110,14 @@ func run(ctx context.Context, stateDir, operatorBin string) error {
 	}
 	defer coder.Stop()
 
-	step("pushing template %q and creating workspace %q", demoTemplate, demoWorkspace)
-	if _, err := coder.PushTemplate(ctx, demoTemplate, testenv.ProviderFreeTemplate()); err != nil {
-		return err
-	}
-	if _, err := coder.CreateWorkspace(ctx, demoTemplate, demoWorkspace); err != nil {
-		return err
+	if o.demo {
+		step("pushing template %q and creating workspace %q", demoTemplate, demoWorkspace)
+		if _, err := coder.PushTemplate(ctx, demoTemplate, testenv.ProviderFreeTemplate()); err != nil {
+			return err
+		}
+		if _, err := coder.CreateWorkspace(ctx, demoTemplate, demoWorkspace); err != nil {
+			return err
+		}
 	}
 
 	step("starting coder-k8s (app: all)")
@@ -125,6 +152,18 @@ func run(ctx context.Context, stateDir, operatorBin string) error {
 	tokenFile := filepath.Join(stateDir, "coder-session-token")
 	if err := os.WriteFile(tokenFile, []byte(coder.SessionToken), 0o600); err != nil {
 		return fmt.Errorf("write session token: %w", err)
+	}
+
+	if o.readyFile != "" {
+		step("waiting for the aggregated API to serve namespace %s", serviceNamespace)
+		if err := waitServed(ctx, kube); err != nil {
+			return fmt.Errorf("%w (coder-k8s log: %s)", err, op.proc.LogPath)
+		}
+		ready := fmt.Sprintf("KUBECONFIG=%s\nCODER_URL=%s\nCODER_SESSION_TOKEN_FILE=%s\nCODER_USERNAME=%s\nNAMESPACE=%s\nOPERATOR_LOG=%s\n",
+			kubeconfig, coder.URL, tokenFile, coder.Username, serviceNamespace, op.proc.LogPath)
+		if err := writeFileAtomic(o.readyFile, []byte(ready)); err != nil {
+			return err
+		}
 	}
 
 	fmt.Printf(`
@@ -422,6 +461,56 @@ func chartConfig(ctx context.Context, valuesPath string) ([]byte, error) {
 		return nil, errors.New("the chart's ConfigMap has no config.yaml")
 	}
 	return []byte(cfg), nil
+}
+
+// waitServed waits until the adopted control plane's OperatorAccessReady is
+// True and a LIST of codertemplates in its namespace succeeds through
+// kube-apiserver, that is until the aggregated API serves the namespace.
+func waitServed(ctx context.Context, kube *testenv.KubeAPI) error {
+	c, err := client.New(kube.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var last error
+	for {
+		last = servedOnce(ctx, c)
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the aggregated API does not serve namespace %s: %w", serviceNamespace, last)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func servedOnce(ctx context.Context, c client.Client) error {
+	var ccp coderv1alpha1.CoderControlPlane
+	if err := c.Get(ctx, client.ObjectKey{Namespace: serviceNamespace, Name: controlPlaneName}, &ccp); err != nil {
+		return err
+	}
+	if !meta.IsStatusConditionTrue(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady) {
+		return errors.New("CoderControlPlane " + controlPlaneName + ": OperatorAccessReady is not True")
+	}
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(schema.GroupVersionKind{Group: aggregatedGroup, Version: aggregatedVer, Kind: "CoderTemplateList"})
+	return c.List(ctx, list, client.InNamespace(serviceNamespace))
+}
+
+// writeFileAtomic writes via a rename so a reader polling for the file never
+// sees it half written.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
 }
 
 func httpOK(ctx context.Context, url string) error {
