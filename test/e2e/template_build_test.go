@@ -121,7 +121,9 @@ spec:
 
 		broken := "this is not terraform {\n"
 		start := time.Now()
-		s.must(t, "apply", "--server-side", "-f", manifest("fails", broken))
+		// The files were created with kubectl create: taking them over with
+		// an apply is a field-manager conflict, as for any resource.
+		s.must(t, "apply", "--server-side", "--force-conflicts", "-f", manifest("fails", broken))
 		if took := time.Since(start); took > 5*time.Second {
 			t.Errorf("kubectl apply took %s, want < 5s", took)
 		}
@@ -187,7 +189,7 @@ spec:
 
 		gate.hold()
 		reads := gate.reads()
-		s.must(t, "apply", "--server-side", "-f", manifest("killed", gate.template()+"\noutput \"second\" {\n  value = 2\n}\n"))
+		s.must(t, "apply", "--server-side", "--force-conflicts", "-f", manifest("killed", gate.template()+"\noutput \"second\" {\n  value = 2\n}\n"))
 		waitFor(t, 90*time.Second, func() error {
 			if gate.reads() == reads {
 				return errNotYet("the new version's import has not reached the gate")

@@ -104,10 +104,11 @@ func (s *Store) Get(ctx context.Context, k Key) (*Record, error) {
 }
 
 // List returns the cached records of one resource of a namespace's
-// control plane.
+// control plane. They are the cache's own objects, not copies (every LIST
+// of the aggregated API reads them): callers must not change them.
 func (s *Store) List(ctx context.Context, namespace, resource, controlPlane string) ([]Record, error) {
 	var l coderv1alpha1.CoderObjectRecordList
-	if err := s.reader.List(ctx, &l, client.InNamespace(namespace)); err != nil {
+	if err := s.reader.List(ctx, &l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list records of namespace %s: %w", namespace, err)
 	}
 	out := l.Items[:0]

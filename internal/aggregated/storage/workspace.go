@@ -210,9 +210,6 @@ func (s *WorkspaceStorage) Create(ctx context.Context, obj runtime.Object, creat
 	if errs := validateMeta(ws, dry.Labels, nil); len(errs) > 0 {
 		return nil, s.invalid(ws.Name, errs)
 	}
-	if opts != nil && isDryRun(opts.DryRun) {
-		return s.createWrite(t, dry).preview(ws, dry, nil), nil
-	}
 	orgID, err := s.orgs.get(ctx, t, n.Org)
 	if err != nil {
 		return nil, s.coderErr(t, err, ws.Name)
@@ -239,6 +236,15 @@ func (s *WorkspaceStorage) Create(ctx context.Context, obj runtime.Object, creat
 		req.TemplateVersionID = id
 	} else {
 		req.TemplateID = tpl.ID
+	}
+	if opts != nil && isDryRun(opts.DryRun) {
+		// What the real create would show: the version it builds (the
+		// template's active one unless given). The template was checked
+		// as the real create checks it; nothing is written.
+		if dry.Spec.TemplateVersionID == "" {
+			dry.Spec.TemplateVersionID = tpl.ActiveVersionID.String()
+		}
+		return s.createWrite(t, dry).preview(ws, dry, nil), nil
 	}
 	w, err := t.Client.CreateUserWorkspace(ctx, n.Owner, req)
 	if err != nil {
