@@ -341,7 +341,7 @@ type rbacComponent struct {
 
 var rbacComponents = []rbacComponent{
 	{suffix: "manager", dir: "controller", packages: []string{"internal/controller"}},
-	{suffix: "aggregated", dir: "aggregated", packages: []string{"internal/aggregated/backend"}},
+	{suffix: "aggregated", dir: "aggregated", packages: []string{"internal/aggregated/backend", "internal/aggregated/records"}},
 	{suffix: "autotls", dir: "autotls", packages: []string{"internal/aggregated/autotls"}},
 	{suffix: "mcp", dir: "mcp", packages: []string{"internal/mcpserver"}},
 }
