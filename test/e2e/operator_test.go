@@ -348,7 +348,18 @@ func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfi
 		if url == "" {
 			url = "http://127.0.0.1:1"
 		}
-		values["staticBackend"] = map[string]any{"url": url, "existingSecret": release + "-coder-token"}
+		sb := map[string]any{"url": url, "existingSecret": release + "-coder-token"}
+		// The backend's namespace holds its records (a Role there).
+		ns := c.AggregatedAPIServer.Coder.StaticBackend.Namespace
+		for _, a := range opts.Args {
+			if v, ok := strings.CutPrefix(a, "--coder-namespace="); ok {
+				ns = v
+			}
+		}
+		if ns != "" {
+			sb["namespace"] = ns
+		}
+		values["staticBackend"] = sb
 	}
 	if opts.Release != "" {
 		release = opts.Release
