@@ -16,7 +16,7 @@ func kubectl(t *testing.T, k *testenv.KubeAPI, stdin string, args ...string) (st
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, append([]string{"--kubeconfig", k.KubeconfigPath}, args...)...)
+	cmd := exec.Command(bin, append(k.KubectlFlags(), args...)...)
 	cmd.Stdin = strings.NewReader(stdin)
 	out, err := cmd.CombinedOutput()
 	return string(out), err

@@ -33,6 +33,12 @@ type KubeAPI struct {
 	Clientset      *kubernetes.Clientset
 	// Dir holds the kubeconfig and the front-proxy certificates.
 	Dir string
+	// KubectlCacheDir is this server's own discovery cache for kubectl and
+	// helm. Their default cache is keyed by host and port only, and a port
+	// another (stopped) kube-apiserver used before would serve that
+	// server's resource list: a category or a kind could then name
+	// resources this server does not have.
+	KubectlCacheDir string
 
 	env *envtest.Environment
 }
@@ -145,11 +151,18 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 		return nil, fmt.Errorf("admin kubeconfig: %w", err)
 	}
 	k.KubeconfigPath = filepath.Join(dir, "kubeconfig")
+	k.KubectlCacheDir = filepath.Join(dir, "kubectl-cache")
 	if err := os.WriteFile(k.KubeconfigPath, kubeconfig, 0o600); err != nil {
 		k.Stop()
 		return nil, fmt.Errorf("write kubeconfig: %w", err)
 	}
 	return k, nil
+}
+
+// KubectlFlags are the flags that point kubectl at k as the cluster admin,
+// with k's own discovery cache.
+func (k *KubeAPI) KubectlFlags() []string {
+	return []string{"--kubeconfig", k.KubeconfigPath, "--cache-dir", k.KubectlCacheDir}
 }
 
 // NewKubeAPI starts a KubeAPI for a test and stops it when the test ends.

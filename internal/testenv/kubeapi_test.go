@@ -198,7 +198,7 @@ func TestKubeAPI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", k.KubeconfigPath, "get", "namespace", "default", "-o", "name").CombinedOutput()
+		out, err := exec.CommandContext(ctx, kubectl, append(k.KubectlFlags(), "get", "namespace", "default", "-o", "name")...).CombinedOutput()
 		if err != nil || strings.TrimSpace(string(out)) != "namespace/default" {
 			t.Fatalf("kubectl get namespace default: %v: %s", err, out)
 		}

@@ -53,7 +53,6 @@ type cluster struct {
 	mapper      *restmapper.DeferredDiscoveryRESTMapper
 	kubeVersion *chartutil.KubeVersion
 	kubectlBin  string
-	cacheDir    string
 }
 
 // newCluster starts the test stack's kube-apiserver with none of its own
@@ -85,7 +84,6 @@ func newCluster(t *testing.T) *cluster {
 		mapper:      restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(k.Clientset.Discovery())),
 		kubeVersion: kv,
 		kubectlBin:  kubectl,
-		cacheDir:    t.TempDir(),
 	}
 }
 
@@ -401,7 +399,7 @@ func (c *cluster) kubectl(t *testing.T, args ...string) string {
 }
 
 func (c *cluster) runKubectl(args ...string) (string, string, error) {
-	return runTool(context.Background(), c.kubectlBin, append([]string{"--kubeconfig", c.k.KubeconfigPath, "--cache-dir", c.cacheDir}, args...),
+	return runTool(context.Background(), c.kubectlBin, append(c.k.KubectlFlags(), args...),
 		[]string{"KUBECTL_EXTERNAL_DIFF=", "KUBECONFIG="})
 }
 
@@ -475,7 +473,9 @@ func (h *helmCLI) output(args ...string) (string, string, error) {
 	if h.kubeconfig != "" {
 		args = append(slices.Clone(args), "--kubeconfig", h.kubeconfig)
 	}
-	return runTool(ctx, h.bin, args, []string{"HELM_", "KUBECONFIG="},
+	return runTool(ctx, h.bin, args, []string{"HELM_", "KUBECONFIG=", "KUBECACHEDIR="},
+		// helm's discovery cache is keyed by host and port, as kubectl's.
+		"KUBECACHEDIR="+filepath.Join(h.home, "kube-cache"),
 		"HELM_CACHE_HOME="+filepath.Join(h.home, "cache"),
 		"HELM_CONFIG_HOME="+filepath.Join(h.home, "config"),
 		"HELM_DATA_HOME="+filepath.Join(h.home, "data"))

@@ -123,7 +123,7 @@ func TestAutoTLS(t *testing.T) {
 	})
 
 	t.Run("kubectl discovers the aggregated resources through kube-apiserver", func(t *testing.T) {
-		out, err := runKubectl(kubectl, k.KubeconfigPath, time.Minute, "", "api-resources", "--api-group", aggv1.GroupName, "-o", "name")
+		out, err := runKubectl(kubectl, k, time.Minute, "", "api-resources", "--api-group", aggv1.GroupName, "-o", "name")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -186,7 +186,7 @@ func TestAutoTLS(t *testing.T) {
 		if !bytes.Equal(svc.Spec.CABundle, secret().Data[autotls.CABundleKey]) {
 			t.Errorf("APIService caBundle (%d bytes) not restored", len(svc.Spec.CABundle))
 		}
-		out, err := runKubectl(kubectl, k.KubeconfigPath, time.Minute, "", "get", "--raw", "/apis/"+aggv1.GroupName+"/v1alpha1")
+		out, err := runKubectl(kubectl, k, time.Minute, "", "get", "--raw", "/apis/"+aggv1.GroupName+"/v1alpha1")
 		if err != nil || !strings.Contains(out, "coderworkspaces") {
 			t.Errorf("GET /apis/%s/v1alpha1 through kube-apiserver: %v\n%s", aggv1.GroupName, err, out)
 		}

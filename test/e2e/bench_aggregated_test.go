@@ -445,10 +445,8 @@ func (st *benchStack) checkItems(b *testing.B, what string, body []byte, field s
 
 // benchCLI times kubectl against the coder CLI.
 func (st *benchStack) benchCLI(b *testing.B, n int) {
-	cacheDir := b.TempDir()
 	kubectl := func() (time.Duration, []byte, error) {
-		return runTimed(nil, st.kubectl, "--kubeconfig", st.k.KubeconfigPath, "--cache-dir", cacheDir,
-			"get", "coderworkspaces", "-A", "-o", "json")
+		return runTimed(nil, st.kubectl, append(st.k.KubectlFlags(), "get", "coderworkspaces", "-A", "-o", "json")...)
 	}
 	env := st.coderEnv(b)
 	coderList := func() (time.Duration, []byte, error) {

@@ -106,7 +106,7 @@ func (st *benchStack) benchTemplateApply(b *testing.B) {
 		return tpl, cm
 	}
 	apply := func(manifest, want string) time.Duration {
-		d, out, err := runTimed(nil, st.kubectl, "--kubeconfig", st.k.KubeconfigPath, "apply", "--server-side", "--field-manager=bench", "-f", writeManifest(b, manifest))
+		d, out, err := runTimed(nil, st.kubectl, append(st.k.KubectlFlags(), "apply", "--server-side", "--field-manager=bench", "-f", writeManifest(b, manifest))...)
 		if err != nil {
 			b.Fatalf("%v\noperator log:\n%s", err, st.op.LogTail(20))
 		}
@@ -130,7 +130,7 @@ func (st *benchStack) benchTemplateApply(b *testing.B) {
 		}
 	}
 	// The last version builds before anything else is measured.
-	if _, _, err := runTimed(nil, st.kubectl, "--kubeconfig", st.k.KubeconfigPath, "wait", "--for=condition=Ready", "ctpl/"+name, "-n", benchNS, "--timeout=120s"); err != nil {
+	if _, _, err := runTimed(nil, st.kubectl, append(st.k.KubectlFlags(), "wait", "--for=condition=Ready", "ctpl/"+name, "-n", benchNS, "--timeout=120s")...); err != nil {
 		b.Fatal(err)
 	}
 	tm, cm := percentile(ts, 50), percentile(cs, 50)

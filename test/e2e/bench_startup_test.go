@@ -118,7 +118,7 @@ func measureStartup(b *testing.B, k *testenv.KubeAPI, what string) {
 		b.Fatal(err)
 	}
 	reference := func() time.Duration {
-		d, out, err := runTimed(nil, kubectl, "--kubeconfig", k.KubeconfigPath, "get", "--raw", "/readyz")
+		d, out, err := runTimed(nil, kubectl, append(k.KubectlFlags(), "get", "--raw", "/readyz")...)
 		if err != nil {
 			b.Fatal(err)
 		}

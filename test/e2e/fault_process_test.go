@@ -88,7 +88,7 @@ func (f *faultStack) waitAccess(t *testing.T) {
 
 // kubectlRun runs kubectl as the cluster admin, bounded by timeout.
 func (f *faultStack) kubectlRun(timeout time.Duration, stdin string, args ...string) (string, error) {
-	return runKubectl(f.kubectl, f.k.KubeconfigPath, timeout, stdin, args...)
+	return runKubectl(f.kubectl, f.k, timeout, stdin, args...)
 }
 
 // A: kube-apiserver goes away and comes back on the same port with the
@@ -826,7 +826,7 @@ func (l *lockedBuffer) String() string {
 func (f *faultStack) background(t *testing.T, args ...string) *bgCommand {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	cmd := exec.CommandContext(ctx, f.kubectl, append([]string{"--kubeconfig", f.k.KubeconfigPath}, args...)...)
+	cmd := exec.CommandContext(ctx, f.kubectl, append(f.k.KubectlFlags(), args...)...)
 	b := &bgCommand{done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = &b.out, &b.out
 	if err := cmd.Start(); err != nil {

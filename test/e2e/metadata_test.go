@@ -750,7 +750,7 @@ func (s *aggStack) kubectlJSON(t *testing.T, args ...string) *unstructured.Unstr
 	defer cancel()
 	// kubectl leaves managedFields out of its output unless asked.
 	args = append(args, "--show-managed-fields")
-	cmd := exec.CommandContext(ctx, s.kubectl, append([]string{"--kubeconfig", s.k.KubeconfigPath}, args...)...)
+	cmd := exec.CommandContext(ctx, s.kubectl, append(s.k.KubectlFlags(), args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -426,15 +426,15 @@ func (s *aggStack) run(args ...string) (string, error) {
 
 // runIn runs kubectl with stdin.
 func (s *aggStack) runIn(stdin string, args ...string) (string, error) {
-	return runKubectl(s.kubectl, s.k.KubeconfigPath, 3*time.Minute, stdin, args...)
+	return runKubectl(s.kubectl, s.k, 3*time.Minute, stdin, args...)
 }
 
 // runKubectl runs the kubectl binary with kubeconfig (stdin unless
 // empty), bounded by timeout, and returns its combined output.
-func runKubectl(kubectl, kubeconfig string, timeout time.Duration, stdin string, args ...string) (string, error) {
+func runKubectl(kubectl string, k *testenv.KubeAPI, timeout time.Duration, stdin string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	cmd := exec.CommandContext(ctx, kubectl, append(k.KubectlFlags(), args...)...)
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
@@ -511,7 +511,7 @@ type lineWatcher struct {
 func (s *aggStack) startKubectl(t *testing.T, args ...string) *lineWatcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, s.kubectl, append([]string{"--kubeconfig", s.k.KubeconfigPath}, args...)...)
+	cmd := exec.CommandContext(ctx, s.kubectl, append(s.k.KubectlFlags(), args...)...)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	if err := cmd.Start(); err != nil {

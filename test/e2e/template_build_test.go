@@ -92,7 +92,7 @@ spec:
 			t.Errorf("re-applying the same files while building: %d versions in Coder, want 1", len(vs))
 		}
 
-		out, err = runKubectl(s.kubectl, s.k.KubeconfigPath, 5*time.Minute, "", "wait", "--for=condition=Ready", "ctpl/coder.slow", "-n", s.ns, "--timeout=4m")
+		out, err = runKubectl(s.kubectl, s.k, 5*time.Minute, "", "wait", "--for=condition=Ready", "ctpl/coder.slow", "-n", s.ns, "--timeout=4m")
 		if err != nil {
 			t.Fatalf("kubectl wait --for=condition=Ready: %v\n%s\noperator log:\n%s", err, out, s.op.LogTail(40))
 		}
@@ -219,7 +219,7 @@ spec:
 		r2 := s.startOperator(t, opts)
 		s.routeAPIService(t, r1)
 		gate.release()
-		out, err := runKubectl(s.kubectl, s.k.KubeconfigPath, 4*time.Minute, "", "wait", "--for=condition=Ready", "ctpl/coder.killed", "-n", s.ns, "--timeout=3m")
+		out, err := runKubectl(s.kubectl, s.k, 4*time.Minute, "", "wait", "--for=condition=Ready", "ctpl/coder.killed", "-n", s.ns, "--timeout=3m")
 		if err != nil {
 			t.Fatalf("kubectl wait after the kill: %v\n%s\nreplica 1:\n%s\nreplica 2:\n%s", err, out, r1.LogTail(30), r2.LogTail(30))
 		}
