@@ -14,6 +14,8 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
+
+	"github.com/coder/coder-k8s/internal/coderapi"
 )
 
 // slowImport is how long the slow template's import takes: longer than
@@ -58,6 +60,16 @@ spec:
 
 	t.Run("a 90 s import: kubectl create returns at once, the object shows Building, then Ready", func(t *testing.T) {
 		m := manifest("slow", slow.template())
+		// The dry run shows what the create does: Building, the files as
+		// given, and nothing in Coder.
+		dry := s.must(t, "create", "--dry-run=server", "-f", m, "-o",
+			`jsonpath={.status.conditions[?(@.type=="Ready")].status}/{.status.conditions[?(@.type=="Ready")].reason} {.spec.files.main\.tf}`)
+		if state, files, _ := strings.Cut(dry, " "); state != "False/Building" || strings.TrimSpace(files) != strings.TrimSpace(slow.template()) {
+			t.Errorf("kubectl create --dry-run=server shows %q, want False/Building and the files as given", dry)
+		}
+		if _, err := s.coder.Client.TemplateByName(ctx, s.coder.OrganizationID, "slow"); !coderapi.IsNotFound(err) {
+			t.Errorf("after the dry run, Coder's template slow: %v, want 404", err)
+		}
 		slow.holdFor(slowImport)
 		start := time.Now()
 		out, err := s.run("create", "-f", m)

@@ -53,6 +53,13 @@ const metaNS = "team-a"
 
 func newMetaStack(t *testing.T) *metaStack {
 	t.Helper()
+	return newMetaStackPolling(t, 200*time.Millisecond)
+}
+
+// newMetaStackPolling is newMetaStack with the storages polling coderd
+// every interval.
+func newMetaStackPolling(t *testing.T, interval time.Duration) *metaStack {
+	t.Helper()
 	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
 	c := testenv.NewCoder(t, testenv.CoderOptions{})
 	proxy := testenv.NewCountingProxy(t, c.URL)
@@ -84,7 +91,7 @@ func newMetaStack(t *testing.T) *metaStack {
 	}
 	b := backend.Backend{Namespace: metaNS, URL: proxy.URL,
 		Client: coderapi.NewClient(proxy.URL, c.SessionToken, 30*time.Second, coderapi.Target{})}
-	o := Options{Backends: fxProvider{backends: []backend.Backend{b}}, PollInterval: 200 * time.Millisecond, Records: store, Log: testr.New(t)}
+	o := Options{Backends: fxProvider{backends: []backend.Backend{b}}, PollInterval: interval, Records: store, Log: testr.New(t)}
 	tpls, err := NewTemplates(o, TemplateOptions{Limits: templatesource.DefaultLimits})
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +255,10 @@ func TestDurableMetadata(t *testing.T) {
 		dry, real any
 	}{{"labels", dry.Labels, created.Labels}, {"annotations", dry.Annotations, created.Annotations},
 		{"ownerReferences", dry.OwnerReferences, created.OwnerReferences}, {"managedFields", dry.ManagedFields, created.ManagedFields},
-		{"generation", dry.Generation, created.Generation}, {"spec.displayName", dry.Spec.DisplayName, created.Spec.DisplayName}} {
+		{"generation", dry.Generation, created.Generation}, {"spec.displayName", dry.Spec.DisplayName, created.Spec.DisplayName},
+		{"spec.files", dry.Spec.Files, created.Spec.Files}, {"status.organization", dry.Status.Organization, created.Status.Organization},
+		{"Ready", readyOf(dry), readyOf(created)}, {"import in progress", buildInProgress(codersdk.ProvisionerJobStatus(dry.Status.BuildStatus)),
+			buildInProgress(codersdk.ProvisionerJobStatus(created.Status.BuildStatus))}} {
 		if !apiequality.Semantic.DeepEqual(d.dry, d.real) {
 			t.Errorf("dry-run create %s = %v, the create returned %v", d.what, d.dry, d.real)
 		}
@@ -586,4 +596,11 @@ func TestMergeRecord(t *testing.T) {
 	if !deleting.DeletionTimestamp.Equal(&ts) || !apiequality.Semantic.DeepEqual(deleting.Finalizers, []string{"example.com/hold", FinalizerDeleteBuild}) {
 		t.Errorf("deleting workspace: deletionTimestamp %v finalizers %v", deleting.DeletionTimestamp, deleting.Finalizers)
 	}
+}
+
+// readyOf is what a template's Ready condition says, without the parts
+// that name the version (a dry run creates none).
+func readyOf(o *aggv1.CoderTemplate) string {
+	c := readyCondition(o)
+	return string(c.Status) + " " + c.Reason
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -11,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
@@ -54,12 +56,20 @@ func (s *TemplateStorage) runPromoter(ctx context.Context) {
 		return
 	}
 	wake := make(chan struct{}, 1)
+	var refresh staleBuilds
 	if err := s.records.store.OnChange(ctx, func(r *records.Record, deleted bool) {
-		if !deleted && r.Spec.Resource == coderv1alpha1.RecordResourceTemplates && r.Spec.Build != nil && !r.Spec.Build.Failed {
-			select {
-			case wake <- struct{}{}:
-			default:
+		if deleted || r.Spec.Resource != coderv1alpha1.RecordResourceTemplates {
+			return
+		}
+		if r.Spec.Build == nil || r.Spec.Build.Failed {
+			if !s.buildShownStale(r) {
+				return
 			}
+			refresh.add(records.KeyOf(r))
+		}
+		select {
+		case wake <- struct{}{}:
+		default:
 		}
 	}); err != nil {
 		// Builds are still found by the periodic pass.
@@ -74,6 +84,7 @@ func (s *TemplateStorage) runPromoter(ctx context.Context) {
 	schedule := map[string]buildSchedule{}
 	for {
 		s.promotePass(ctx, schedule)
+		s.refreshBuilds(ctx, refresh.take())
 		select {
 		case <-ctx.Done():
 			return
@@ -227,4 +238,93 @@ func (s *TemplateStorage) endBuild(ctx context.Context, rec *records.Record, nb 
 		return false
 	}
 	return true
+}
+
+// A build that ended (promoted, failed, or dropped) changes only the
+// template's record, and what the watch cache shows of the build comes
+// from Coder's versions, which the record change alone does not re-read.
+// Every replica's promoter therefore reads such a template again from
+// Coder as soon as its record changes, instead of at the next poll.
+
+// staleBuilds are the templates whose shown build an ended build made
+// stale, filled by record events and drained by the promoter.
+type staleBuilds struct {
+	mu   sync.Mutex
+	keys map[records.Key]bool
+}
+
+func (b *staleBuilds) add(k records.Key) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.keys == nil {
+		b.keys = map[records.Key]bool{}
+	}
+	b.keys[k] = true
+}
+
+func (b *staleBuilds) take() map[records.Key]bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	keys := b.keys
+	b.keys = nil
+	return keys
+}
+
+// buildShownStale reports whether the cached template of rec, a record
+// without a running build, still shows a build running (or a failure the
+// record no longer has, or no failure where it has one).
+func (s *TemplateStorage) buildShownStale(rec *records.Record) bool {
+	o := s.cachedByUID(rec.Namespace+"/"+rec.Spec.ControlPlane, rec.Spec.Name, rec.Spec.CoderID)
+	obj, ok := o.(*aggv1.CoderTemplate)
+	if !ok {
+		return false
+	}
+	reason := readyCondition(obj).Reason
+	if rec.Spec.Build != nil { // failed
+		return reason != aggv1.ReasonBuildFailed
+	}
+	// Building without a build in the record: a new template's first
+	// version, shown as it was before it built (or a template made in
+	// Coder whose active version still imports; reading it again is
+	// harmless).
+	return obj.Status.BuildingVersionID != "" || reason == aggv1.ReasonBuildFailed || reason == aggv1.ReasonBuilding
+}
+
+// refreshBuilds reads the templates of keys from Coder again and puts
+// them in the watch cache. A template that cannot be read now is left to
+// the next poll.
+func (s *TemplateStorage) refreshBuilds(ctx context.Context, keys map[records.Key]bool) {
+	for k := range keys {
+		ts, err := s.targets(ctx, k.Namespace)
+		if err != nil {
+			continue
+		}
+		for _, t := range ts {
+			if t.ControlPlane != k.ControlPlane {
+				continue
+			}
+			cctx, cancel := context.WithTimeout(ctx, promoterMaxCheck)
+			if err := s.refreshTemplate(cctx, t, k.CoderID); err != nil {
+				s.log.V(1).Info("template build promoter: re-read the template after its build ended; the next poll will", "namespace", k.Namespace, "template", k.CoderID, "error", err.Error())
+			}
+			cancel()
+		}
+	}
+}
+
+func (s *TemplateStorage) refreshTemplate(ctx context.Context, t target, coderID string) error {
+	id, err := uuid.Parse(coderID)
+	if err != nil {
+		return err
+	}
+	tpl, err := t.Client.Template(ctx, id)
+	if err != nil {
+		return err
+	}
+	obj, err := s.convert(ctx, t, &tpl)
+	if err != nil {
+		return err
+	}
+	_, err = s.publishRead(ctx, t, obj)
+	return err
 }

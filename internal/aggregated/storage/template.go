@@ -240,6 +240,9 @@ func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, create
 		return nil, s.invalid(tpl.Name, errs)
 	}
 	if opts != nil && isDryRun(opts.DryRun) {
+		if err := s.previewCreate(ctx, t, dry); err != nil {
+			return nil, err
+		}
 		return s.createWrite(t, dry).preview(tpl, dry, nil), nil
 	}
 	orgID, err := s.orgs.get(ctx, t, n.Org)

@@ -62,6 +62,41 @@ func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templ
 	return v, b, nil
 }
 
+// previewCreate shows on dry, the object a dry-run create answers, the
+// build the real create would show: from spec.files, a new version that
+// is still to build (its name and ID exist only once it is created); from
+// spec.versionID, that version as the active one, with its files.
+func (s *TemplateStorage) previewCreate(ctx context.Context, t target, dry *aggv1.CoderTemplate) error {
+	if len(dry.Spec.Files) > 0 {
+		showActive(dry, nil, dry.CreationTimestamp.Time)
+		dry.Status.BuildStatus = string(codersdk.ProvisionerJobPending)
+		setReady(dry, metav1.Condition{Type: aggv1.ConditionReady, Status: metav1.ConditionFalse, Reason: aggv1.ReasonBuilding,
+			LastTransitionTime: dry.CreationTimestamp,
+			Message:            "the files are uploaded and imported as a new template version (job pending), which is active once it builds (dry run: nothing was uploaded)"})
+		return nil
+	}
+	id := uuid.MustParse(dry.Spec.VersionID) // validated
+	if _, err := s.orgs.get(ctx, t, dry.Spec.Organization); err != nil {
+		return s.coderErr(t, err, dry.Name)
+	}
+	v, err := s.versions.get(ctx, t, id)
+	if err != nil {
+		return s.coderErr(t, err, dry.Name)
+	}
+	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, v.Job.FileID, s.opts.Limits)
+	if err != nil {
+		var fe *templatesource.FileError
+		if !errors.As(err, &fe) {
+			return s.coderErr(t, fmt.Errorf("source of template version %s: %w", id, err), dry.Name)
+		}
+		files = nil
+	}
+	dry.Spec.Files = files
+	dry.Status.ActiveVersionID = id.String()
+	showActive(dry, &v, dry.CreationTimestamp.Time)
+	return nil
+}
+
 // requestErr is coderErr for a call the request made to coderd, except
 // that a request whose own context ended (kube-apiserver's or
 // k8s.io/apiserver's request timeout, or the client going away) gets a 504

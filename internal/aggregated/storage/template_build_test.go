@@ -9,10 +9,14 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apiserver/pkg/registry/rest"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 func TestBuildCondition(t *testing.T) {
@@ -101,5 +105,55 @@ func TestRequestErrSaysWhatItWaitedFor(t *testing.T) {
 	}
 	if strings.Contains(msg, "unreachable") {
 		t.Errorf("message blames coderd: %s", msg)
+	}
+}
+
+// A build's end reaches open watches at once, not at the next poll (ten
+// minutes here): the promoter reads the template again when its record's
+// build ends, on success and on failure.
+func TestBuildEndReachesWatches(t *testing.T) {
+	ms := newMetaStackPolling(t, 10*time.Minute)
+	name := ms.org + ".promoted"
+	in := &aggv1.CoderTemplate{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: aggv1.CoderTemplateSpec{Files: testenv.ProviderFreeTemplate()}}
+	out, err := ms.tpls.Create(ms.ctx, in, nil, &metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := out.(*aggv1.CoderTemplate)
+	if got := readyOf(created); got != "False Building" {
+		t.Fatalf("Ready after the create = %q, want False Building", got)
+	}
+	w, err := ms.tpls.Watch(ms.ctx, &metainternalversion.ListOptions{ResourceVersion: created.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	// waitReady waits for a MODIFIED event whose Ready is want.
+	waitReady := func(want string) *aggv1.CoderTemplate {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			ev := nextEvent(t, w, name, time.Until(deadline))
+			if o, ok := ev.Object.(*aggv1.CoderTemplate); ok && ev.Type == watch.Modified && readyOf(o) == want {
+				return o
+			}
+		}
+	}
+	start := time.Now()
+	ready := waitReady("True Succeeded")
+	t.Logf("built and promoted; the watch saw Ready %s after the create", time.Since(start).Round(time.Millisecond))
+	if ready.Status.BuildingVersionID != "" || ready.Status.ActiveVersionID != created.Status.ActiveVersionID {
+		t.Errorf("after the build: buildingVersionID %q, activeVersionID %q; want none and %s", ready.Status.BuildingVersionID, ready.Status.ActiveVersionID, created.Status.ActiveVersionID)
+	}
+
+	broken := ready.DeepCopy()
+	broken.Spec.Files = map[string]string{"main.tf": "variable \"x\" {\n  type = nosuchtype\n}\n"}
+	if _, _, err := ms.tpls.Update(ms.ctx, name, rest.DefaultUpdatedObjectInfo(broken), nil, nil, false, &metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	failed := waitReady("False BuildFailed")
+	if failed.Status.BuildingVersionID == "" || failed.Status.ActiveVersionID != created.Status.ActiveVersionID {
+		t.Errorf("after the failed build: buildingVersionID %q, activeVersionID %q; want the failed version and %s still active",
+			failed.Status.BuildingVersionID, failed.Status.ActiveVersionID, created.Status.ActiveVersionID)
 	}
 }

@@ -37,8 +37,15 @@ func toTemplate(t target, tpl *codersdk.Template, active *codersdk.TemplateVersi
 			UpdatedAt:       timePtr(&tpl.UpdatedAt),
 		},
 	}
+	showActive(obj, active, tpl.UpdatedAt)
+	return obj
+}
+
+// showActive sets what obj shows of its active version (nil: it could not
+// be read; updatedAt then dates the Ready condition).
+func showActive(obj *aggv1.CoderTemplate, active *codersdk.TemplateVersion, updatedAt time.Time) {
 	ready := metav1.Condition{Type: aggv1.ConditionReady, Status: metav1.ConditionUnknown, Reason: "VersionUnknown",
-		Message: "the active version could not be read", LastTransitionTime: metav1.NewTime(tpl.UpdatedAt.Truncate(time.Second))}
+		Message: "the active version could not be read", LastTransitionTime: metav1.NewTime(updatedAt.Truncate(time.Second))}
 	if active != nil {
 		obj.Status.ActiveVersionName = active.Name
 		obj.Status.BuildStatus = string(active.Job.Status)
@@ -59,5 +66,4 @@ func toTemplate(t target, tpl *codersdk.Template, active *codersdk.TemplateVersi
 		}
 	}
 	obj.Status.Conditions = []metav1.Condition{ready}
-	return obj
 }
