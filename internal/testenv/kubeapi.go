@@ -50,6 +50,9 @@ type KubeAPIOptions struct {
 	CRDDirs []string
 }
 
+// kubeAPIStartTimeout bounds each attempt to start etcd and kube-apiserver.
+const kubeAPIStartTimeout = 90 * time.Second
+
 // frontProxyUser is the identity kube-apiserver presents when it proxies a
 // request to an aggregated API server, as in clusters set up by kubeadm.
 const frontProxyUser = "front-proxy-client"
@@ -109,6 +112,10 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 		BinaryAssetsDirectory: bin,
 		CRDDirectoryPaths:     crdDirs,
 		ErrorIfCRDPathMissing: len(opts.CRDDirs) > 0,
+		// envtest's 20 s per attempt is too short on a loaded two-core
+		// machine: each retry kills a kube-apiserver that was about to
+		// become ready and starts over.
+		ControlPlaneStartTimeout: kubeAPIStartTimeout,
 	}
 	// A certificate directory of our own: envtest removes one it made
 	// itself when kube-apiserver stops, and a restart would then come back
