@@ -20,7 +20,8 @@ export CODER_K8S_BIN_DIR := $(BIN)
 
 # go test flags; CI and people can add -run, -v, -count.
 TEST_FLAGS ?=
-TEST_TIMEOUT ?= 30m
+# Per test binary; test/e2e takes about 14 minutes on two quiet cores.
+TEST_TIMEOUT ?= 40m
 # How long `make test` runs each fuzz target after the suites (0 skips them).
 # A count, not a duration: Go 1.26's fuzz coordinator can fail a duration
 # run with a spurious "context deadline exceeded" when a worker is busy at
