@@ -84,7 +84,7 @@ bench: tools build ## Every benchmark in one go test run (output in bin/bench/be
 	  exit $$status
 
 .PHONY: bench-controller
-bench-controller: tools ## 100 CoderControlPlanes: time to converge vs writing the objects directly; steady-state writes.
+bench-controller: tools build ## 100 CoderControlPlanes: time to converge vs writing the objects directly; steady-state writes.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkController$$' -benchtime 1x -timeout 20m
 
 .PHONY: bench-aggregated
