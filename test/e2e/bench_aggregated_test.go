@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
@@ -119,6 +121,7 @@ func (st *benchStack) benchAggregated(b *testing.B, n int) {
 	b.ReportMetric(rss, "rss-MiB")
 	b.ReportMetric(anon, "rss-anon-MiB")
 	b.ReportMetric(file, "rss-file-MiB")
+	b.ReportMetric(float64(n), "workspaces")
 	fmt.Printf("rss=%.1f MiB (target ≤ 80): anonymous %.1f MiB, file-backed %.1f MiB, shmem %.1f MiB; peak (VmHWM) %.1f MiB; %.1f MiB before any workspace request; %d workspaces cached\n",
 		rss, anon, file, s.mib("RssShmem"), s.mib("VmHWM"), idle.mib("VmRSS"), n)
 }
@@ -567,7 +570,23 @@ func runTimed(env []string, bin string, args ...string) (time.Duration, []byte, 
 func (st *benchStack) pointAt(b *testing.B, url string) {
 	b.Helper()
 	ctx := context.Background()
+	// The owner token is sent only to the coderd its Secret names: the
+	// proxy forwards to the same coderd, so the Secret names url first.
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var sec corev1.Secret
+		if err := st.c.Get(ctx, types.NamespacedName{Namespace: benchNS, Name: ownerSecret}, &sec); err != nil {
+			return err
+		}
+		if sec.Annotations == nil {
+			sec.Annotations = map[string]string{}
+		}
+		sec.Annotations[coderapi.AnnotationCoderURL] = url
+		return st.c.Update(ctx, &sec)
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var ccp coderv1alpha1.CoderControlPlane
 		if err := st.c.Get(ctx, types.NamespacedName{Namespace: benchNS, Name: benchCCPName}, &ccp); err != nil {
 			return err
