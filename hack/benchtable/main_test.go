@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -193,4 +194,53 @@ func rowCells(t *testing.T, lines []string, label string) []string {
 	}
 	t.Fatalf("no row %q in:\n%s", label, strings.Join(lines, "\n"))
 	return nil
+}
+
+// Every target issue #18 sets is a row with that target, and a value just
+// over it is reported as not met.
+func TestIssueTargets(t *testing.T) {
+	for _, c := range []struct {
+		bench, unit string
+		atMost      float64
+	}{
+		{aggregated, "list-ratio", 1.15},
+		{aggregated, "kubectl-ratio", 1.0},
+		{aggregated, "rss-MiB", 80},
+		{aggregated, "watch-1-after-poll-p50-ms", 100},
+		{aggregated, "watch-1-after-poll-p99-ms", 100},
+		{aggregated, "watch-50-after-poll-p50-ms", 100},
+		{aggregated, "watch-50-after-poll-p99-ms", 100},
+		{mcp, "mcp-ratio", 1.3},
+		{mcp, "mcp-cold-ratio", 1.3},
+		{metadata, "apply-ratio", 1.5},
+		{metadata, "meta-watch-p50-ms", 1000},
+		{metadata, "meta-watch-p99-ms", 1000},
+	} {
+		i := slices.IndexFunc(rows, func(r row) bool { return r.bench == c.bench && r.unit == c.unit })
+		if i < 0 {
+			t.Errorf("no row for %s %s", c.bench, c.unit)
+			continue
+		}
+		tg := rows[i].target
+		if tg.atMost == nil || *tg.atMost != c.atMost {
+			t.Errorf("%s %s: target %+v, want at most %v", c.bench, c.unit, tg, c.atMost)
+			continue
+		}
+		for v, want := range map[float64]bool{c.atMost: true, c.atMost * 1.01: false} {
+			if met, ok := tg.met(results{}, c.bench, v); !ok || met != want {
+				t.Errorf("%s %s = %v: met %v (%v), want %v", c.bench, c.unit, v, met, ok, want)
+			}
+		}
+	}
+	// list-meta within noise of list-plain: ±10%.
+	i := slices.IndexFunc(rows, func(r row) bool { return r.bench == metadata && r.unit == "list-meta-ratio" })
+	if i < 0 || rows[i].target.sameAs != "list-plain-ratio" || rows[i].target.tolerance != 0.1 {
+		t.Fatal("no list-meta-ratio row with a target equal to list-plain-ratio ±10%")
+	}
+	r := results{metadata: {"list-plain-ratio": {1.40}}}
+	for v, want := range map[float64]bool{1.53: true, 1.55: false, 1.27: true, 1.25: false} {
+		if met, ok := rows[i].target.met(r, metadata, v); !ok || met != want {
+			t.Errorf("list-meta-ratio %v against 1.40: met %v (%v), want %v", v, met, ok, want)
+		}
+	}
 }
