@@ -85,15 +85,15 @@ bench: tools build ## Every benchmark in one go test run (output in bin/bench/be
 	  exit $$status
 
 .PHONY: bench-controller
-bench-controller: tools ## 100 CoderControlPlanes: time to converge vs writing the objects directly; steady-state writes.
+bench-controller: tools build ## 100 CoderControlPlanes: time to converge vs writing the objects directly; steady-state writes.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkController$$' -benchtime 1x -timeout 20m
 
 .PHONY: bench-aggregated
-bench-aggregated: tools build ## 300 real workspaces: aggregated LIST vs coderd, kubectl vs coder CLI, watch latency and coderd load, RSS.
+bench-aggregated: tools build ## 300 real workspaces: aggregated LIST vs coderd, kubectl get cws -A vs coder list --all (tables, then -o json), watch latency at the default poll interval (30 changes at seeded random offsets, BENCH_SEED; about 7 minutes) and coderd load, RSS.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Aggregated$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-mcp
-bench-mcp: tools build ## list_workspaces over MCP vs the same LIST through the aggregated API (300 workspaces); tool calls/s with 10 clients.
+bench-mcp: tools build ## list_workspaces over MCP vs a LIST ?resourceVersion=0 through the aggregated API with a watch open (both from the watch cache), and cold (cache stale) vs a plain LIST (300 workspaces); tool calls/s with 10 clients.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^MCP$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-metadata

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,6 +28,8 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -43,14 +46,14 @@ const (
 	// benchCLIRuns is how many kubectl/coder CLI pairs are timed after one
 	// warm-up pair.
 	benchCLIRuns = 7
-	// benchChanges is how many changes each watch latency figure is taken
-	// over.
-	benchChanges = 6
+	// benchWatchSamples is how many changes each watch latency figure
+	// (1 and 50 watchers) is taken over.
+	benchWatchSamples = 30
 	// benchWindow is the number of poll intervals coderd requests are
 	// counted over.
 	benchWindow = 10
-	// benchTTL is the TTL the coder CLI sets: unlike any template default.
-	benchTTL     = "2h17m"
+	// benchTTLMs is the TTL of the first change: unlike any template
+	// default; change k sets it k minutes longer.
 	benchTTLMs   = int64((2*time.Hour + 17*time.Minute) / time.Millisecond)
 	benchCCPName = "coder"
 	benchNS      = "coder"
@@ -118,6 +121,7 @@ func (st *benchStack) benchAggregated(b *testing.B, n int) {
 	b.ReportMetric(rss, "rss-MiB")
 	b.ReportMetric(anon, "rss-anon-MiB")
 	b.ReportMetric(file, "rss-file-MiB")
+	b.ReportMetric(float64(n), "workspaces")
 	fmt.Printf("rss=%.1f MiB (target ≤ 80): anonymous %.1f MiB, file-backed %.1f MiB, shmem %.1f MiB; peak (VmHWM) %.1f MiB; %.1f MiB before any workspace request; %d workspaces cached\n",
 		rss, anon, file, s.mib("RssShmem"), s.mib("VmHWM"), idle.mib("VmRSS"), n)
 }
@@ -154,7 +158,9 @@ func newBenchStack(b *testing.B, kubeQPS int) *benchStack {
 		// MCP tool call) is not what a deployment pays for.
 		withOperator(OperatorOptions{KubeQPS: kubeQPS, Args: []string{"--log-level", "info"}}),
 		// 50 watches at once would wait for client-go's default rate limit.
-		withClientRate(1000, 2000))
+		withClientRate(1000, 2000),
+		// What users run: the watch latency figures depend on it.
+		withPollInterval(config.Default().AggregatedAPIServer.WatchPollInterval.Duration))
 	st := &benchStack{
 		aggStack: s, coderBin: coderBin,
 		listURL: strings.TrimRight(s.k.Config.Host, "/") + "/apis/aggregation.coder.com/v1alpha1/coderworkspaces",
@@ -302,7 +308,7 @@ func (st *benchStack) benchList(b *testing.B, n int) {
 	// resourceVersion=0 with a watch open, as an informer has.
 	rv := st.listRV(b)
 	ws := st.startWatchers(b, 1, rv)
-	time.Sleep(2 * pollInterval) // the poller fills the cache
+	time.Sleep(2 * st.watchPollInterval()) // the poller fills the cache
 	agg0 := agg + "?resourceVersion=0"
 	_, body, _, err = st.fetch(agg0)
 	if err != nil {
@@ -430,69 +436,116 @@ func timedDo(hc *http.Client, req *http.Request, ok ...int) (time.Duration, []by
 // checkItems fails unless the JSON object body holds n elements in field.
 func (st *benchStack) checkItems(b *testing.B, what string, body []byte, field string, n int) {
 	b.Helper()
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(body, &obj); err != nil {
-		b.Fatalf("%s: %v: %.300s", what, err, body)
-	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(obj[field], &items); err != nil {
-		b.Fatalf("%s: %s: %v", what, field, err)
-	}
-	if len(items) != n {
-		b.Fatalf("%s: %d %s, want %d\noperator log:\n%s", what, len(items), field, n, st.op.LogTail(20))
+	if err := countItems(body, field, n); err != nil {
+		b.Fatalf("%s: %v\noperator log:\n%s", what, err, st.op.LogTail(20))
 	}
 }
 
-// benchCLI times kubectl against the coder CLI.
+// countItems fails unless the JSON object body holds n elements in field.
+func countItems(body []byte, field string, n int) error {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return fmt.Errorf("%v: %.300s", err, body)
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(obj[field], &items); err != nil {
+		return fmt.Errorf("%s: %v", field, err)
+	}
+	if len(items) != n {
+		return fmt.Errorf("%d %s, want %d", len(items), field, n)
+	}
+	return nil
+}
+
+// benchCLI times kubectl against the coder CLI, interleaved: first in
+// their default table output (what people run; the headline), then both
+// with -o json.
 func (st *benchStack) benchCLI(b *testing.B, n int) {
-	kubectl := func() (time.Duration, []byte, error) {
-		return runTimed(nil, st.kubectl, append(st.k.KubectlFlags(), "get", "coderworkspaces", "-A", "-o", "json")...)
-	}
 	env := st.coderEnv(b)
-	coderList := func() (time.Duration, []byte, error) {
-		return runTimed(env, st.coderBin, "list", "--all", "-o", "json")
-	}
-
-	// Warm-up (kubectl fills its discovery cache), checking both outputs.
-	_, out, err := kubectl()
-	if err != nil {
-		b.Fatal(err)
-	}
-	st.checkItems(b, "kubectl get -o json", out, "items", n)
-	_, out, err = coderList()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var arr []json.RawMessage
-	if err := json.Unmarshal(out, &arr); err != nil || len(arr) != n {
-		b.Fatalf("coder list --all -o json: %d workspaces (%v), want %d: %.300s", len(arr), err, n, out)
-	}
-
-	var ks, cs []time.Duration
-	for i := range benchCLIRuns {
-		runs := []func() (time.Duration, []byte, error){kubectl, coderList}
-		if i%2 == 1 {
-			runs = []func() (time.Duration, []byte, error){coderList, kubectl}
+	kubectl := func(args ...string) func() (time.Duration, []byte, error) {
+		return func() (time.Duration, []byte, error) {
+			return runTimed(nil, st.kubectl, append(append(st.k.KubectlFlags(), "get", "cws", "-A"), args...)...)
 		}
-		for j, run := range runs {
+	}
+	coderList := func(args ...string) func() (time.Duration, []byte, error) {
+		return func() (time.Duration, []byte, error) {
+			return runTimed(env, st.coderBin, append([]string{"list", "--all"}, args...)...)
+		}
+	}
+	// A table is a header and a row per workspace.
+	rows := func(what string) func([]byte) error {
+		return func(out []byte) error {
+			if lines := strings.Count(strings.TrimRight(string(out), "\n"), "\n") + 1; lines != n+1 {
+				return fmt.Errorf("%s: %d lines, want a header and %d rows: %.300s", what, lines, n, out)
+			}
+			return nil
+		}
+	}
+
+	km, cm := st.cliPair(b, kubectl(), rows("kubectl get cws -A"), coderList(), rows("coder list --all"))
+	ratio := km.Seconds() / cm.Seconds()
+	b.ReportMetric(ratio, "kubectl-ratio")
+	b.ReportMetric(float64(km.Milliseconds()), "kubectl-ms")
+	b.ReportMetric(float64(cm.Milliseconds()), "coder-cli-ms")
+	fmt.Printf("kubectl ratio=%.2f (target ≤ 1.0): kubectl get cws -A median %s, coder list --all median %s (default table output of both); %d alternating runs\n",
+		ratio, km.Round(time.Millisecond), cm.Round(time.Millisecond), benchCLIRuns)
+
+	kjm, cjm := st.cliPair(b, kubectl("-o", "json"), func(out []byte) error {
+		return countItems(out, "items", n)
+	}, coderList("-o", "json"), func(out []byte) error {
+		var arr []json.RawMessage
+		if err := json.Unmarshal(out, &arr); err != nil || len(arr) != n {
+			return fmt.Errorf("coder list --all -o json: %d workspaces (%v), want %d: %.300s", len(arr), err, n, out)
+		}
+		return nil
+	})
+	ratioJSON := kjm.Seconds() / cjm.Seconds()
+	b.ReportMetric(ratioJSON, "kubectl-json-ratio")
+	b.ReportMetric(float64(kjm.Milliseconds()), "kubectl-json-ms")
+	b.ReportMetric(float64(cjm.Milliseconds()), "coder-cli-json-ms")
+	fmt.Printf("kubectl -o json ratio=%.2f: kubectl get cws -A -o json median %s, coder list --all -o json median %s; %d alternating runs\n",
+		ratioJSON, kjm.Round(time.Millisecond), cjm.Round(time.Millisecond), benchCLIRuns)
+}
+
+// cliPair runs a and c alternately benchCLIRuns times each after one
+// warm-up run of each (kubectl fills its discovery cache), whose output
+// checkA and checkC check, and returns the medians.
+func (st *benchStack) cliPair(b *testing.B, a func() (time.Duration, []byte, error), checkA func([]byte) error,
+	c func() (time.Duration, []byte, error), checkC func([]byte) error) (time.Duration, time.Duration) {
+	b.Helper()
+	for _, w := range []struct {
+		run   func() (time.Duration, []byte, error)
+		check func([]byte) error
+	}{{a, checkA}, {c, checkC}} {
+		_, out, err := w.run()
+		if err == nil {
+			err = w.check(out)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	var as, cs []time.Duration
+	for i := range benchCLIRuns {
+		aFirst := i%2 == 0
+		for j := range 2 {
+			runA := (j == 0) == aFirst
+			run := c
+			if runA {
+				run = a
+			}
 			d, _, err := run()
 			if err != nil {
 				b.Fatal(err)
 			}
-			if (j == 0) == (i%2 == 0) {
-				ks = append(ks, d)
+			if runA {
+				as = append(as, d)
 			} else {
 				cs = append(cs, d)
 			}
 		}
 	}
-	km, cm := percentile(ks, 50), percentile(cs, 50)
-	ratio := km.Seconds() / cm.Seconds()
-	b.ReportMetric(ratio, "kubectl-ratio")
-	b.ReportMetric(float64(km.Milliseconds()), "kubectl-ms")
-	b.ReportMetric(float64(cm.Milliseconds()), "coder-cli-ms")
-	fmt.Printf("kubectl ratio=%.2f (target ≤ 1.0): kubectl get coderworkspaces -A -o json median %s, coder list --all -o json median %s; %d alternating runs\n",
-		ratio, km.Round(time.Millisecond), cm.Round(time.Millisecond), benchCLIRuns)
+	return percentile(as, 50), percentile(cs, 50)
 }
 
 // runTimed runs a command and times it from start to exit.
@@ -512,66 +565,28 @@ func runTimed(env []string, bin string, args ...string) (time.Duration, []byte, 
 	return d, stdout.Bytes(), nil
 }
 
-// benchWatch points the control plane at the counting proxy and measures
-// watch latency and coderd load with 1 and with 50 watchers.
-func (st *benchStack) benchWatch(b *testing.B, n int) {
-	if n < 2*benchChanges {
-		b.Fatalf("the watch changes need %d workspaces, there are %d", 2*benchChanges, n)
-	}
-	st.pointAt(b, st.proxy.URL.String())
-
-	var lat [2]latency
-	var perPoll, listsPerPoll [2]float64
-	for i, watchers := range []int{1, 50} {
-		ws := st.startWatchers(b, watchers, st.listRV(b))
-		time.Sleep(2 * pollInterval) // the poller starts with the first watcher
-
-		for j := range benchChanges {
-			name := benchWorkspace(i*benchChanges + j)
-			// Spread the changes over the poll cycle.
-			time.Sleep(200*time.Millisecond + time.Duration(j*7%10)*pollInterval/10)
-			if _, _, err := runTimed(st.coderEnv(b), st.coderBin, "schedule", "stop", st.coder.Username+"/"+name, benchTTL); err != nil {
-				b.Fatal(err)
-			}
-			returned := time.Now()
-			ats := ws.waitAll(b, st.k8sName(name), benchTTLMs, 30*time.Second)
-			lat[i].add(returned, ats, st.pollBefore(slices.MinFunc(ats, time.Time.Compare)))
-		}
-
-		before := st.proxy.Stats()
-		time.Sleep(benchWindow * pollInterval)
-		window := st.proxy.Stats().Since(before)
-		ws.stop(b)
-		perPoll[i] = float64(window.Requests()) / benchWindow
-		listsPerPoll[i] = float64(window["GET /api/v2/workspaces"].Requests) / benchWindow
-		b.Logf("coderd requests by coder-k8s over %d poll intervals with %d watchers: %s; time between workspace lists %s",
-			benchWindow, watchers, window, st.pollGaps(before))
-	}
-	// What comes next (BenchmarkWorkspaces/MCP) talks to coderd directly.
-	st.pointAt(b, st.coder.URL.String())
-
-	one, fifty := lat[0].everyMedian(), lat[1].everyMedian()
-	b.ReportMetric(float64(one.Milliseconds()), "watch-1-ms")
-	b.ReportMetric(float64(fifty.Milliseconds()), "watch-50-ms")
-	b.ReportMetric(perPoll[0], "coderd-req/poll-1")
-	b.ReportMetric(perPoll[1], "coderd-req/poll-50")
-	b.ReportMetric(float64(pollInterval.Milliseconds()), "poll-interval-ms")
-	fmt.Printf("watch latency 1 watcher=%s 50 watchers=%s (median over %d changes made with `coder schedule stop` of the time from the CLI returning to the event at every watcher; max %s and %s; median per delivery %s and %s; poll interval %s)\n",
-		one.Round(time.Millisecond), fifty.Round(time.Millisecond), benchChanges,
-		lat[0].everyMax().Round(time.Millisecond), lat[1].everyMax().Round(time.Millisecond),
-		percentile(lat[0].each, 50).Round(time.Millisecond), percentile(lat[1].each, 50).Round(time.Millisecond), pollInterval)
-	fmt.Printf("watch latency after the poll: 1 watcher=%s 50 watchers=%s (median of the time from coderd answering the poll that saw the change to the event at every watcher; the rest is waiting for the poll)\n",
-		percentile(lat[0].afterPoll, 50).Round(time.Millisecond), percentile(lat[1].afterPoll, 50).Round(time.Millisecond))
-	fmt.Printf("coderd requests/poll 1 watcher=%.2f 50 watchers=%.2f (target: equal; over %d intervals each; of which GET /api/v2/workspaces %.2f and %.2f)\n",
-		perPoll[0], perPoll[1], benchWindow, listsPerPoll[0], listsPerPoll[1])
-}
-
 // pointAt points the control plane at url (coderd or the counting proxy)
 // and waits until the aggregated API follows.
 func (st *benchStack) pointAt(b *testing.B, url string) {
 	b.Helper()
 	ctx := context.Background()
+	// The owner token is sent only to the coderd its Secret names: the
+	// proxy forwards to the same coderd, so the Secret names url first.
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var sec corev1.Secret
+		if err := st.c.Get(ctx, types.NamespacedName{Namespace: benchNS, Name: ownerSecret}, &sec); err != nil {
+			return err
+		}
+		if sec.Annotations == nil {
+			sec.Annotations = map[string]string{}
+		}
+		sec.Annotations[coderapi.AnnotationCoderURL] = url
+		return st.c.Update(ctx, &sec)
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var ccp coderv1alpha1.CoderControlPlane
 		if err := st.c.Get(ctx, types.NamespacedName{Namespace: benchNS, Name: benchCCPName}, &ccp); err != nil {
 			return err
@@ -597,39 +612,6 @@ func (st *benchStack) pointAt(b *testing.B, url string) {
 	})
 }
 
-// pollGaps lists the time between the starts of the operator's workspace
-// lists since the snapshot before was taken.
-func (st *benchStack) pollGaps(before testenv.ProxyStats) string {
-	var starts []time.Time
-	for _, r := range st.proxy.Recent() {
-		if r.Endpoint == "GET /api/v2/workspaces" {
-			starts = append(starts, r.Start)
-		}
-	}
-	n := int(before["GET /api/v2/workspaces"].Requests)
-	if n > len(starts) {
-		return "(unknown)"
-	}
-	slices.SortFunc(starts, time.Time.Compare)
-	var gaps []string
-	for i := max(n, 1); i < len(starts); i++ {
-		gaps = append(gaps, starts[i].Sub(starts[i-1]).Round(time.Millisecond).String())
-	}
-	return "[" + strings.Join(gaps, " ") + "]"
-}
-
-// pollBefore returns when the last workspace list the operator made
-// before t ended.
-func (st *benchStack) pollBefore(t time.Time) time.Time {
-	var last time.Time
-	for _, r := range st.proxy.Recent() {
-		if r.Endpoint == "GET /api/v2/workspaces" && r.End.Before(t) && r.End.After(last) {
-			last = r.End
-		}
-	}
-	return last
-}
-
 // listRV lists every coderworkspace (from coderd) and returns the list's
 // resourceVersion.
 func (st *benchStack) listRV(b *testing.B) string {
@@ -640,30 +622,6 @@ func (st *benchStack) listRV(b *testing.B) string {
 	}
 	return l.GetResourceVersion()
 }
-
-// latency collects, per change, the time until every watcher had the
-// event, the time of each delivery (both from the CLI returning; an event
-// that came earlier counts as 0), and the time from the end of the poll
-// that saw the change until every watcher had it.
-type latency struct {
-	every     []time.Duration
-	each      []time.Duration
-	afterPoll []time.Duration
-}
-
-func (l *latency) add(returned time.Time, arrivals []time.Time, pollEnd time.Time) {
-	last := slices.MaxFunc(arrivals, time.Time.Compare)
-	l.every = append(l.every, max(last.Sub(returned), 0))
-	for _, at := range arrivals {
-		l.each = append(l.each, max(at.Sub(returned), 0))
-	}
-	if !pollEnd.IsZero() {
-		l.afterPoll = append(l.afterPoll, last.Sub(pollEnd))
-	}
-}
-
-func (l *latency) everyMedian() time.Duration { return percentile(l.every, 50) }
-func (l *latency) everyMax() time.Duration    { return slices.Max(l.every) }
 
 // arrival is a coderworkspace event seen by one watcher.
 type arrival struct {

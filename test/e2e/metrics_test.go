@@ -478,7 +478,7 @@ func (h *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 func (h *headerTransport) lastResponse(key string) string { return h.last.Get(key) }
 
 // scrapeMetrics reads and parses the Prometheus text at url.
-func scrapeMetrics(t *testing.T, url string) map[string]*dto.MetricFamily {
+func scrapeMetrics(t testing.TB, url string) map[string]*dto.MetricFamily {
 	t.Helper()
 	families, _ := scrapeMetricsText(t, url)
 	return families
@@ -486,7 +486,7 @@ func scrapeMetrics(t *testing.T, url string) map[string]*dto.MetricFamily {
 
 // scrapeMetricsText reads the Prometheus text at url and returns it parsed
 // and as it came.
-func scrapeMetricsText(t *testing.T, url string) (map[string]*dto.MetricFamily, string) {
+func scrapeMetricsText(t testing.TB, url string) (map[string]*dto.MetricFamily, string) {
 	t.Helper()
 	res, err := http.Get(url)
 	if err != nil {

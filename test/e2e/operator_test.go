@@ -33,27 +33,16 @@ import (
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
-// binary is the coder-k8s binary built from this tree by TestMain.
+// binary is the coder-k8s binary the tests and benchmarks run: bin/coder-k8s
+// (or in $CODER_K8S_BIN_DIR) as `make build` ships it, so that what they
+// measure is what users run.
 var binary string
 
 func TestMain(m *testing.M) {
 	os.Exit(func() int {
-		dir, err := os.MkdirTemp("", "coder-k8s-e2e-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		root, err := testenv.RepoRoot()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		binary = filepath.Join(dir, "coder-k8s")
-		build := exec.Command("go", "build", "-o", binary, "./cmd/coder-k8s")
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build coder-k8s: %v\n%s", err, out)
+		var err error
+		if binary, err = testenv.ShippedBinary(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
 			return 1
 		}
 		return m.Run()

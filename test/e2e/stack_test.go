@@ -98,6 +98,9 @@ type stackConfig struct {
 	// client.
 	qps   float32
 	burst int
+	// watchPollInterval, when set, replaces pollInterval as the operator's
+	// watch poll interval.
+	watchPollInterval time.Duration
 }
 
 // stackOption configures newStack.
@@ -135,6 +138,20 @@ func withCoderdProxy(adoptThroughIt bool) stackOption {
 // withoutAPIService leaves aggregation.coder.com unregistered (for tests
 // of the controller alone).
 func withoutAPIService() stackOption { return func(c *stackConfig) { c.noAPIService = true } }
+
+// withPollInterval runs the operator with watch poll interval d instead of
+// pollInterval (the benchmarks run the default).
+func withPollInterval(d time.Duration) stackOption {
+	return func(c *stackConfig) { c.watchPollInterval = d }
+}
+
+// watchPollInterval is the operator's watch poll interval.
+func (s *aggStack) watchPollInterval() time.Duration {
+	if s.cfg.watchPollInterval > 0 {
+		return s.cfg.watchPollInterval
+	}
+	return pollInterval
+}
 
 // withClientRate sets the rate limits of the stack's dynamic client.
 func withClientRate(qps float32, burst int) stackOption {
@@ -210,7 +227,7 @@ func (s *aggStack) startOperator(t testing.TB, extra OperatorOptions) *Operator 
 		o.Mode = "all"
 	}
 	o.Kubeconfig = s.k.KubeconfigPath
-	aggregated := fmt.Sprintf("certDir: %q, watchPollInterval: %s", s.certDir, pollInterval)
+	aggregated := fmt.Sprintf("certDir: %q, watchPollInterval: %s", s.certDir, s.watchPollInterval())
 	if s.cfg.staticTokenFile != "" {
 		o.Mode = "aggregated-apiserver"
 		aggregated += fmt.Sprintf(", coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s}}",
