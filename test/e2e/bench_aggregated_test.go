@@ -483,10 +483,7 @@ func (st *benchStack) benchCLI(b *testing.B, n int) {
 	}
 
 	km, cm := st.cliPair(b, kubectl(), rows("kubectl get cws -A"), coderList(), rows("coder list --all"))
-	ratio := km.Seconds() / cm.Seconds()
-	b.ReportMetric(ratio, "kubectl-ratio")
-	b.ReportMetric(float64(km.Milliseconds()), "kubectl-ms")
-	b.ReportMetric(float64(cm.Milliseconds()), "coder-cli-ms")
+	ratio := reportCLIPair(b, "", km, cm)
 	fmt.Printf("kubectl ratio=%.2f (target ≤ 1.0): kubectl get cws -A median %s, coder list --all median %s (default table output of both); %d alternating runs\n",
 		ratio, km.Round(time.Millisecond), cm.Round(time.Millisecond), benchCLIRuns)
 
@@ -499,12 +496,19 @@ func (st *benchStack) benchCLI(b *testing.B, n int) {
 		}
 		return nil
 	})
-	ratioJSON := kjm.Seconds() / cjm.Seconds()
-	b.ReportMetric(ratioJSON, "kubectl-json-ratio")
-	b.ReportMetric(float64(kjm.Milliseconds()), "kubectl-json-ms")
-	b.ReportMetric(float64(cjm.Milliseconds()), "coder-cli-json-ms")
+	ratioJSON := reportCLIPair(b, "-json", kjm, cjm)
 	fmt.Printf("kubectl -o json ratio=%.2f: kubectl get cws -A -o json median %s, coder list --all -o json median %s; %d alternating runs\n",
 		ratioJSON, kjm.Round(time.Millisecond), cjm.Round(time.Millisecond), benchCLIRuns)
+}
+
+// reportCLIPair reports the kubectl and coder CLI medians of one output
+// format (unit suffix "" for the table, "-json") and returns their ratio.
+func reportCLIPair(b *testing.B, suffix string, kubectl, coder time.Duration) float64 {
+	ratio := kubectl.Seconds() / coder.Seconds()
+	b.ReportMetric(ratio, "kubectl"+suffix+"-ratio")
+	b.ReportMetric(float64(kubectl.Milliseconds()), "kubectl"+suffix+"-ms")
+	b.ReportMetric(float64(coder.Milliseconds()), "coder-cli"+suffix+"-ms")
+	return ratio
 }
 
 // cliPair runs a and c alternately benchCLIRuns times each after one

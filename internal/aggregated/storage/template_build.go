@@ -68,7 +68,6 @@ func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templ
 // spec.versionID, that version as the active one, with its files.
 func (s *TemplateStorage) previewCreate(ctx context.Context, t target, dry *aggv1.CoderTemplate) error {
 	if len(dry.Spec.Files) > 0 {
-		showActive(dry, nil, dry.CreationTimestamp.Time)
 		dry.Status.BuildStatus = string(codersdk.ProvisionerJobPending)
 		setReady(dry, metav1.Condition{Type: aggv1.ConditionReady, Status: metav1.ConditionFalse, Reason: aggv1.ReasonBuilding,
 			LastTransitionTime: dry.CreationTimestamp,
