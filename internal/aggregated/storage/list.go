@@ -121,19 +121,16 @@ func watchFrom(ctx context.Context, cache *watchcache.Cache, namespace string, o
 	return cache.Watch(ctx, wo)
 }
 
-// refreshFor polls coderd now; only failures of the backends the watch
-// covers count, so one unreachable coderd does not refuse watches of
-// other namespaces.
+// refreshFor polls coderd now and waits only for the backends the watch
+// covers, so one slow or unreachable coderd neither delays nor refuses
+// watches of other namespaces.
 func refreshFor(ctx context.Context, cache *watchcache.Cache, covers func(key string) bool) error {
-	err := cache.Refresh(ctx)
+	err := cache.RefreshBackends(ctx, covers)
 	var be *watchcache.BackendErrors
-	if err == nil || covers == nil || !errors.As(err, &be) {
-		return err
-	}
-	for key, e := range be.Errs {
-		if covers(key) {
+	if errors.As(err, &be) {
+		for _, e := range be.Errs {
 			return e
 		}
 	}
-	return nil
+	return err
 }
