@@ -39,10 +39,20 @@ func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Durat
 		g.Go(func() error {
 			start := cache.StartList()
 			objs, err := list(gctx, t)
-			if err != nil {
+			var stamped []watchcache.Object
+			switch {
+			case errors.Is(err, watchcache.ErrIncomplete):
+				// coderd changed between pages: what was read updates the
+				// cache, and the backend's objects are answered from it,
+				// which keeps those the pages may have skipped.
+				cache.Upsert(t.Key(), objs...)
+				key := t.Key()
+				stamped, _ = cache.Snapshot(func(k string) bool { return k == key })
+			case err != nil:
 				return mapErr(t, err)
+			default:
+				stamped = cache.ReplaceListed(t.Key(), start, objs)
 			}
-			stamped := cache.ReplaceListed(t.Key(), start, objs)
 			mu.Lock()
 			results[i] = stamped
 			mu.Unlock()
