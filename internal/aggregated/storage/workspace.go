@@ -128,7 +128,7 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 	if convErr != nil {
 		return nil, convErr
 	}
-	if mergeErr := s.mergeListed(ctx, t, out, started); mergeErr != nil {
+	if mergeErr := s.mergeListed(ctx, t, out, started, err == nil); mergeErr != nil {
 		return nil, mergeErr
 	}
 	return out, err
