@@ -75,6 +75,11 @@ var (
 		Help: "Failed lists of a control plane's objects by the aggregated API's poller (its cached state was kept), by control plane and kind.",
 	}, []string{"control_plane", "kind"})
 
+	pollerBackoffs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: prefix + "poller_backoffs_total",
+		Help: "Times the aggregated API's poller delayed a control plane's next list after a failure, by control plane, kind and reason (retry_after: coderd sent Retry-After with a 429 or 503; error: repeated failures).",
+	}, []string{"control_plane", "kind", "reason"})
+
 	buildWaitDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    prefix + "template_build_wait_duration_seconds",
 		Help:    "Time the aggregated API waited for a template version's build in coderd, by outcome (succeeded, failed, canceled, timeout, error).",
@@ -95,7 +100,7 @@ var (
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(coderRequests, coderRequestDuration, pollerRefreshErrors,
-		buildWaitDuration, toolCalls, toolCallDuration, pollers)
+		pollerBackoffs, buildWaitDuration, toolCalls, toolCallDuration, pollers)
 }
 
 // ObserveCoderRequest records one request to coderd.
@@ -108,6 +113,12 @@ func ObserveCoderRequest(operation, controlPlane, component, code string, d time
 // objects of kind by the poller.
 func PollerRefreshFailed(controlPlane, kind string) {
 	pollerRefreshErrors.WithLabelValues(controlPlane, kind).Inc()
+}
+
+// PollerBackedOff records that the poller delays its next list of one
+// control plane's objects of kind; reason is "retry_after" or "error".
+func PollerBackedOff(controlPlane, kind, reason string) {
+	pollerBackoffs.WithLabelValues(controlPlane, kind, reason).Inc()
 }
 
 // ObserveBuildWait records a finished template build wait.

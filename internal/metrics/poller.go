@@ -25,6 +25,9 @@ type PollerBackend struct {
 	// Lag is how long ago the cached state was last known complete; it is
 	// reported only when Polled.
 	Lag time.Duration
+	// Backoff is how long the poller still waits before listing this
+	// control plane again after failures (0 when it does not).
+	Backoff time.Duration
 	// Polled is true while the poller lists this control plane (someone
 	// watches).
 	Polled bool
@@ -60,6 +63,9 @@ var (
 	pollerObjectsDesc = prometheus.NewDesc(prefix+"poller_objects",
 		"Objects the aggregated API's watch cache holds, by control plane and kind.",
 		[]string{"control_plane", "kind"}, nil)
+	pollerBackoffDesc = prometheus.NewDesc(prefix+"poller_backoff_seconds",
+		"Seconds the aggregated API's poller still waits before listing a control plane again after failed lists (at least the Retry-After coderd sent with a 429 or 503); 0 when it is not backing off.",
+		[]string{"control_plane", "kind"}, nil)
 	pollerWatchersDesc = prometheus.NewDesc(prefix+"poller_watchers",
 		"Open watches served by the aggregated API's watch cache, by kind.",
 		[]string{"kind"}, nil)
@@ -82,6 +88,7 @@ func (c *pollerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pollerLagDesc
 	ch <- pollerObjectsDesc
 	ch <- pollerWatchersDesc
+	ch <- pollerBackoffDesc
 }
 
 func (c *pollerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -96,12 +103,14 @@ func (c *pollerCollector) Collect(ch chan<- prometheus.Metric) {
 	watchers := map[string]int{}
 	objects := map[key]int{}
 	lag := map[key]time.Duration{}
+	backoff := map[key]time.Duration{}
 	for _, s := range sources {
 		st := s.state()
 		watchers[s.kind] += st.Watchers
 		for _, b := range st.Backends {
 			k := key{s.kind, b.ControlPlane}
 			objects[k] += b.Objects
+			backoff[k] = max(backoff[k], b.Backoff)
 			if b.Polled {
 				lag[k] = max(lag[k], b.Lag)
 			}
@@ -112,6 +121,9 @@ func (c *pollerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for k, n := range objects {
 		ch <- prometheus.MustNewConstMetric(pollerObjectsDesc, prometheus.GaugeValue, float64(n), k.controlPlane, k.kind)
+	}
+	for k, d := range backoff {
+		ch <- prometheus.MustNewConstMetric(pollerBackoffDesc, prometheus.GaugeValue, d.Seconds(), k.controlPlane, k.kind)
 	}
 	for k, d := range lag {
 		ch <- prometheus.MustNewConstMetric(pollerLagDesc, prometheus.GaugeValue, d.Seconds(), k.controlPlane, k.kind)

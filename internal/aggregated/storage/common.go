@@ -44,6 +44,9 @@ type Options struct {
 	Records *records.Store
 	// Log receives the storage's logs; never tokens.
 	Log logr.Logger
+	// WorkspacePageSize is how many workspaces one list request asks
+	// coderd for; 0 means 1000.
+	WorkspacePageSize int
 }
 
 // target is a backend as one request sees it: prefixed says whether its

@@ -39,10 +39,20 @@ func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Durat
 		g.Go(func() error {
 			start := cache.StartList()
 			objs, err := list(gctx, t)
-			if err != nil {
+			var stamped []watchcache.Object
+			switch {
+			case errors.Is(err, watchcache.ErrIncomplete):
+				// coderd changed between pages: what was read updates the
+				// cache, and the backend's objects are answered from it,
+				// which keeps those the pages may have skipped.
+				cache.Upsert(t.Key(), objs...)
+				key := t.Key()
+				stamped, _ = cache.Snapshot(func(k string) bool { return k == key })
+			case err != nil:
 				return mapErr(t, err)
+			default:
+				stamped = cache.ReplaceListed(t.Key(), start, objs)
 			}
-			stamped := cache.ReplaceListed(t.Key(), start, objs)
 			mu.Lock()
 			results[i] = stamped
 			mu.Unlock()
@@ -121,19 +131,16 @@ func watchFrom(ctx context.Context, cache *watchcache.Cache, namespace string, o
 	return cache.Watch(ctx, wo)
 }
 
-// refreshFor polls coderd now; only failures of the backends the watch
-// covers count, so one unreachable coderd does not refuse watches of
-// other namespaces.
+// refreshFor polls coderd now and waits only for the backends the watch
+// covers, so one slow or unreachable coderd neither delays nor refuses
+// watches of other namespaces.
 func refreshFor(ctx context.Context, cache *watchcache.Cache, covers func(key string) bool) error {
-	err := cache.Refresh(ctx)
+	err := cache.RefreshBackends(ctx, covers)
 	var be *watchcache.BackendErrors
-	if err == nil || covers == nil || !errors.As(err, &be) {
-		return err
-	}
-	for key, e := range be.Errs {
-		if covers(key) {
+	if errors.As(err, &be) {
+		for _, e := range be.Errs {
 			return e
 		}
 	}
-	return nil
+	return err
 }

@@ -420,11 +420,12 @@ func (r *resource) publishRead(ctx context.Context, t target, obj object) (objec
 	return r.cache.Upsert(t.Key(), obj)[0].(object), nil
 }
 
-// mergeListed merges a backend's complete list of objects with their
-// records, and queues the records' upkeep: a spec change made in Coder is
-// counted (generation), and records whose Coder object is gone are
-// deleted. started is when the list began.
-func (r *resource) mergeListed(ctx context.Context, t target, objs []watchcache.Object, started time.Time) error {
+// mergeListed merges a backend's list of objects with their records, and
+// queues the records' upkeep: a spec change made in Coder is counted
+// (generation), and, when the list is complete, records whose Coder object
+// is gone are deleted (a partial list, one page of several, says nothing
+// about the objects it lacks). started is when the list began.
+func (r *resource) mergeListed(ctx context.Context, t target, objs []watchcache.Object, started time.Time, complete bool) error {
 	recs, err := r.records.list(ctx, t.Namespace, r.gr.Resource, t.ControlPlane)
 	if err != nil {
 		return err
@@ -439,7 +440,7 @@ func (r *resource) mergeListed(ctx context.Context, t target, objs []watchcache.
 		}
 	}
 	for id, rec := range recs {
-		if id != "" && !seen[id] && rec.CreationTimestamp.Add(cleanupGrace).Before(started) {
+		if complete && id != "" && !seen[id] && rec.CreationTimestamp.Add(cleanupGrace).Before(started) {
 			r.records.enqueue(recordJob{key: records.KeyOf(rec), rv: rec.ResourceVersion, gone: true})
 		}
 	}

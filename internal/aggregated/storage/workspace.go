@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -30,6 +31,9 @@ type WorkspaceStorage struct {
 	params *buildParams
 	orgs   orgIDs
 	memo   listMemo
+	// pageSize is how many workspaces a list asks coderd for at once
+	// (Options.WorkspacePageSize).
+	pageSize int
 }
 
 var (
@@ -67,7 +71,8 @@ func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
 				"rich_parameter_values": "spec.parameters",
 			},
 		},
-		params: newBuildParams(20000),
+		params:   newBuildParams(20000),
+		pageSize: o.WorkspacePageSize,
 	}
 	if err := startCache(&s.resource, o, s.listWorkspaces, aggv1.WorkspaceFields); err != nil {
 		return nil, err
@@ -80,38 +85,140 @@ func (s *WorkspaceStorage) NewList() runtime.Object { return &aggv1.CoderWorkspa
 func (s *WorkspaceStorage) GetSingularName() string { return "coderworkspace" }
 func (s *WorkspaceStorage) ShortNames() []string    { return []string{"cws"} }
 
-// listWorkspaces reads every workspace of one coderd. coderd's answer is
-// split into each workspace's JSON; a workspace whose JSON is byte for byte
-// what an earlier list returned reuses the object built then, so a list
-// (and a poll) decodes and converts only what changed.
+// defaultWorkspacePageSize is how many workspaces one GET /api/v2/workspaces
+// asks for. coderd v2.30 has no maximum (limit 0 means all); 1000 keeps a
+// 10,000-workspace poll at 10 requests, well inside coderd's default rate
+// limit of 512 requests a minute per endpoint at the 5 s default interval,
+// while bounding each answer's size.
+const defaultWorkspacePageSize = 1000
+
+// workspacePage is one page of coderd's answer, each workspace kept as its
+// JSON so unchanged ones are not decoded again.
+type workspacePage struct {
+	Workspaces []json.RawMessage `json:"workspaces"`
+	Count      int               `json:"count"`
+}
+
+// listWorkspaces reads every workspace of one coderd, page by page.
+// coderd's answer is split into each workspace's JSON; a workspace whose
+// JSON is byte for byte what an earlier list returned reuses the object
+// built then, so a list (and a poll) decodes and converts only what
+// changed.
+//
+// coderd pages by offset over an order that moves a workspace when it
+// starts or stops (running ones first), so a change between two pages can
+// repeat a workspace or skip one. Repeats are dropped (by ID, the later
+// copy wins); a list whose pages disagree on the total count, or that ends
+// with a number of distinct workspaces other than that count, is read once
+// more and, if still inconsistent, returned with watchcache.ErrIncomplete:
+// the cache then updates what it read and deletes nothing. A page that
+// fails returns the workspaces of the pages before it with the error
+// (a partial list, see watchcache.Source).
 func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watchcache.Object, error) {
 	started := time.Now()
-	res, err := t.Client.Request(ctx, http.MethodGet, "/api/v2/workspaces", nil)
+	raws, err := s.readWorkspacePages(ctx, t)
+	if errors.Is(err, watchcache.ErrIncomplete) {
+		started = time.Now()
+		raws, err = s.readWorkspacePages(ctx, t)
+	}
+	if len(raws) == 0 && err != nil {
+		return nil, err
+	}
+	out, convErr := s.convertWorkspaces(ctx, t, raws, err != nil)
+	if convErr != nil {
+		return nil, convErr
+	}
+	if mergeErr := s.mergeListed(ctx, t, out, started, err == nil); mergeErr != nil {
+		return nil, mergeErr
+	}
+	return out, err
+}
+
+// readWorkspacePages reads coderd's workspaces page by page; see
+// listWorkspaces.
+func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target) ([]json.RawMessage, error) {
+	size := s.pageSize
+	if size <= 0 {
+		size = defaultWorkspacePageSize
+	}
+	var (
+		raws  []json.RawMessage
+		index = map[string]int{}
+		count = -1
+		shift bool
+	)
+	for offset := 0; ; {
+		page, err := s.readWorkspacePage(ctx, t, size, offset)
+		if err != nil {
+			return raws, err
+		}
+		if count >= 0 && page.Count != count {
+			shift = true
+		}
+		count = page.Count
+		for _, raw := range page.Workspaces {
+			var id struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal(raw, &id); err != nil {
+				return raws, fmt.Errorf("list workspaces: decode a workspace: %w", err)
+			}
+			if i, ok := index[id.ID]; ok {
+				raws[i] = raw
+				shift = true
+				continue
+			}
+			index[id.ID] = len(raws)
+			raws = append(raws, raw)
+		}
+		offset += len(page.Workspaces)
+		if len(page.Workspaces) < size || offset >= page.Count {
+			break
+		}
+	}
+	if shift || len(raws) != count {
+		return raws, fmt.Errorf("list workspaces: coderd's workspaces changed between pages (%d distinct read, %d counted): %w", len(raws), count, watchcache.ErrIncomplete)
+	}
+	return raws, nil
+}
+
+// readWorkspacePage reads one page.
+func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, limit, offset int) (*workspacePage, error) {
+	path := "/api/v2/workspaces?limit=" + strconv.Itoa(limit) + "&offset=" + strconv.Itoa(offset)
+	res, err := t.Client.Request(ctx, http.MethodGet, path, nil)
 	if err != nil {
-		return nil, fmt.Errorf("list workspaces: %w", err)
+		return nil, fmt.Errorf("list workspaces (offset %d): %w", offset, err)
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("list workspaces: %w", codersdk.ReadBodyAsError(res))
+		return nil, fmt.Errorf("list workspaces (offset %d): %w", offset, coderapi.ReadResponseError(res, time.Now()))
 	}
-	var page struct {
-		Workspaces []json.RawMessage `json:"workspaces"`
-	}
+	var page workspacePage
 	if err := json.NewDecoder(res.Body).Decode(&page); err != nil {
-		return nil, fmt.Errorf("list workspaces: decode coderd's answer: %w", err)
+		return nil, fmt.Errorf("list workspaces (offset %d): decode coderd's answer: %w", offset, err)
 	}
+	return &page, nil
+}
 
+// convertWorkspaces turns coderd's workspaces into objects, reusing the
+// memo for unchanged JSON. A partial list adds to the memo instead of
+// replacing it, since the workspaces it did not read may come back
+// unchanged.
+func (s *WorkspaceStorage) convertWorkspaces(ctx context.Context, t target, raws []json.RawMessage, partial bool) ([]watchcache.Object, error) {
 	memoKey := t.coderdKey() + "/" + strconv.FormatBool(t.prefixed)
 	prev := s.memo.get(memoKey)
-	next := make(map[uint64]*aggv1.CoderWorkspace, len(page.Workspaces))
-	out := make([]watchcache.Object, len(page.Workspaces))
+	next := make(map[uint64]*aggv1.CoderWorkspace, len(raws))
+	if partial {
+		maps.Copy(next, prev)
+	}
+	out := make([]watchcache.Object, len(raws))
 	type fresh struct {
 		i    int
 		hash uint64
 		ws   codersdk.Workspace
 	}
 	var todo []fresh
-	for i, raw := range page.Workspaces {
+	for i, raw := range raws {
 		h := hashBytes(raw)
 		if obj, ok := prev[h]; ok {
 			next[h] = obj
@@ -139,9 +246,6 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 		out[f.i] = obj.DeepCopy()
 	}
 	s.memo.set(memoKey, next)
-	if err := s.mergeListed(ctx, t, out, started); err != nil {
-		return nil, err
-	}
 	return out, nil
 }
 

@@ -52,7 +52,26 @@ type SourceCache struct {
 	lru      *list.List // of *cacheEntry; front is most recently used
 	entries  map[cacheKey]*list.Element
 	inflight map[cacheKey]*download
+	// failed remembers sources that failed to extract (too big, bad
+	// archive): file IDs are immutable, so they would fail again on every
+	// poll. Bounded to maxFailed, least recently used evicted.
+	failedLRU *list.List // of *failedEntry
+	failed    map[cacheKey]*list.Element
 }
+
+// maxFailed bounds the negative cache: an error each, a few hundred bytes.
+const maxFailed = 1024
+
+type failedEntry struct {
+	key cacheKey
+	err error
+}
+
+// extractError is a source that downloaded but cannot be extracted.
+type extractError struct{ err error }
+
+func (e *extractError) Error() string { return e.err.Error() }
+func (e *extractError) Unwrap() error { return e.err }
 
 // cacheKey includes the coderd, so that one cache can serve several
 // coderd deployments.
@@ -81,10 +100,12 @@ type download struct {
 // paths and contents. A source larger than that is returned but not kept.
 func NewSourceCache(maxBytes int64) *SourceCache {
 	return &SourceCache{
-		maxBytes: maxBytes,
-		lru:      list.New(),
-		entries:  map[cacheKey]*list.Element{},
-		inflight: map[cacheKey]*download{},
+		maxBytes:  maxBytes,
+		lru:       list.New(),
+		entries:   map[cacheKey]*list.Element{},
+		inflight:  map[cacheKey]*download{},
+		failedLRU: list.New(),
+		failed:    map[cacheKey]*list.Element{},
 	}
 }
 
@@ -93,7 +114,8 @@ func NewSourceCache(maxBytes int64) *SourceCache {
 // (see Extract; limits apply) only when they are not cached.
 // The map is the caller's own copy. Cached sources were checked against
 // the limits of the call that downloaded them, so use the same limits for
-// every call on one cache.
+// every call on one cache. A source that failed to extract is not
+// downloaded again: its error is returned from the cache.
 func (c *SourceCache) Files(ctx context.Context, coderd string, client *codersdk.Client, fileID uuid.UUID, limits Limits) (map[string]string, error) {
 	if client == nil || client.URL == nil {
 		return nil, errors.New("get template source: no coderd client")
@@ -106,6 +128,12 @@ func (c *SourceCache) Files(ctx context.Context, coderd string, client *codersdk
 			files := maps.Clone(el.Value.(*cacheEntry).files)
 			c.mu.Unlock()
 			return files, nil
+		}
+		if el, ok := c.failed[key]; ok {
+			c.failedLRU.MoveToFront(el)
+			err := el.Value.(*failedEntry).err
+			c.mu.Unlock()
+			return nil, err
 		}
 		if d, ok := c.inflight[key]; ok {
 			c.mu.Unlock()
@@ -132,8 +160,12 @@ func (c *SourceCache) Files(ctx context.Context, coderd string, client *codersdk
 		delete(c.inflight, key)
 		d.files, d.err = files, err
 		d.abandoned = err != nil && ctx.Err() != nil
-		if err == nil {
+		var xerr *extractError
+		switch {
+		case err == nil:
 			c.add(key, files)
+		case errors.As(err, &xerr):
+			c.addFailed(key, err)
 		}
 		c.mu.Unlock()
 		close(d.done)
@@ -151,7 +183,7 @@ func fetchSource(ctx context.Context, client *codersdk.Client, fileID uuid.UUID,
 	}
 	files, err := Extract(data, limits)
 	if err != nil {
-		return nil, fmt.Errorf("extract template source %s: %w", fileID, err)
+		return nil, &extractError{fmt.Errorf("extract template source %s: %w", fileID, err)}
 	}
 	return files, nil
 }
@@ -172,6 +204,20 @@ func (c *SourceCache) add(key cacheKey, files map[string]string) {
 	}
 	c.entries[key] = c.lru.PushFront(&cacheEntry{key: key, files: files, size: size})
 	c.used += size
+}
+
+// addFailed remembers that key's source failed to extract. c.mu must be
+// held.
+func (c *SourceCache) addFailed(key cacheKey, err error) {
+	if _, ok := c.failed[key]; ok {
+		return
+	}
+	if c.failedLRU.Len() >= maxFailed {
+		oldest := c.failedLRU.Back()
+		c.failedLRU.Remove(oldest)
+		delete(c.failed, oldest.Value.(*failedEntry).key)
+	}
+	c.failed[key] = c.failedLRU.PushFront(&failedEntry{key: key, err: err})
 }
 
 // sourceSize is what files count against a SourceCache's budget.

@@ -430,6 +430,28 @@ func TestAgainstCoderd(t *testing.T) {
 			t.Errorf("two Files(unknown ID) made %d downloads, want 2 (errors are not cached)", n)
 		}
 
+		// A source that fails to extract (here: larger than the limits
+		// allow) is downloaded once, however often it is asked for: the
+		// file ID is immutable, so the answer cannot change.
+		rt.downloads.Store(0)
+		tooBig := Limits{MaxFiles: 1000, MaxFileBytes: 8, MaxTotalBytes: 1 << 20}
+		negative := NewSourceCache(1 << 20)
+		var firstErr error
+		for i := range 5 {
+			_, err := negative.Files(ctx, client.URL.String(), client, fileID, tooBig)
+			if err == nil || !strings.Contains(err.Error(), "extract template source "+fileID.String()) {
+				t.Fatalf("Files() of a too big source, call %d: error = %v, want the extraction error", i+1, err)
+			}
+			if i == 0 {
+				firstErr = err
+			} else if err.Error() != firstErr.Error() {
+				t.Errorf("Files() call %d error = %q, want the first error %q again", i+1, err, firstErr)
+			}
+		}
+		if n := rt.downloads.Load(); n != 1 {
+			t.Errorf("5 Files() of a source that fails to extract made %d downloads, want 1", n)
+		}
+
 		// A budget for one source evicts the least recently used.
 		otherFiles := map[string]string{"main.tf": "locals { other = true }\n"}
 		other, err := Upload(ctx, coder.Client, otherFiles, DefaultLimits)

@@ -203,7 +203,8 @@ func TestRefreshCoalesces(t *testing.T) {
 			errs <- c.Refresh(context.Background())
 		}()
 	}
-	waitFor(t, "callers waiting", func() bool { return flightWaiters(c, 1) == n })
+	// The first caller waits on its own poll too.
+	waitFor(t, "callers waiting", func() bool { return flightWaiters(c, 1) == n+1 })
 
 	gate2 := make(chan struct{})
 	src.setBlock(gate2)
@@ -212,7 +213,7 @@ func TestRefreshCoalesces(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-src.entered
-	waitFor(t, "callers joined the second poll", func() bool { return flightWaiters(c, 2) == n-1 })
+	waitFor(t, "callers joined the second poll", func() bool { return flightWaiters(c, 2) == n })
 	close(gate2)
 	wg.Wait()
 	close(errs)
@@ -242,8 +243,8 @@ func TestRefreshRetriesWhenRunnerGivesUp(t *testing.T) {
 
 	// A caller whose poll was started by another caller (the loop) joins it.
 	second := make(chan error, 1)
-	go func() { second <- c.refresh(context.Background(), false) }()
-	waitFor(t, "joined", func() bool { return flightWaiters(c, 1) == 1 })
+	go func() { second <- c.refresh(context.Background(), false, nil) }()
+	waitFor(t, "joined", func() bool { return flightWaiters(c, 1) == 2 })
 	cancel1()
 	if err := <-first; err == nil {
 		t.Fatal("cancelled Refresh succeeded")

@@ -289,6 +289,25 @@ func (c *Cache) replaceLocked(key string, ps []prepared, listedAfter uint64, at 
 	return out
 }
 
+// mergeLocked applies a partial list: the objects it read are updated as
+// replaceLocked would, the others are kept (no DELETED events), and the
+// backend's sync state and LastReplaced stay as they were.
+func (c *Cache) mergeLocked(key string, ps []prepared, listedAfter uint64) {
+	b := c.backendLocked(key)
+	var batch []*event
+	for _, p := range ps {
+		name := p.obj.GetName()
+		if e := b.objs[name]; e != nil && e.seq > listedAfter {
+			continue
+		}
+		if s, ok := b.deleted[name]; ok && s > listedAfter {
+			continue
+		}
+		_, _, batch = c.recordLocked(key, b, p, false, batch)
+	}
+	c.commitLocked(batch)
+}
+
 func sortedNames(b *backend) []string {
 	names := make([]string, 0, len(b.objs))
 	for n := range b.objs {

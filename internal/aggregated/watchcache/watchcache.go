@@ -50,8 +50,19 @@ type Source interface {
 	Key() string
 	// List returns the complete current set of the backend's objects. The
 	// cache owns the returned objects afterwards.
+	//
+	// When it fails after reading part of the set (one page of several),
+	// it returns what it read with the error: the cache updates those
+	// objects and keeps the others as they were (no DELETED events). An
+	// error wrapping ErrIncomplete says the set may lack objects without
+	// anything having failed (for example the backend changed between
+	// pages): it is applied the same way but is no failure (no backoff).
 	List(ctx context.Context) ([]Object, error)
 }
+
+// ErrIncomplete marks a list that read without failing but may lack
+// objects; see Source.List.
+var ErrIncomplete = errors.New("the list may be incomplete")
 
 const (
 	rvFactor = 1_000_000
@@ -64,6 +75,7 @@ const (
 	defaultBookmarkInterval = time.Minute
 	defaultWatcherBuffer    = 1000
 	defaultListConcurrency  = 8
+	defaultMaxBackoff       = 5 * time.Minute
 )
 
 // Options configures a Cache. Zero values get the documented defaults.
@@ -90,6 +102,9 @@ type Options struct {
 	// ListConcurrency bounds how many backends are listed at once during a
 	// poll. Default 8.
 	ListConcurrency int
+	// MaxBackoff caps the wait after repeated failed Lists of one backend
+	// (a Retry-After from coderd may ask for longer). Default 5m.
+	MaxBackoff time.Duration
 	// Clock is used for sequence numbers, timers and LastReplaced. Default
 	// the real clock.
 	Clock clock.WithTicker
@@ -147,6 +162,7 @@ type Cache struct {
 	bookmarkInterval time.Duration
 	watcherBuffer    int
 	listConcurrency  int
+	maxBackoff       time.Duration
 	clock            clock.WithTicker
 	log              logr.Logger
 	// kind labels the cache's metrics: the Go type name of its objects.
@@ -177,6 +193,15 @@ type Cache struct {
 	pollFlight *flight
 	pollGen    uint64
 	polls      atomic.Uint64
+
+	// listMu guards the per-backend Lists in flight and the backoffs.
+	listMu   sync.Mutex
+	lists    map[string]*backendList
+	listSeq  uint64
+	backoffs map[string]*backoffState
+	lastErrs map[string]error
+	// listSem bounds the Lists running at once (ListConcurrency).
+	listSem chan struct{}
 }
 
 type backend struct {
@@ -201,7 +226,7 @@ func New(opts Options) (*Cache, error) {
 		return nil, errors.New("watchcache: Options.NewObject is required")
 	}
 	if opts.Interval < 0 || opts.BookmarkInterval < 0 || opts.HistorySize < 0 ||
-		opts.WatcherBuffer < 0 || opts.ListConcurrency < 0 {
+		opts.WatcherBuffer < 0 || opts.ListConcurrency < 0 || opts.MaxBackoff < 0 {
 		return nil, errors.New("watchcache: Options must not hold negative values")
 	}
 	c := &Cache{
@@ -211,13 +236,18 @@ func New(opts Options) (*Cache, error) {
 		bookmarkInterval: orDefault(opts.BookmarkInterval, defaultBookmarkInterval),
 		watcherBuffer:    orDefault(opts.WatcherBuffer, defaultWatcherBuffer),
 		listConcurrency:  orDefault(opts.ListConcurrency, defaultListConcurrency),
+		maxBackoff:       orDefault(opts.MaxBackoff, defaultMaxBackoff),
 		clock:            opts.Clock,
 		log:              opts.Logger,
 		kind:             kindOf(opts.NewObject()),
 		backends:         map[string]*backend{},
 		watchers:         map[*watcher]struct{}{},
 		wake:             make(chan struct{}, 1),
+		lists:            map[string]*backendList{},
+		backoffs:         map[string]*backoffState{},
+		lastErrs:         map[string]error{},
 	}
+	c.listSem = make(chan struct{}, c.listConcurrency)
 	if c.clock == nil {
 		c.clock = clock.RealClock{}
 	}
