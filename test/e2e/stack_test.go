@@ -98,6 +98,11 @@ type stackConfig struct {
 	// client.
 	qps   float32
 	burst int
+	// coder configures the stack's coderd.
+	coder testenv.CoderOptions
+	// pollInterval, when set, replaces pollInterval as the operator's
+	// watchPollInterval.
+	pollInterval time.Duration
 }
 
 // stackOption configures newStack.
@@ -141,6 +146,17 @@ func withClientRate(qps float32, burst int) stackOption {
 	return func(c *stackConfig) { c.qps, c.burst = qps, burst }
 }
 
+// withCoder starts the stack's coderd with opts.
+func withCoder(opts testenv.CoderOptions) stackOption {
+	return func(c *stackConfig) { c.coder = opts }
+}
+
+// withPollInterval sets the operator's watchPollInterval (pollInterval
+// otherwise).
+func withPollInterval(d time.Duration) stackOption {
+	return func(c *stackConfig) { c.pollInterval = d }
+}
+
 // newStack builds the stack: kube-apiserver, coderd, the clients, the
 // operator (ready), the control plane coder/coder adopting coderd (with
 // operator access) and the APIService (discovery working), each as the
@@ -156,7 +172,7 @@ func newStack(t testing.TB, opts ...stackOption) *aggStack {
 		t.Fatal(err)
 	}
 	s.k = testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
-	s.coder = testenv.NewCoder(t, testenv.CoderOptions{})
+	s.coder = testenv.NewCoder(t, s.cfg.coder)
 	if s.cfg.proxy {
 		s.proxy = testenv.NewCountingProxy(t, s.coder.URL)
 	}
@@ -210,7 +226,11 @@ func (s *aggStack) startOperator(t testing.TB, extra OperatorOptions) *Operator 
 		o.Mode = "all"
 	}
 	o.Kubeconfig = s.k.KubeconfigPath
-	aggregated := fmt.Sprintf("certDir: %q, watchPollInterval: %s", s.certDir, pollInterval)
+	interval := pollInterval
+	if s.cfg.pollInterval > 0 {
+		interval = s.cfg.pollInterval
+	}
+	aggregated := fmt.Sprintf("certDir: %q, watchPollInterval: %s", s.certDir, interval)
 	if s.cfg.staticTokenFile != "" {
 		o.Mode = "aggregated-apiserver"
 		aggregated += fmt.Sprintf(", coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s}}",
