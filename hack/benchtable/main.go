@@ -251,6 +251,7 @@ var scaleRows = []row{
 	{label: "seeding ratio", bench: scale, unit: "seed-ratio", shown: "×", digits: 3,
 		ref: "Terraform per workspace"},
 	{label: "seeding time, every workspace", bench: scale, unit: "seed-s", shown: "s", digits: 0},
+	{label: "first aggregated LIST (reads every build's parameters)", bench: scale, unit: "list-first-s", shown: "s", digits: 1},
 	{label: "aggregated list ratio", bench: scale, unit: "list-ratio", shown: "×", digits: 2,
 		ref: "coderd GET /api/v2/workspaces %.1f ms", refUnits: []string{"coderd-list-ms"}, target: atMost(1.15, "≤ 1.15")},
 	{label: "RSS, workspaces cached", bench: scale, unit: "rss-MiB", shown: "MiB", digits: 1},
