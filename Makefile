@@ -72,7 +72,8 @@ test-unit: ## Run only the tests that need no external binary.
 ##@ Benchmark (figures printed as ratios against a reference measured in the same run)
 
 # Every package with a benchmark (test/e2e's share one 300-workspace stack in
-# BenchmarkWorkspaces); evaluated only when a bench target runs.
+# BenchmarkWorkspaces); evaluated only when a bench target runs. `make bench`
+# leaves out BenchmarkScale (10,000 workspaces): `make bench-scale`.
 BENCH_PKGS = $(shell grep -rlE --include='*_test.go' '^func Benchmark' . | grep -vE '^\./(hack/tools|bin|\.dev)/' | xargs -r -n1 dirname | sort -u)
 BENCH_TIMEOUT ?= 90m
 
@@ -80,7 +81,7 @@ BENCH_TIMEOUT ?= 90m
 bench: tools build ## Every benchmark in one go test run (output in bin/bench/bench.txt), then the summary table (bin/bench/table.md).
 	@mkdir -p $(BIN)/bench
 	@status=0; \
-	  $(GO) test $(BENCH_PKGS) -run '^$$' -bench . -benchtime 1x -timeout $(BENCH_TIMEOUT) 2>&1 | tee $(BIN)/bench/bench.txt || status=$$?; \
+	  $(GO) test $(BENCH_PKGS) -run '^$$' -bench . -skip '^BenchmarkScale$$' -benchtime 1x -timeout $(BENCH_TIMEOUT) 2>&1 | tee $(BIN)/bench/bench.txt || status=$$?; \
 	  echo; $(GO) run ./hack/benchtable $(BIN)/bench/bench.txt | tee $(BIN)/bench/table.md || { [ $$status -ne 0 ] || status=1; }; \
 	  exit $$status
 
@@ -99,6 +100,14 @@ bench-mcp: tools build ## list_workspaces over MCP vs a LIST ?resourceVersion=0 
 .PHONY: bench-metadata
 bench-metadata: tools build ## kubectl apply --server-side of a template vs a ConfigMap of the same files; a label change to an open watch (p50/p99); list ratio with stored metadata vs without (300 workspaces).
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Metadata$$' -benchtime 1x -timeout 40m
+
+.PHONY: bench-scale
+bench-scale: tools build ## 10,000 workspaces (BENCH_SCALE_WORKSPACES; output in bin/bench/scale.txt, table in bin/bench/scale-table.md) seeded with coderd's echo provisioner: seeding time, list ratio, RSS, coderd requests and CPU per poll with 1 and 50 watchers, watch latency after the poll.
+	@mkdir -p $(BIN)/bench
+	@status=0; \
+	  $(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 60m 2>&1 | tee $(BIN)/bench/scale.txt || status=$$?; \
+	  echo; $(GO) run ./hack/benchtable $(BIN)/bench/scale.txt | tee $(BIN)/bench/scale-table.md || { [ $$status -ne 0 ] || status=1; }; \
+	  exit $$status
 
 .PHONY: bench-startup
 bench-startup: tools build ## all mode against kube-apiserver, no control plane: process start to every /readyz OK vs kubectl get --raw /readyz; idle RSS.

@@ -9,6 +9,10 @@
 // pairs, among them what the benchmarks report with b.ReportMetric. Other
 // lines (the benchmarks' own printouts, logs) are skipped. The rows name
 // those units, so the units are the benchmarks' interface with this table.
+//
+// `make bench` leaves out BenchmarkScale (10,000 workspaces; `make
+// bench-scale`): its figures are a second table, printed when the output
+// holds BenchmarkScale's results, the first when it holds any other.
 package main
 
 import (
@@ -16,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"regexp"
@@ -52,7 +57,17 @@ func run(path string, w io.Writer) error {
 	if len(res) == 0 {
 		return fmt.Errorf("%s holds no benchmark results", path)
 	}
-	return render(w, res, rows)
+	var errs []error
+	if slices.ContainsFunc(slices.Collect(maps.Keys(res)), func(b string) bool { return b != scale }) {
+		errs = append(errs, render(w, res, rows))
+	}
+	if res[scale] != nil {
+		if len(errs) > 0 {
+			fmt.Fprintln(w)
+		}
+		errs = append(errs, render(w, res, scaleRows))
+	}
+	return errors.Join(errs...)
 }
 
 // results holds, per benchmark name without its -GOMAXPROCS suffix, each
@@ -173,6 +188,7 @@ const (
 	startupCP  = "BenchmarkWorkspaces/Startup"
 	startup    = "BenchmarkStartup"
 	memory     = "BenchmarkMemory"
+	scale      = "BenchmarkScale"
 )
 
 // rows are the table, in order. Targets are those the benchmarks print
@@ -245,6 +261,38 @@ var rows = []row{
 		ref: "kubectl get --raw /readyz"},
 	{label: "start-to-ready, control plane with workspaces", bench: startupCP, unit: "ready-s", shown: "s", digits: 2,
 		ref: "kubectl get --raw /readyz %.2f s", refUnits: []string{"ref-kubectl-s"}, target: atMost(5, "≤ 5 s (the chart's readiness probe period)")},
+}
+
+// scaleRows are BenchmarkScale's table (`make bench-scale`).
+var scaleRows = []row{
+	{label: "workspaces", bench: scale, unit: "workspaces", shown: "", digits: 0},
+	{label: "seeding, echo provisioner, per workspace", bench: scale, unit: "seed-ms/workspace", shown: "ms", digits: 1,
+		ref: "Terraform (as BenchmarkWorkspaces builds) %.0f ms", refUnits: []string{"seed-ref-ms/workspace"}},
+	{label: "seeding ratio", bench: scale, unit: "seed-ratio", shown: "×", digits: 3,
+		ref: "Terraform per workspace"},
+	{label: "seeding time, every workspace", bench: scale, unit: "seed-s", shown: "s", digits: 0},
+	{label: "first aggregated LIST (reads every build's parameters)", bench: scale, unit: "list-first-s", shown: "s", digits: 1},
+	{label: "aggregated list ratio", bench: scale, unit: "list-ratio", shown: "×", digits: 2,
+		ref: "coderd GET /api/v2/workspaces %.1f ms", refUnits: []string{"coderd-list-ms"}, target: atMost(1.15, "≤ 1.15")},
+	{label: "RSS, workspaces cached", bench: scale, unit: "rss-MiB", shown: "MiB", digits: 1},
+	{label: "RSS anonymous, workspaces cached", bench: scale, unit: "rss-anon-MiB", shown: "MiB", digits: 1,
+		target: atMost(160, "≤ 160")},
+	{label: "coderd requests per poll, 1 watcher", bench: scale, unit: "coderd-req/poll-1", shown: "req/poll", digits: 2,
+		ref: "poll interval %.0f ms", refUnits: []string{"poll-interval-ms"}},
+	{label: "coderd requests per poll, 50 watchers", bench: scale, unit: "coderd-req/poll-50", shown: "req/poll", digits: 2,
+		target: sameAs("coderd-req/poll-1", 0.1, "equal to 1 watcher's (±10%)")},
+	{label: "coderd CPU per poll, 1 watcher", bench: scale, unit: "coderd-cpu-ms/poll-1", shown: "ms", digits: 0,
+		ref: "no watcher %.0f ms", refUnits: []string{"coderd-cpu-ms/poll-0"}},
+	{label: "coderd CPU per poll, 50 watchers", bench: scale, unit: "coderd-cpu-ms/poll-50", shown: "ms", digits: 0,
+		ref: "no watcher %.0f ms", refUnits: []string{"coderd-cpu-ms/poll-0"}},
+	{label: "watch latency after the poll, 1 watcher, p50", bench: scale, unit: "watch-1-after-poll-p50-ms", shown: "ms", digits: 0,
+		target: atMost(100, "≤ 100")},
+	{label: "watch latency after the poll, 1 watcher, p99", bench: scale, unit: "watch-1-after-poll-p99-ms", shown: "ms", digits: 0,
+		target: atMost(100, "≤ 100")},
+	{label: "watch latency after the poll, 50 watchers, p50", bench: scale, unit: "watch-50-after-poll-p50-ms", shown: "ms", digits: 0,
+		target: atMost(100, "≤ 100")},
+	{label: "watch latency after the poll, 50 watchers, p99", bench: scale, unit: "watch-50-after-poll-p99-ms", shown: "ms", digits: 0,
+		target: atMost(100, "≤ 100")},
 }
 
 // errMissing is returned by render when a row's figure is not in the

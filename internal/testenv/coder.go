@@ -45,6 +45,38 @@ type CoderOptions struct {
 	// StartTimeout bounds the wait for coderd to become ready; 0 means one
 	// minute. coderd itself retries an unreachable database for 30s.
 	StartTimeout time.Duration
+	// ProvisionerTypes are the job types coderd's built-in provisioner
+	// daemons run (--provisioner-types); empty is coderd's default,
+	// terraform only. codersdk.ProvisionerTypeEcho builds a template
+	// version pushed with PushEchoTemplate instantly.
+	ProvisionerTypes []codersdk.ProvisionerType
+	// ProvisionerDaemons is the number of built-in provisioner daemons
+	// (--provisioner-daemons); 0 is coderd's default, 3.
+	ProvisionerDaemons int
+	// DisableRateLimits turns off coderd's API rate limits
+	// (--dangerous-disable-rate-limits; by default 512 requests a minute
+	// per user and endpoint), for seeding many objects quickly.
+	DisableRateLimits bool
+}
+
+// serverArgs are the `coder server` flags opts asks for beyond the ones
+// every testenv coderd runs with.
+func (opts CoderOptions) serverArgs() []string {
+	var args []string
+	if len(opts.ProvisionerTypes) > 0 {
+		types := make([]string, len(opts.ProvisionerTypes))
+		for i, t := range opts.ProvisionerTypes {
+			types[i] = string(t)
+		}
+		args = append(args, "--provisioner-types", strings.Join(types, ","))
+	}
+	if opts.ProvisionerDaemons > 0 {
+		args = append(args, "--provisioner-daemons", strconv.Itoa(opts.ProvisionerDaemons))
+	}
+	if opts.DisableRateLimits {
+		args = append(args, "--dangerous-disable-rate-limits")
+	}
+	return args
 }
 
 // Coder is a running coderd with an in-process Terraform (OpenTofu)
@@ -74,6 +106,7 @@ type Coder struct {
 	// What StartServer needs to run coderd again as it ran first.
 	coderBin     string
 	env          []string
+	args         []string
 	startTimeout time.Duration
 }
 
@@ -141,7 +174,7 @@ func (c *Coder) start(ctx context.Context, opts CoderOptions, coderBin, binDir s
 	if timeout == 0 {
 		timeout = defaultCoderStartTimeout
 	}
-	c.coderBin, c.env, c.startTimeout = coderBin, env, timeout
+	c.coderBin, c.env, c.args, c.startTimeout = coderBin, env, opts.serverArgs(), timeout
 	// FreePort leaves a window in which another process can take the port;
 	// on that (rare) race, try again with a new one.
 	for attempt := 1; ; attempt++ {
@@ -212,6 +245,7 @@ func (c *Coder) startServer(ctx context.Context, coderBin string, env []string, 
 		"--derp-server-stun-addresses", "disable",
 		"--oauth2-github-default-provider-enable=false",
 	)
+	cmd.Args = append(cmd.Args, c.args...)
 	cmd.Dir = c.DataDir
 	cmd.Env = env
 	logPath := filepath.Join(c.DataDir, "coderd.log")
@@ -340,6 +374,19 @@ func (c *Coder) StartServer(ctx context.Context) error {
 			return fmt.Errorf("start coderd on port %d: %w", port, err)
 		}
 	}
+}
+
+// RestartServer stops coderd (SIGTERM, then SIGKILL after grace) and
+// starts it again like StartServer, with the provisioner and rate-limit
+// settings of opts (its other fields are ignored): for example to seed
+// with rate limits disabled and measure with coderd's defaults.
+func (c *Coder) RestartServer(ctx context.Context, grace time.Duration, opts CoderOptions) error {
+	if c.coderBin == "" {
+		return errors.New("restart coderd: the Coder was not started by StartCoder")
+	}
+	c.StopServer(grace)
+	c.args = opts.serverArgs()
+	return c.StartServer(ctx)
 }
 
 // NewCoder starts a Coder for a test and stops it when the test ends. It

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
+	sdkproto "github.com/coder/coder/v2/provisionersdk/proto"
 	"github.com/google/uuid"
+	protobuf "google.golang.org/protobuf/proto"
 )
 
 // What tests do in a running coderd through its API: push templates,
@@ -46,6 +48,45 @@ output "message" {
 // the version's import job to succeed, and returns the template. On a
 // failed or canceled job the error carries the job's error and logs.
 func (c *Coder) PushTemplate(ctx context.Context, name string, files map[string]string) (codersdk.Template, error) {
+	return c.pushTemplate(ctx, name, files, codersdk.ProvisionerTypeTerraform)
+}
+
+// PushEchoTemplate pushes, as PushTemplate does, a template for coderd's
+// echo provisioner (CoderOptions.ProvisionerTypes must include it) whose
+// builds succeed at once without resources: the way to create many real
+// workspaces through coderd's API quickly.
+func (c *Coder) PushEchoTemplate(ctx context.Context, name string) (codersdk.Template, error) {
+	files, err := EchoTemplate()
+	if err != nil {
+		return codersdk.Template{}, fmt.Errorf("push template %q: %w", name, err)
+	}
+	return c.pushTemplate(ctx, name, files, codersdk.ProvisionerTypeEcho)
+}
+
+// EchoTemplate returns the files of a template for coderd's echo
+// provisioner: for each stage, the response it replays (N.<stage>.protobuf,
+// a serialized provisionersdk proto.Response), here each stage's empty
+// success, as coder's own echo.Tar(nil) writes them.
+func EchoTemplate() (map[string]string, error) {
+	stages := map[string]*sdkproto.Response{
+		"parse": {Type: &sdkproto.Response_Parse{Parse: &sdkproto.ParseComplete{}}},
+		"init":  {Type: &sdkproto.Response_Init{Init: &sdkproto.InitComplete{ModuleFiles: []byte{}}}},
+		"graph": {Type: &sdkproto.Response_Graph{Graph: &sdkproto.GraphComplete{}}},
+		"plan":  {Type: &sdkproto.Response_Plan{Plan: &sdkproto.PlanComplete{Plan: []byte("{}")}}},
+		"apply": {Type: &sdkproto.Response_Apply{Apply: &sdkproto.ApplyComplete{}}},
+	}
+	files := make(map[string]string, len(stages))
+	for stage, resp := range stages {
+		data, err := protobuf.Marshal(resp)
+		if err != nil {
+			return nil, fmt.Errorf("echo template: %s response: %w", stage, err)
+		}
+		files["0."+stage+".protobuf"] = string(data)
+	}
+	return files, nil
+}
+
+func (c *Coder) pushTemplate(ctx context.Context, name string, files map[string]string, provisioner codersdk.ProvisionerType) (codersdk.Template, error) {
 	if c.Client == nil {
 		return codersdk.Template{}, fmt.Errorf("push template %q: coder has no first user (SkipFirstUser)", name)
 	}
@@ -65,7 +106,7 @@ func (c *Coder) PushTemplate(ctx context.Context, name string, files map[string]
 	req := codersdk.CreateTemplateVersionRequest{
 		StorageMethod: codersdk.ProvisionerStorageMethodFile,
 		FileID:        upload.ID,
-		Provisioner:   codersdk.ProvisionerTypeTerraform,
+		Provisioner:   provisioner,
 	}
 	if found {
 		req.TemplateID = existing.ID

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -369,4 +371,118 @@ func coderDirs(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	return dirs
+}
+
+// TestCoderEchoSeeding runs coderd as BenchmarkScale seeds it: the echo
+// provisioner next to Terraform and rate limits off. A workspace of an
+// echo template builds; RestartServer with coderd's defaults keeps the
+// workspace and turns the rate limit back on, which a burst beyond it
+// meets as 429 Too Many Requests.
+func TestCoderEchoSeeding(t *testing.T) {
+	c := NewCoder(t, CoderOptions{
+		ProvisionerTypes:   []codersdk.ProvisionerType{codersdk.ProvisionerTypeTerraform, codersdk.ProvisionerTypeEcho},
+		ProvisionerDaemons: 4,
+		DisableRateLimits:  true,
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	cfg, err := c.Client.DeploymentConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Values.Provisioner.DaemonTypes.Value(); strings.Join(got, ",") != "terraform,echo" || cfg.Values.Provisioner.Daemons.Value() != 4 || !cfg.Values.RateLimit.DisableAll.Value() {
+		t.Errorf("coderd runs provisioners %v x%d, rate limits disabled %v; want [terraform echo] x4, disabled",
+			got, cfg.Values.Provisioner.Daemons.Value(), cfg.Values.RateLimit.DisableAll.Value())
+	}
+	tpl, err := c.PushEchoTemplate(ctx, "echo")
+	if err != nil {
+		t.Fatalf("push echo template: %v", err)
+	}
+	version, err := c.Client.TemplateVersion(ctx, tpl.ActiveVersionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if version.Job.Status != codersdk.ProvisionerJobSucceeded {
+		t.Errorf("echo template version import %s, want succeeded", version.Job.Status)
+	}
+	ws, err := c.CreateWorkspace(ctx, "echo", "echo1")
+	if err != nil {
+		t.Fatalf("create workspace: %v", err)
+	}
+	assertBuild(t, ws, codersdk.WorkspaceTransitionStart, codersdk.WorkspaceStatusRunning)
+	// Rate limits off: a burst beyond coderd's default 512 a minute passes.
+	if n := burst(ctx, t, c, 600); n != 0 {
+		t.Errorf("%d of 600 requests got 429 with rate limits disabled", n)
+	}
+
+	pid := c.Process.PID()
+	if err := c.RestartServer(ctx, 15*time.Second, CoderOptions{}); err != nil {
+		t.Fatalf("restart coderd: %v", err)
+	}
+	if c.Process.PID() == pid {
+		t.Errorf("coderd still runs as pid %d after the restart", pid)
+	}
+	cfg, err = c.Client.DeploymentConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Values.Provisioner.DaemonTypes.Value(); strings.Join(got, ",") != "terraform" || cfg.Values.Provisioner.Daemons.Value() != 3 ||
+		cfg.Values.RateLimit.DisableAll.Value() || cfg.Values.RateLimit.API.Value() != 512 {
+		t.Errorf("restarted coderd runs provisioners %v x%d, rate limits disabled %v, API limit %d; want coderd's defaults [terraform] x3, enabled, 512",
+			got, cfg.Values.Provisioner.Daemons.Value(), cfg.Values.RateLimit.DisableAll.Value(), cfg.Values.RateLimit.API.Value())
+	}
+	got, err := c.Client.WorkspaceByOwnerAndName(ctx, c.Username, "echo1", codersdk.WorkspaceOptions{})
+	if err != nil {
+		t.Fatalf("the workspace after the restart: %v", err)
+	}
+	if got.ID != ws.ID {
+		t.Errorf("workspace echo1 is %s after the restart, want %s", got.ID, ws.ID)
+	}
+	if n := burst(ctx, t, c, 600); n == 0 {
+		t.Error("600 requests within a minute got no 429 after the restart with coderd's default rate limit")
+	}
+}
+
+// burst sends n GET /api/v2/users/me as the first user, 8 at a time, and
+// returns how many got 429 Too Many Requests.
+func burst(ctx context.Context, t *testing.T, c *Coder, n int) int {
+	t.Helper()
+	var limited, failed atomic.Int64
+	var wg sync.WaitGroup
+	next := make(chan struct{})
+	for range 8 {
+		wg.Go(func() {
+			for range next {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL.JoinPath("api/v2/users/me").String(), nil)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				req.Header.Set(codersdk.SessionTokenHeader, c.SessionToken)
+				res, err := http.DefaultClient.Do(req)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				_ = res.Body.Close()
+				switch res.StatusCode {
+				case http.StatusTooManyRequests:
+					limited.Add(1)
+				case http.StatusOK:
+				default:
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	for range n {
+		next <- struct{}{}
+	}
+	close(next)
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		t.Fatalf("%d of %d requests failed", f, n)
+	}
+	return int(limited.Load())
 }

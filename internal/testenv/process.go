@@ -131,6 +131,9 @@ func (p *Process) Exited() (bool, error) {
 	}
 }
 
+// PID is the process's ID (for reading /proc/<pid>).
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
 // Signal sends sig to the process itself (not its group), as a container
 // runtime does to PID 1.
 func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }

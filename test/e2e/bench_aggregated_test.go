@@ -143,8 +143,9 @@ type benchStack struct {
 }
 
 // newBenchStack starts the stack; kubeQPS, when set, overrides the
-// operator's Kubernetes client rate limit.
-func newBenchStack(b *testing.B, kubeQPS int) *benchStack {
+// operator's Kubernetes client rate limit; extra are further stack
+// options.
+func newBenchStack(b *testing.B, kubeQPS int, extra ...stackOption) *benchStack {
 	b.Helper()
 	coderBin, err := testenv.Binary("coder")
 	if err != nil {
@@ -153,14 +154,15 @@ func newBenchStack(b *testing.B, kubeQPS int) *benchStack {
 	// The control plane talks to coderd directly for the list and CLI
 	// figures (a test-only hop would weigh on them); benchWatch points it
 	// at the proxy.
-	s := newStack(b, withCoderdProxy(false),
+	s := newStack(b, append([]stackOption{withCoderdProxy(false),
 		// Log at info, the default: debug logging (among others a line per
 		// MCP tool call) is not what a deployment pays for.
 		withOperator(OperatorOptions{KubeQPS: kubeQPS, Args: []string{"--log-level", "info"}}),
 		// 50 watches at once would wait for client-go's default rate limit.
 		withClientRate(1000, 2000),
 		// What users run: the watch latency figures depend on it.
-		withPollInterval(config.Default().AggregatedAPIServer.WatchPollInterval.Duration))
+		withPollInterval(config.Default().AggregatedAPIServer.WatchPollInterval.Duration)},
+		extra...)...)
 	st := &benchStack{
 		aggStack: s, coderBin: coderBin,
 		listURL: strings.TrimRight(s.k.Config.Host, "/") + "/apis/aggregation.coder.com/v1alpha1/coderworkspaces",

@@ -66,16 +66,7 @@ func (st *benchStack) benchWatch(b *testing.B, n int) {
 			k := i*benchWatchSamples + j
 			name := benchWorkspace(k % n)
 			ttl := benchTTLMs + int64(k)*time.Minute.Milliseconds()
-			offset := time.Duration(rng.Int64N(int64(interval)))
-			last, ok := st.lastPollStart(interval)
-			if !ok {
-				b.Fatalf("the counting proxy saw no workspace list by the operator within %s of %d watchers opening", 2*interval, watchers)
-			}
-			at := last.Add(offset)
-			for at.Before(time.Now()) {
-				at = at.Add(interval)
-			}
-			time.Sleep(time.Until(at))
+			offset := st.sleepToRandomOffset(b, rng, interval)
 			err := st.coder.Client.UpdateWorkspaceTTL(context.Background(), ids[name], codersdk.UpdateWorkspaceTTLRequest{TTLMillis: &ttl})
 			changed := time.Now()
 			if err != nil {
@@ -179,6 +170,24 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// sleepToRandomOffset sleeps until a seeded random offset after the start
+// of the latest poll (of the next cycle when that moment has passed) and
+// returns the offset.
+func (st *benchStack) sleepToRandomOffset(b *testing.B, rng *rand.Rand, interval time.Duration) time.Duration {
+	b.Helper()
+	offset := time.Duration(rng.Int64N(int64(interval)))
+	last, ok := st.lastPollStart(interval)
+	if !ok {
+		b.Fatalf("the counting proxy saw no workspace list by the operator within %s of the watchers opening", 2*interval)
+	}
+	at := last.Add(offset)
+	for at.Before(time.Now()) {
+		at = at.Add(interval)
+	}
+	time.Sleep(time.Until(at))
+	return offset
 }
 
 // lastPollStart is when the latest poll started.

@@ -101,6 +101,8 @@ type stackConfig struct {
 	// watchPollInterval, when set, replaces pollInterval as the operator's
 	// watch poll interval.
 	watchPollInterval time.Duration
+	// coder configures the stack's coderd.
+	coder testenv.CoderOptions
 }
 
 // stackOption configures newStack.
@@ -158,6 +160,11 @@ func withClientRate(qps float32, burst int) stackOption {
 	return func(c *stackConfig) { c.qps, c.burst = qps, burst }
 }
 
+// withCoder starts the stack's coderd with opts.
+func withCoder(opts testenv.CoderOptions) stackOption {
+	return func(c *stackConfig) { c.coder = opts }
+}
+
 // newStack builds the stack: kube-apiserver, coderd, the clients, the
 // operator (ready), the control plane coder/coder adopting coderd (with
 // operator access) and the APIService (discovery working), each as the
@@ -173,7 +180,7 @@ func newStack(t testing.TB, opts ...stackOption) *aggStack {
 		t.Fatal(err)
 	}
 	s.k = testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
-	s.coder = testenv.NewCoder(t, testenv.CoderOptions{})
+	s.coder = testenv.NewCoder(t, s.cfg.coder)
 	if s.cfg.proxy {
 		s.proxy = testenv.NewCountingProxy(t, s.coder.URL)
 	}
