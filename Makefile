@@ -105,7 +105,7 @@ bench-metadata: tools build ## kubectl apply --server-side of a template vs a Co
 bench-scale: tools build ## 10,000 workspaces (BENCH_SCALE_WORKSPACES; output in bin/bench/scale.txt, table in bin/bench/scale-table.md) seeded with coderd's echo provisioner: seeding time, list ratio, RSS, coderd requests and CPU per poll with 1 and 50 watchers, watch latency after the poll.
 	@mkdir -p $(BIN)/bench
 	@status=0; \
-	  $(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 60m 2>&1 | tee $(BIN)/bench/scale.txt || status=$$?; \
+	  $(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 120m 2>&1 | tee $(BIN)/bench/scale.txt || status=$$?; \
 	  echo; $(GO) run ./hack/benchtable $(BIN)/bench/scale.txt | tee $(BIN)/bench/scale-table.md || { [ $$status -ne 0 ] || status=1; }; \
 	  exit $$status
 
