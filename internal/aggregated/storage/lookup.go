@@ -3,7 +3,7 @@ package storage
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
+	"hash/maphash"
 	"sync"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -157,9 +157,12 @@ func (m *listMemo) set(key string, v map[uint64]*aggv1.CoderWorkspace) {
 	m.byBE[key] = v
 }
 
-// hashBytes is FNV-1a over b.
+// memoSeed seeds the list memo's hashes; the memo lives only in this
+// process.
+var memoSeed = maphash.MakeSeed()
+
+// hashBytes is a 64-bit hash of b: maphash, which reads a large list's
+// JSON many times faster than FNV does.
 func hashBytes(b []byte) uint64 {
-	h := fnv.New64a()
-	_, _ = h.Write(b)
-	return h.Sum64()
+	return maphash.Bytes(memoSeed, b)
 }

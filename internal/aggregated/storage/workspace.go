@@ -1,10 +1,12 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -92,11 +94,20 @@ func (s *WorkspaceStorage) ShortNames() []string    { return []string{"cws"} }
 // while bounding each answer's size.
 const defaultWorkspacePageSize = 1000
 
-// workspacePage is one page of coderd's answer, each workspace kept as its
-// JSON so unchanged ones are not decoded again.
-type workspacePage struct {
-	Workspaces []json.RawMessage `json:"workspaces"`
-	Count      int               `json:"count"`
+// listedWorkspace is one workspace of coderd's answer: the hash of its
+// JSON, which keys the list memo, and either the object an earlier list
+// built from the same JSON (memo) or the workspace decoded from it (ws).
+type listedWorkspace struct {
+	hash uint64
+	memo *aggv1.CoderWorkspace
+	ws   *codersdk.Workspace
+}
+
+func (l listedWorkspace) id() string {
+	if l.memo != nil {
+		return l.memo.Status.ID
+	}
+	return l.ws.ID.String()
 }
 
 // listWorkspaces reads every workspace of one coderd, page by page.
@@ -115,16 +126,18 @@ type workspacePage struct {
 // fails returns the workspaces of the pages before it with the error
 // (a partial list, see watchcache.Source).
 func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watchcache.Object, error) {
+	memoKey := t.coderdKey() + "/" + strconv.FormatBool(t.prefixed)
+	prev := s.memo.get(memoKey)
 	started := time.Now()
-	raws, err := s.readWorkspacePages(ctx, t)
+	listed, err := s.readWorkspacePages(ctx, t, prev)
 	if errors.Is(err, watchcache.ErrIncomplete) {
 		started = time.Now()
-		raws, err = s.readWorkspacePages(ctx, t)
+		listed, err = s.readWorkspacePages(ctx, t, prev)
 	}
-	if len(raws) == 0 && err != nil {
+	if len(listed) == 0 && err != nil {
 		return nil, err
 	}
-	out, convErr := s.convertWorkspaces(ctx, t, raws, err != nil)
+	out, convErr := s.convertWorkspaces(ctx, t, listed, memoKey, prev, err != nil)
 	if convErr != nil {
 		return nil, convErr
 	}
@@ -135,115 +148,121 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 }
 
 // readWorkspacePages reads coderd's workspaces page by page; see
-// listWorkspaces.
-func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target) ([]json.RawMessage, error) {
+// listWorkspaces. A workspace whose JSON hashes to an entry of prev is
+// not decoded.
+func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, prev map[uint64]*aggv1.CoderWorkspace) ([]listedWorkspace, error) {
 	size := s.pageSize
 	if size <= 0 {
 		size = defaultWorkspacePageSize
 	}
 	var (
-		raws  []json.RawMessage
-		index = map[string]int{}
-		count = -1
-		shift bool
+		listed []listedWorkspace
+		index  = map[string]int{}
+		count  = -1
+		shift  bool
 	)
 	for offset := 0; ; {
-		page, err := s.readWorkspacePage(ctx, t, size, offset)
+		raws, pageCount, err := s.readWorkspacePage(ctx, t, size, offset)
 		if err != nil {
-			return raws, err
+			return listed, err
 		}
-		if count >= 0 && page.Count != count {
+		if count >= 0 && pageCount != count {
 			shift = true
 		}
-		count = page.Count
-		for _, raw := range page.Workspaces {
-			var id struct {
-				ID string `json:"id"`
+		count = pageCount
+		for _, raw := range raws {
+			l := listedWorkspace{hash: hashBytes(raw)}
+			if l.memo = prev[l.hash]; l.memo == nil {
+				l.ws = new(codersdk.Workspace)
+				if err := json.Unmarshal(raw, l.ws); err != nil {
+					return listed, fmt.Errorf("list workspaces: decode a workspace: %w", err)
+				}
 			}
-			if err := json.Unmarshal(raw, &id); err != nil {
-				return raws, fmt.Errorf("list workspaces: decode a workspace: %w", err)
-			}
-			if i, ok := index[id.ID]; ok {
-				raws[i] = raw
+			id := l.id()
+			if i, ok := index[id]; ok {
+				listed[i] = l
 				shift = true
 				continue
 			}
-			index[id.ID] = len(raws)
-			raws = append(raws, raw)
+			index[id] = len(listed)
+			listed = append(listed, l)
 		}
-		offset += len(page.Workspaces)
-		if len(page.Workspaces) < size || offset >= page.Count {
+		offset += len(raws)
+		if len(raws) < size || offset >= pageCount {
 			break
 		}
 	}
-	if shift || len(raws) != count {
-		return raws, fmt.Errorf("list workspaces: coderd's workspaces changed between pages (%d distinct read, %d counted): %w", len(raws), count, watchcache.ErrIncomplete)
+	if shift || len(listed) != count {
+		return listed, fmt.Errorf("list workspaces: coderd's workspaces changed between pages (%d distinct read, %d counted): %w", len(listed), count, watchcache.ErrIncomplete)
 	}
-	return raws, nil
+	return listed, nil
 }
 
-// readWorkspacePage reads one page.
-func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, limit, offset int) (*workspacePage, error) {
+// readWorkspacePage reads one page: each workspace's JSON (see
+// splitWorkspacesPage) and coderd's total count.
+func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, limit, offset int) ([]json.RawMessage, int, error) {
 	path := "/api/v2/workspaces?limit=" + strconv.Itoa(limit) + "&offset=" + strconv.Itoa(offset)
 	res, err := t.Client.Request(ctx, http.MethodGet, path, nil)
 	if err != nil {
-		return nil, fmt.Errorf("list workspaces (offset %d): %w", offset, err)
+		return nil, 0, fmt.Errorf("list workspaces (offset %d): %w", offset, err)
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("list workspaces (offset %d): %w", offset, coderapi.ReadResponseError(res, time.Now()))
+		return nil, 0, fmt.Errorf("list workspaces (offset %d): %w", offset, coderapi.ReadResponseError(res, time.Now()))
 	}
-	var page workspacePage
-	if err := json.NewDecoder(res.Body).Decode(&page); err != nil {
-		return nil, fmt.Errorf("list workspaces (offset %d): decode coderd's answer: %w", offset, err)
+	body, err := readBody(res)
+	if err != nil {
+		return nil, 0, fmt.Errorf("list workspaces (offset %d): read coderd's answer: %w", offset, err)
 	}
-	return &page, nil
+	raws, count, err := splitWorkspacesPage(body)
+	if err != nil {
+		return nil, 0, fmt.Errorf("list workspaces (offset %d): decode coderd's answer: %w", offset, err)
+	}
+	return raws, count, nil
 }
 
-// convertWorkspaces turns coderd's workspaces into objects, reusing the
-// memo for unchanged JSON. A partial list adds to the memo instead of
-// replacing it, since the workspaces it did not read may come back
-// unchanged.
-func (s *WorkspaceStorage) convertWorkspaces(ctx context.Context, t target, raws []json.RawMessage, partial bool) ([]watchcache.Object, error) {
-	memoKey := t.coderdKey() + "/" + strconv.FormatBool(t.prefixed)
-	prev := s.memo.get(memoKey)
-	next := make(map[uint64]*aggv1.CoderWorkspace, len(raws))
+// readBody reads a response's body, sized by its Content-Length when
+// known (the body itself is bounded by the coderd client).
+func readBody(res *http.Response) ([]byte, error) {
+	if res.ContentLength <= 0 || res.ContentLength > coderapi.MaxResponseBytes {
+		return io.ReadAll(res.Body)
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, res.ContentLength+1))
+	_, err := buf.ReadFrom(res.Body)
+	return buf.Bytes(), err
+}
+
+// convertWorkspaces turns coderd's workspaces into objects: the memo's
+// object for unchanged JSON, a conversion of the decoded workspace
+// otherwise. A partial list adds to the memo instead of replacing it,
+// since the workspaces it did not read may come back unchanged.
+func (s *WorkspaceStorage) convertWorkspaces(ctx context.Context, t target, listed []listedWorkspace, memoKey string, prev map[uint64]*aggv1.CoderWorkspace, partial bool) ([]watchcache.Object, error) {
+	next := make(map[uint64]*aggv1.CoderWorkspace, len(listed))
 	if partial {
 		maps.Copy(next, prev)
 	}
-	out := make([]watchcache.Object, len(raws))
-	type fresh struct {
-		i    int
-		hash uint64
-		ws   codersdk.Workspace
-	}
-	var todo []fresh
-	for i, raw := range raws {
-		h := hashBytes(raw)
-		if obj, ok := prev[h]; ok {
-			next[h] = obj
-			out[i] = obj.DeepCopy()
+	out := make([]watchcache.Object, len(listed))
+	var ids []uuid.UUID
+	for i, l := range listed {
+		if l.memo != nil {
+			next[l.hash] = l.memo
+			out[i] = l.memo.DeepCopy()
 			continue
 		}
-		f := fresh{i: i, hash: h}
-		if err := json.Unmarshal(raw, &f.ws); err != nil {
-			return nil, fmt.Errorf("list workspaces: decode a workspace: %w", err)
-		}
-		todo = append(todo, f)
-	}
-	ids := make([]uuid.UUID, len(todo))
-	for i := range todo {
-		ids[i] = todo[i].ws.LatestBuild.ID
+		ids = append(ids, l.ws.LatestBuild.ID)
 	}
 	params, err := s.params.fill(ctx, t, ids)
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range todo {
-		obj := toWorkspace(t, &f.ws, params[f.ws.LatestBuild.ID])
-		next[f.hash] = obj
+	for i, l := range listed {
+		if l.memo != nil {
+			continue
+		}
+		obj := toWorkspace(t, l.ws, params[l.ws.LatestBuild.ID])
+		next[l.hash] = obj
 		// The cache owns what it is given; the memo keeps its own copy.
-		out[f.i] = obj.DeepCopy()
+		out[i] = obj.DeepCopy()
 	}
 	s.memo.set(memoKey, next)
 	return out, nil
