@@ -135,24 +135,44 @@ func toParameters(in []codersdk.WorkspaceBuildParameter) []aggv1.WorkspaceParame
 	return out
 }
 
-// listMemo remembers, per backend and coderd, the objects the last list built, by a
-// hash of each object's JSON from coderd.
+// listMemo remembers, per backend and coderd, what the last list built
+// from each workspace's JSON, by a hash of that JSON.
 type listMemo struct {
 	mu   sync.Mutex
-	byBE map[string]map[uint64]*aggv1.CoderWorkspace
+	byBE map[string]map[uint64]*memoEntry
 }
 
-func (m *listMemo) get(key string) map[uint64]*aggv1.CoderWorkspace {
+// memoEntry is what a list built from one workspace's JSON. It is never
+// modified once in the memo (lists running at once share it): a list
+// that merges a record other than merged's makes a new entry.
+type memoEntry struct {
+	// obj is Coder's view, before its record is merged.
+	obj *aggv1.CoderWorkspace
+	// merged is obj merged with a record; nil until a list merged one.
+	merged *mergedView
+}
+
+// mergedView is a memo entry's object merged with the record at
+// recordRV ("" for none), with its watch cache fingerprint and the spec
+// hash the merge found to count ("" none).
+type mergedView struct {
+	recordRV string
+	obj      *aggv1.CoderWorkspace
+	fp       uint64
+	specHash string
+}
+
+func (m *listMemo) get(key string) map[uint64]*memoEntry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.byBE[key]
 }
 
-func (m *listMemo) set(key string, v map[uint64]*aggv1.CoderWorkspace) {
+func (m *listMemo) set(key string, v map[uint64]*memoEntry) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.byBE == nil {
-		m.byBE = map[string]map[uint64]*aggv1.CoderWorkspace{}
+		m.byBE = map[string]map[uint64]*memoEntry{}
 	}
 	m.byBE[key] = v
 }

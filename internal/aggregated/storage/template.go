@@ -123,7 +123,7 @@ func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchc
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	if err := s.mergeListed(ctx, t, out, started, true); err != nil {
+	if err := s.mergeListed(ctx, t, out, started, true, nil); err != nil {
 		return nil, err
 	}
 	return out, nil

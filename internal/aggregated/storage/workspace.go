@@ -6,11 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -23,6 +23,7 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/coderapi"
 )
@@ -99,13 +100,13 @@ const defaultWorkspacePageSize = 1000
 // built from the same JSON (memo) or the workspace decoded from it (ws).
 type listedWorkspace struct {
 	hash uint64
-	memo *aggv1.CoderWorkspace
+	memo *memoEntry
 	ws   *codersdk.Workspace
 }
 
 func (l listedWorkspace) id() string {
 	if l.memo != nil {
-		return l.memo.Status.ID
+		return l.memo.obj.Status.ID
 	}
 	return l.ws.ID.String()
 }
@@ -137,20 +138,54 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 	if len(listed) == 0 && err != nil {
 		return nil, err
 	}
-	out, convErr := s.convertWorkspaces(ctx, t, listed, memoKey, prev, err != nil)
+	out, entries, next, convErr := s.convertWorkspaces(ctx, t, listed, prev, err != nil)
 	if convErr != nil {
 		return nil, convErr
 	}
-	if mergeErr := s.mergeListed(ctx, t, out, started, err == nil); mergeErr != nil {
+	merge := func(i int, rec *records.Record) (watchcache.Object, string) {
+		obj, e := mergeMemo(entries[i], rec)
+		next[listed[i].hash] = e
+		return obj, e.merged.specHash
+	}
+	if mergeErr := s.mergeListed(ctx, t, out, started, err == nil, merge); mergeErr != nil {
 		return nil, mergeErr
 	}
+	s.memo.set(memoKey, next)
 	return out, err
+}
+
+// mergeMemo returns the object to list for a memo entry merged with rec
+// (nil: none), and the entry to remember. When the entry has already
+// been merged with the same record (by its resourceVersion, which
+// changes with every write of it), the object is a copy of that merge,
+// handed to the cache with its fingerprint; otherwise the record is
+// merged into a copy of Coder's view and the result remembered.
+func mergeMemo(e *memoEntry, rec *records.Record) (watchcache.Object, *memoEntry) {
+	rv := ""
+	if rec != nil {
+		rv = rec.ResourceVersion
+	}
+	if v := e.merged; v != nil && v.recordRV == rv {
+		return watchcache.WithFingerprint(v.obj.DeepCopy(), v.fp), e
+	}
+	obj := e.obj.DeepCopy()
+	var specHash string
+	if mergeRecord(obj, rec) {
+		specHash = specHashOf(obj)
+	}
+	fp, err := watchcache.Fingerprint(obj)
+	if err != nil {
+		// The cache logs and leaves out what it cannot encode.
+		return obj, e
+	}
+	view := &mergedView{recordRV: rv, obj: obj.DeepCopy(), fp: fp, specHash: specHash}
+	return watchcache.WithFingerprint(obj, fp), &memoEntry{obj: e.obj, merged: view}
 }
 
 // readWorkspacePages reads coderd's workspaces page by page; see
 // listWorkspaces. A workspace whose JSON hashes to an entry of prev is
 // not decoded.
-func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, prev map[uint64]*aggv1.CoderWorkspace) ([]listedWorkspace, error) {
+func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, prev map[uint64]*memoEntry) ([]listedWorkspace, error) {
 	size := s.pageSize
 	if size <= 0 {
 		size = defaultWorkspacePageSize
@@ -161,8 +196,10 @@ func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, pre
 		count  = -1
 		shift  bool
 	)
+	buf := pageBuffers.Get().(*bytes.Buffer)
+	defer pageBuffers.Put(buf)
 	for offset := 0; ; {
-		raws, pageCount, err := s.readWorkspacePage(ctx, t, size, offset)
+		raws, pageCount, err := s.readWorkspacePage(ctx, t, buf, size, offset)
 		if err != nil {
 			return listed, err
 		}
@@ -198,9 +235,9 @@ func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, pre
 	return listed, nil
 }
 
-// readWorkspacePage reads one page: each workspace's JSON (see
-// splitWorkspacesPage) and coderd's total count.
-func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, limit, offset int) ([]json.RawMessage, int, error) {
+// readWorkspacePage reads one page into buf: each workspace's JSON (see
+// splitWorkspacesPage; the elements alias buf) and coderd's total count.
+func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, buf *bytes.Buffer, limit, offset int) ([]json.RawMessage, int, error) {
 	path := "/api/v2/workspaces?limit=" + strconv.Itoa(limit) + "&offset=" + strconv.Itoa(offset)
 	res, err := t.Client.Request(ctx, http.MethodGet, path, nil)
 	if err != nil {
@@ -210,62 +247,55 @@ func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, limi
 	if res.StatusCode != http.StatusOK {
 		return nil, 0, fmt.Errorf("list workspaces (offset %d): %w", offset, coderapi.ReadResponseError(res, time.Now()))
 	}
-	body, err := readBody(res)
-	if err != nil {
+	buf.Reset()
+	if _, err := buf.ReadFrom(res.Body); err != nil {
 		return nil, 0, fmt.Errorf("list workspaces (offset %d): read coderd's answer: %w", offset, err)
 	}
-	raws, count, err := splitWorkspacesPage(body)
+	raws, count, err := splitWorkspacesPage(buf.Bytes())
 	if err != nil {
 		return nil, 0, fmt.Errorf("list workspaces (offset %d): decode coderd's answer: %w", offset, err)
 	}
 	return raws, count, nil
 }
 
-// readBody reads a response's body, sized by its Content-Length when
-// known (the body itself is bounded by the coderd client).
-func readBody(res *http.Response) ([]byte, error) {
-	if res.ContentLength <= 0 || res.ContentLength > coderapi.MaxResponseBytes {
-		return io.ReadAll(res.Body)
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, res.ContentLength+1))
-	_, err := buf.ReadFrom(res.Body)
-	return buf.Bytes(), err
-}
+// pageBuffers keeps the buffers pages are read into: a page of a
+// thousand workspaces is megabytes, and nothing keeps its bytes once it
+// has been split, hashed and decoded.
+var pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-// convertWorkspaces turns coderd's workspaces into objects: the memo's
-// object for unchanged JSON, a conversion of the decoded workspace
-// otherwise. A partial list adds to the memo instead of replacing it,
-// since the workspaces it did not read may come back unchanged.
-func (s *WorkspaceStorage) convertWorkspaces(ctx context.Context, t target, listed []listedWorkspace, memoKey string, prev map[uint64]*aggv1.CoderWorkspace, partial bool) ([]watchcache.Object, error) {
-	next := make(map[uint64]*aggv1.CoderWorkspace, len(listed))
+// convertWorkspaces turns coderd's workspaces into Coder's view of each
+// (shared with the memo: mergeMemo copies it before merging): the memo's
+// for unchanged JSON, a conversion of the decoded workspace otherwise. It
+// returns each object's memo entry and the memo to keep. A partial list
+// adds to the memo instead of replacing it, since the workspaces it did
+// not read may come back unchanged.
+func (s *WorkspaceStorage) convertWorkspaces(ctx context.Context, t target, listed []listedWorkspace, prev map[uint64]*memoEntry, partial bool) ([]watchcache.Object, []*memoEntry, map[uint64]*memoEntry, error) {
+	next := make(map[uint64]*memoEntry, len(listed))
 	if partial {
 		maps.Copy(next, prev)
 	}
 	out := make([]watchcache.Object, len(listed))
+	entries := make([]*memoEntry, len(listed))
 	var ids []uuid.UUID
-	for i, l := range listed {
-		if l.memo != nil {
-			next[l.hash] = l.memo
-			out[i] = l.memo.DeepCopy()
-			continue
+	for _, l := range listed {
+		if l.memo == nil {
+			ids = append(ids, l.ws.LatestBuild.ID)
 		}
-		ids = append(ids, l.ws.LatestBuild.ID)
 	}
 	params, err := s.params.fill(ctx, t, ids)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	for i, l := range listed {
-		if l.memo != nil {
-			continue
+		e := l.memo
+		if e == nil {
+			e = &memoEntry{obj: toWorkspace(t, l.ws, params[l.ws.LatestBuild.ID])}
 		}
-		obj := toWorkspace(t, l.ws, params[l.ws.LatestBuild.ID])
-		next[l.hash] = obj
-		// The cache owns what it is given; the memo keeps its own copy.
-		out[i] = obj.DeepCopy()
+		entries[i] = e
+		next[l.hash] = e
+		out[i] = e.obj
 	}
-	s.memo.set(memoKey, next)
-	return out, nil
+	return out, entries, next, nil
 }
 
 // read fetches one workspace from coderd, merges its record and records

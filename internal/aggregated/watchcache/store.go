@@ -80,6 +80,34 @@ func fingerprint(o Object) (uint64, error) {
 	return h.Sum64() % rvFactor, nil
 }
 
+// Fingerprint is the content fingerprint the cache stamps into o's
+// resourceVersion (see fingerprint; the same caveat applies: o must not
+// be read by anyone else meanwhile).
+func Fingerprint(o Object) (uint64, error) { return fingerprint(o) }
+
+// fingerprinted is an object handed to the cache with its fingerprint.
+type fingerprinted struct {
+	Object
+	fp uint64
+}
+
+// WithFingerprint hands o to the cache (as an element of a Source's
+// list, or to Replace, ReplaceListed or Upsert) with its fingerprint,
+// which the caller remembers from an earlier object of the same content:
+// fp must be what Fingerprint returned for that content. The cache then
+// does not encode o to compare it with what it holds, which is most of
+// the cost of a list that changed nothing. The cache unwraps it: only o
+// is stored or handed out.
+func WithFingerprint(o Object, fp uint64) Object { return &fingerprinted{Object: o, fp: fp} }
+
+// Unwrap returns the object WithFingerprint wrapped, or o itself.
+func Unwrap(o Object) Object {
+	if f, ok := o.(*fingerprinted); ok && f != nil {
+		return f.Object
+	}
+	return o
+}
+
 // isNil also catches typed nil pointers, whose methods would panic.
 func isNil(o Object) bool {
 	if o == nil {
@@ -117,6 +145,13 @@ type prepared struct {
 func (c *Cache) prepare(key string, objs []Object) []prepared {
 	out := make([]prepared, 0, len(objs))
 	for _, o := range objs {
+		if f, ok := o.(*fingerprinted); ok && f != nil {
+			if !isNil(f.Object) && f.GetName() != "" {
+				out = append(out, prepared{obj: f.Object, fp: f.fp})
+				continue
+			}
+			o = f.Object // logged below
+		}
 		if isNil(o) {
 			c.log.Error(nil, "ignoring nil object", "backend", key)
 			continue
