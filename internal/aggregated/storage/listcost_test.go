@@ -141,7 +141,7 @@ func BenchmarkWorkspaceList(b *testing.B) {
 		if err != nil {
 			return 0, err
 		}
-		if got := len(obj.(*aggv1.CoderWorkspaceList).Items); got != n {
+		if got := len(obj.(*workspaceList).Items); got != n {
 			return 0, fmt.Errorf("LIST returned %d workspaces, want %d", got, n)
 		}
 		return serveList(b, codecs, obj, "gzip"), nil

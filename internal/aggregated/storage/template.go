@@ -219,7 +219,10 @@ func (s *TemplateStorage) List(ctx context.Context, opts *metainternalversion.Li
 	if err != nil {
 		return nil, err
 	}
-	return &aggv1.CoderTemplateList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderTemplate](objs)}, nil
+	return &templateList{
+		CoderTemplateList: aggv1.CoderTemplateList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderTemplate](objs)},
+		listed:            objs,
+	}, nil
 }
 
 // Create uploads the files and creates the template with the new version

@@ -350,7 +350,10 @@ func (s *WorkspaceStorage) List(ctx context.Context, opts *metainternalversion.L
 	if err != nil {
 		return nil, err
 	}
-	return &aggv1.CoderWorkspaceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderWorkspace](objs)}, nil
+	return &workspaceList{
+		CoderWorkspaceList: aggv1.CoderWorkspaceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderWorkspace](objs)},
+		listed:             objs,
+	}, nil
 }
 
 // Create creates the workspace in coderd.

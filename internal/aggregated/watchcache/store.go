@@ -171,30 +171,25 @@ func (c *Cache) prepare(key string, objs []Object) []prepared {
 }
 
 // recordLocked stores p if its content differs from the stored object of
-// the same name, appending the change to batch. With wantCopy it returns a
-// stamped copy for the caller. It returns ok=false when the object's type
-// does not deep-copy to an Object (logged).
-func (c *Cache) recordLocked(key string, b *backend, p prepared, wantCopy bool, batch []*event) (Object, bool, []*event) {
+// the same name, appending the change to batch. It returns the entry
+// that holds the content afterwards (the stored one when unchanged), or
+// ok=false when the object's type does not deep-copy to an Object
+// (logged).
+func (c *Cache) recordLocked(key string, b *backend, p prepared, batch []*event) (*entry, bool, []*event) {
 	name := p.obj.GetName()
 	old := b.objs[name]
 	if old != nil && old.fp == p.fp {
-		if wantCopy {
-			return deepCopy(old.obj), true, batch
-		}
-		return nil, true, batch
+		return old, true, batch
 	}
-	// The copy doubles as the check that the type deep-copies to an Object,
-	// which deepCopy relies on later.
-	cp, ok := p.obj.DeepCopyObject().(Object)
-	if !ok {
+	// deepCopy relies on stored objects deep-copying to an Object.
+	if _, ok := p.obj.DeepCopyObject().(Object); !ok {
 		c.log.Error(nil, "ignoring object whose DeepCopyObject does not return an Object", "backend", key, "name", name, "type", fmt.Sprintf("%T", p.obj))
 		return nil, false, batch
 	}
 	seq := c.nextSeqLocked()
-	rv := formatRV(seq, p.fp)
-	p.obj.SetResourceVersion(rv)
-	cp.SetResourceVersion(rv)
-	b.objs[name] = &entry{obj: p.obj, fp: p.fp, seq: seq}
+	p.obj.SetResourceVersion(formatRV(seq, p.fp))
+	e := &entry{obj: p.obj, fp: p.fp, seq: seq}
+	b.objs[name] = e
 	delete(b.deleted, name)
 	ev := &event{typ: watch.Added, key: key, seq: seq, obj: p.obj}
 	if old != nil {
@@ -202,7 +197,7 @@ func (c *Cache) recordLocked(key string, b *backend, p prepared, wantCopy bool, 
 		ev.prev = old.obj
 		ev.prevFP = old.fp
 	}
-	return cp, true, append(batch, ev)
+	return e, true, append(batch, ev)
 }
 
 // removeLocked forgets name, appending a Deleted event carrying the last
@@ -244,9 +239,10 @@ func (c *Cache) commitLocked(batch []*event) {
 func (c *Cache) Replace(key string, objs []Object) []Object {
 	ps := c.prepare(key, objs)
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	// Everything stored is at most lastSeq, so nothing is protected.
-	return c.replaceLocked(key, ps, c.lastSeq, c.clock.Now(), true)
+	es := c.replaceLocked(key, ps, c.lastSeq, c.clock.Now(), true)
+	c.mu.Unlock()
+	return copies(es)
 }
 
 // ListStart marks when a list made outside the poller began.
@@ -267,21 +263,76 @@ func (c *Cache) StartList() ListStart {
 // or deleted while it ran (by a poll or a request) keep their newer state,
 // so concurrent lists never move an object back in time.
 func (c *Cache) ReplaceListed(key string, start ListStart, objs []Object) []Object {
+	return copies(c.replaceListed(key, start, objs))
+}
+
+// ReplaceListedShared is ReplaceListed returning the stored objects
+// themselves (see Listed) instead of copies.
+func (c *Cache) ReplaceListedShared(key string, start ListStart, objs []Object) []Listed {
+	return listed(c.replaceListed(key, start, objs))
+}
+
+func (c *Cache) replaceListed(key string, start ListStart, objs []Object) []*entry {
 	ps := c.prepare(key, objs)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.replaceLocked(key, ps, start.seq, start.at, true)
 }
 
+// Listed is a stored object as a list answers it without copying it:
+// Obj is the cache's own, which nobody modifies; callers must not either
+// (a shallow copy of the struct shares its maps and slices).
+type Listed struct {
+	Obj Object
+	e   *entry
+}
+
+// JSON returns json.Marshal(Obj), encoded once for each stored version
+// of the object and kept with it, so that lists serve an unchanged
+// object's encoding again.
+func (l Listed) JSON() ([]byte, error) {
+	if b := l.e.json.Load(); b != nil {
+		return *b, nil
+	}
+	data, err := json.Marshal(l.Obj)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %q: %w", l.Obj.GetName(), err)
+	}
+	l.e.json.Store(&data)
+	return data, nil
+}
+
+func copies(es []*entry) []Object {
+	if es == nil {
+		return nil
+	}
+	out := make([]Object, len(es))
+	for i, e := range es {
+		out[i] = deepCopy(e.obj)
+	}
+	return out
+}
+
+func listed(es []*entry) []Listed {
+	if es == nil {
+		return nil
+	}
+	out := make([]Listed, len(es))
+	for i, e := range es {
+		out[i] = Listed{Obj: e.obj, e: e}
+	}
+	return out
+}
+
 // replaceLocked implements Replace. Objects written or deleted after
 // listedAfter (a seq taken before the List started) are newer than the list
 // and keep their state; the next poll reconciles them.
-func (c *Cache) replaceLocked(key string, ps []prepared, listedAfter uint64, at time.Time, wantCopy bool) []Object {
+func (c *Cache) replaceLocked(key string, ps []prepared, listedAfter uint64, at time.Time, wantEntries bool) []*entry {
 	b := c.backendLocked(key)
 	var batch []*event
-	var out []Object
-	if wantCopy {
-		out = make([]Object, 0, len(ps))
+	var out []*entry
+	if wantEntries {
+		out = make([]*entry, 0, len(ps))
 	}
 	present := make(map[string]bool, len(ps))
 	for _, p := range ps {
@@ -290,22 +341,22 @@ func (c *Cache) replaceLocked(key string, ps []prepared, listedAfter uint64, at 
 			// Written after the list started, or a duplicate name in
 			// this list: the stored object wins.
 			present[name] = true
-			if wantCopy {
-				out = append(out, deepCopy(e.obj))
+			if wantEntries {
+				out = append(out, e)
 			}
 			continue
 		}
 		if s, ok := b.deleted[name]; ok && s > listedAfter {
 			continue
 		}
-		cp, ok, next := c.recordLocked(key, b, p, wantCopy, batch)
+		e, ok, next := c.recordLocked(key, b, p, batch)
 		batch = next
 		if !ok {
 			continue
 		}
 		present[name] = true
-		if wantCopy {
-			out = append(out, cp)
+		if wantEntries {
+			out = append(out, e)
 		}
 	}
 	for _, name := range sortedNames(b) {
@@ -338,7 +389,7 @@ func (c *Cache) mergeLocked(key string, ps []prepared, listedAfter uint64) {
 		if s, ok := b.deleted[name]; ok && s > listedAfter {
 			continue
 		}
-		_, _, batch = c.recordLocked(key, b, p, false, batch)
+		_, _, batch = c.recordLocked(key, b, p, batch)
 	}
 	c.commitLocked(batch)
 }
@@ -359,19 +410,19 @@ func sortedNames(b *backend) []string {
 func (c *Cache) Upsert(key string, objs ...Object) []Object {
 	ps := c.prepare(key, objs)
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	b := c.backendLocked(key)
 	var batch []*event
-	out := make([]Object, 0, len(ps))
+	es := make([]*entry, 0, len(ps))
 	for _, p := range ps {
-		cp, ok, next := c.recordLocked(key, b, p, true, batch)
+		e, ok, next := c.recordLocked(key, b, p, batch)
 		batch = next
 		if ok {
-			out = append(out, cp)
+			es = append(es, e)
 		}
 	}
 	c.commitLocked(batch)
-	return out
+	c.mu.Unlock()
+	return copies(es)
 }
 
 // Delete records that the named objects of a backend are gone.
@@ -434,12 +485,22 @@ func (c *Cache) Get(key, name string) (Object, bool) {
 // resourceVersion they are consistent with.
 func (c *Cache) Snapshot(match func(key string) bool) ([]Object, string) {
 	c.mu.Lock()
-	stored := c.objectsLocked(match)
+	stored := c.entriesLocked(match)
 	rv := listRV(c.lastSeq)
 	c.mu.Unlock()
-	out := make([]Object, len(stored))
-	for i, o := range stored {
-		out[i] = deepCopy(o)
+	return copies(stored), rv
+}
+
+// SnapshotShared is Snapshot returning the stored objects themselves (see
+// Listed) instead of copies.
+func (c *Cache) SnapshotShared(match func(key string) bool) ([]Listed, string) {
+	c.mu.Lock()
+	stored := c.entriesLocked(match)
+	rv := listRV(c.lastSeq)
+	c.mu.Unlock()
+	out := listed(stored)
+	if out == nil {
+		out = []Listed{}
 	}
 	return out, rv
 }
@@ -447,22 +508,33 @@ func (c *Cache) Snapshot(match func(key string) bool) ([]Object, string) {
 // objectsLocked returns the stored (immutable) objects of matching backends,
 // sorted by namespace then name.
 func (c *Cache) objectsLocked(match func(key string) bool) []Object {
-	var objs []Object
+	es := c.entriesLocked(match)
+	objs := make([]Object, len(es))
+	for i, e := range es {
+		objs[i] = e.obj
+	}
+	return objs
+}
+
+// entriesLocked returns the entries of matching backends, sorted by
+// namespace then name.
+func (c *Cache) entriesLocked(match func(key string) bool) []*entry {
+	var es []*entry
 	for key, b := range c.backends {
 		if match != nil && !match(key) {
 			continue
 		}
 		for _, e := range b.objs {
-			objs = append(objs, e.obj)
+			es = append(es, e)
 		}
 	}
-	sort.Slice(objs, func(i, j int) bool {
-		if ni, nj := objs[i].GetNamespace(), objs[j].GetNamespace(); ni != nj {
+	sort.Slice(es, func(i, j int) bool {
+		if ni, nj := es[i].obj.GetNamespace(), es[j].obj.GetNamespace(); ni != nj {
 			return ni < nj
 		}
-		return objs[i].GetName() < objs[j].GetName()
+		return es[i].obj.GetName() < es[j].obj.GetName()
 	})
-	return objs
+	return es
 }
 
 // Synced reports whether the backend has had a full Replace.

@@ -214,10 +214,13 @@ type backend struct {
 }
 
 type entry struct {
-	// obj is immutable once stored; it is only handed out as a deep copy.
+	// obj is immutable once stored; it is handed out as a deep copy, or
+	// shared with lists that only read it (Listed).
 	obj Object
 	fp  uint64
 	seq uint64
+	// json is obj's encoding once a list asked for it (Listed.JSON).
+	json atomic.Pointer[[]byte]
 }
 
 // New validates opts and returns a Cache. Start the poller with Run.
