@@ -107,7 +107,14 @@ func spliceList(w io.Writer, encode func(runtime.Object, io.Writer) error, empty
 		return false, nil
 	}
 	head := env.Bytes()[:env.Len()-len("]}\n")]
-	if _, err := w.Write(head); err != nil {
+	// The opening brace alone first, as the streaming JSON encoder writes
+	// it: the API server's response writer recognizes a stream by a
+	// first write that short, and then compresses the answer when it
+	// grows beyond its threshold, as it does the encoder's.
+	if _, err := w.Write(head[:1]); err != nil {
+		return true, err
+	}
+	if _, err := w.Write(head[1:]); err != nil {
 		return true, err
 	}
 	for i, l := range listed {

@@ -29,6 +29,12 @@ import (
 // (responsewriters.WriteObjectNegotiated) for a request with accept and
 // acceptEncoding to url, decompressed.
 func servedBody(t *testing.T, codecs runtime.NegotiatedSerializer, obj runtime.Object, url, accept, acceptEncoding string) []byte {
+	body, _ := servedBodyEncoding(t, codecs, obj, url, accept, acceptEncoding)
+	return body
+}
+
+// servedBodyEncoding is servedBody with the answer's Content-Encoding.
+func servedBodyEncoding(t *testing.T, codecs runtime.NegotiatedSerializer, obj runtime.Object, url, accept, acceptEncoding string) ([]byte, string) {
 	t.Helper()
 	req := httptest.NewRequest(http.MethodGet, url, nil)
 	req.Header.Set("Accept", accept)
@@ -50,7 +56,7 @@ func servedBody(t *testing.T, codecs runtime.NegotiatedSerializer, obj runtime.O
 			t.Fatal(err)
 		}
 	}
-	return body
+	return body, rec.Header().Get("Content-Encoding")
 }
 
 // TestListAnswerServesTheSameBytes: a LIST answer is served from each
@@ -117,10 +123,16 @@ func TestListAnswerServesTheSameBytes(t *testing.T) {
 			{url + "?pretty=true", "application/json", ""},
 			{url, "application/yaml", ""},
 		} {
-			want := servedBody(t, codecs, plain.DeepCopy(), v.url, v.accept, v.encoding)
-			have := servedBody(t, codecs, answer, v.url, v.accept, v.encoding)
+			want, wantEnc := servedBodyEncoding(t, codecs, plain.DeepCopy(), v.url, v.accept, v.encoding)
+			have, haveEnc := servedBodyEncoding(t, codecs, answer, v.url, v.accept, v.encoding)
 			if !bytes.Equal(have, want) {
 				t.Errorf("%s: %s %s (%s): the answer's %d bytes differ from the plain list's %d bytes", round, v.accept, v.url, v.encoding, len(have), len(want))
+			}
+			if haveEnc != wantEnc {
+				t.Errorf("%s: %s %s (%s): the answer is sent with Content-Encoding %q, the plain list with %q", round, v.accept, v.url, v.encoding, haveEnc, wantEnc)
+			}
+			if v.encoding == "gzip" && haveEnc != "gzip" {
+				t.Errorf("%s: a %d-byte answer to a client accepting gzip is sent uncompressed", round, len(have))
 			}
 		}
 		// The compact JSON answers were spliced from the cached JSON.
