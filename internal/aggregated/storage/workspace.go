@@ -157,16 +157,17 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 // mergeMemo returns the object to list for a memo entry merged with rec
 // (nil: none), and the entry to remember. When the entry has already
 // been merged with the same record (by its resourceVersion, which
-// changes with every write of it), the object is a copy of that merge,
-// handed to the cache with its fingerprint; otherwise the record is
-// merged into a copy of Coder's view and the result remembered.
+// changes with every write of it), the object is that merge, handed to
+// the cache with its fingerprint (the cache neither modifies nor keeps
+// it, so the memo's object is shared); otherwise the record is merged
+// into a copy of Coder's view and the result remembered.
 func mergeMemo(e *memoEntry, rec *records.Record) (watchcache.Object, *memoEntry) {
 	rv := ""
 	if rec != nil {
 		rv = rec.ResourceVersion
 	}
 	if v := e.merged; v != nil && v.recordRV == rv {
-		return watchcache.WithFingerprint(v.obj.DeepCopy(), v.fp), e
+		return watchcache.WithFingerprint(v.obj, v.fp), e
 	}
 	obj := e.obj.DeepCopy()
 	var specHash string
@@ -178,7 +179,7 @@ func mergeMemo(e *memoEntry, rec *records.Record) (watchcache.Object, *memoEntry
 		// The cache logs and leaves out what it cannot encode.
 		return obj, e
 	}
-	view := &mergedView{recordRV: rv, obj: obj.DeepCopy(), fp: fp, specHash: specHash}
+	view := &mergedView{recordRV: rv, obj: obj, fp: fp, specHash: specHash}
 	return watchcache.WithFingerprint(obj, fp), &memoEntry{obj: e.obj, merged: view}
 }
 

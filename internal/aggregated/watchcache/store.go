@@ -96,8 +96,9 @@ type fingerprinted struct {
 // which the caller remembers from an earlier object of the same content:
 // fp must be what Fingerprint returned for that content. The cache then
 // does not encode o to compare it with what it holds, which is most of
-// the cost of a list that changed nothing. The cache unwraps it: only o
-// is stored or handed out.
+// the cost of a list that changed nothing. The cache neither modifies nor
+// keeps o (it stores a copy when the content changed), so o may be an
+// object the caller shares with others.
 func WithFingerprint(o Object, fp uint64) Object { return &fingerprinted{Object: o, fp: fp} }
 
 // Unwrap returns the object WithFingerprint wrapped, or o itself.
@@ -181,17 +182,20 @@ func (c *Cache) recordLocked(key string, b *backend, p prepared, batch []*event)
 	if old != nil && old.fp == p.fp {
 		return old, true, batch
 	}
-	// deepCopy relies on stored objects deep-copying to an Object.
-	if _, ok := p.obj.DeepCopyObject().(Object); !ok {
+	// The cache stores its own copy, so that callers may hand it objects
+	// they share (see WithFingerprint); the copy doubles as the check that
+	// the type deep-copies to an Object, which deepCopy relies on later.
+	cp, ok := p.obj.DeepCopyObject().(Object)
+	if !ok {
 		c.log.Error(nil, "ignoring object whose DeepCopyObject does not return an Object", "backend", key, "name", name, "type", fmt.Sprintf("%T", p.obj))
 		return nil, false, batch
 	}
 	seq := c.nextSeqLocked()
-	p.obj.SetResourceVersion(formatRV(seq, p.fp))
-	e := &entry{obj: p.obj, fp: p.fp, seq: seq}
+	cp.SetResourceVersion(formatRV(seq, p.fp))
+	e := &entry{obj: cp, fp: p.fp, seq: seq}
 	b.objs[name] = e
 	delete(b.deleted, name)
-	ev := &event{typ: watch.Added, key: key, seq: seq, obj: p.obj}
+	ev := &event{typ: watch.Added, key: key, seq: seq, obj: cp}
 	if old != nil {
 		ev.typ = watch.Modified
 		ev.prev = old.obj
@@ -232,7 +236,8 @@ func (c *Cache) commitLocked(batch []*event) {
 
 // Replace sets the complete current object set of a backend (a full list):
 // new names become ADDED, changed content MODIFIED, missing names DELETED.
-// It marks the backend synced. The cache owns objs afterwards. It returns
+// It marks the backend synced. The cache stores copies of objs, which
+// nobody else may read during the call (see fingerprint). It returns
 // stamped deep copies in the order given; unusable objects (nil, no name,
 // not JSON-encodable) are logged and left out, and of duplicate names the
 // first wins.
@@ -404,8 +409,8 @@ func sortedNames(b *backend) []string {
 }
 
 // Upsert records objects seen by a single read or written through this
-// server; nothing is inferred about other objects. The cache owns objs
-// afterwards. It returns stamped deep copies in the order given, leaving out
+// server; nothing is inferred about other objects. The cache stores copies
+// of objs, as Replace does. It returns stamped deep copies in the order given, leaving out
 // unusable objects (logged). It does not mark the backend synced.
 func (c *Cache) Upsert(key string, objs ...Object) []Object {
 	ps := c.prepare(key, objs)

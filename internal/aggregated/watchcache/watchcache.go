@@ -49,7 +49,7 @@ type Source interface {
 	// Key identifies the backend, for example "namespace/controlplane".
 	Key() string
 	// List returns the complete current set of the backend's objects. The
-	// cache owns the returned objects afterwards.
+	// cache stores copies of them (see Cache.Replace).
 	//
 	// When it fails after reading part of the set (one page of several),
 	// it returns what it read with the error: the cache updates those
