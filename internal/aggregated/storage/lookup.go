@@ -144,20 +144,16 @@ type listMemo struct {
 
 // memoEntry is what a list built from one workspace's JSON. It is never
 // modified once in the memo (lists running at once share it): a list
-// that merges a record other than merged's makes a new entry.
+// that merges another record makes a new entry.
 type memoEntry struct {
-	// obj is Coder's view, before its record is merged.
-	obj *aggv1.CoderWorkspace
-	// merged is obj merged with a record; nil until a list merged one.
-	merged *mergedView
-}
-
-// mergedView is a memo entry's object merged with the record at
-// recordRV ("" for none), with its watch cache fingerprint and the spec
-// hash the merge found to count ("" none).
-type mergedView struct {
-	recordRV string
+	// obj is Coder's view, merged with the record at recordRV ("" for
+	// none) once merged is set. mergeRecord replaces all it merged, so a
+	// merged view is merged with another record as Coder's view would be.
 	obj      *aggv1.CoderWorkspace
+	merged   bool
+	recordRV string
+	// fp is obj's watch cache fingerprint, and specHash the spec hash the
+	// merge found to count ("" none); both set with merged.
 	fp       uint64
 	specHash string
 }

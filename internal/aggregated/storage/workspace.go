@@ -145,7 +145,7 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 	merge := func(i int, rec *records.Record) (watchcache.Object, string) {
 		obj, e := mergeMemo(entries[i], rec)
 		next[listed[i].hash] = e
-		return obj, e.merged.specHash
+		return obj, e.specHash
 	}
 	if mergeErr := s.mergeListed(ctx, t, out, started, err == nil, merge); mergeErr != nil {
 		return nil, mergeErr
@@ -157,17 +157,17 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 // mergeMemo returns the object to list for a memo entry merged with rec
 // (nil: none), and the entry to remember. When the entry has already
 // been merged with the same record (by its resourceVersion, which
-// changes with every write of it), the object is that merge, handed to
+// changes with every write of it), the object is the entry's, handed to
 // the cache with its fingerprint (the cache neither modifies nor keeps
-// it, so the memo's object is shared); otherwise the record is merged
-// into a copy of Coder's view and the result remembered.
+// it, so the memo's object is shared); otherwise rec is merged into a
+// copy and the result remembered.
 func mergeMemo(e *memoEntry, rec *records.Record) (watchcache.Object, *memoEntry) {
 	rv := ""
 	if rec != nil {
 		rv = rec.ResourceVersion
 	}
-	if v := e.merged; v != nil && v.recordRV == rv {
-		return watchcache.WithFingerprint(v.obj, v.fp), e
+	if e.merged && e.recordRV == rv {
+		return watchcache.WithFingerprint(e.obj, e.fp), e
 	}
 	obj := e.obj.DeepCopy()
 	var specHash string
@@ -179,8 +179,7 @@ func mergeMemo(e *memoEntry, rec *records.Record) (watchcache.Object, *memoEntry
 		// The cache logs and leaves out what it cannot encode.
 		return obj, e
 	}
-	view := &mergedView{recordRV: rv, obj: obj, fp: fp, specHash: specHash}
-	return watchcache.WithFingerprint(obj, fp), &memoEntry{obj: e.obj, merged: view}
+	return watchcache.WithFingerprint(obj, fp), &memoEntry{obj: obj, merged: true, recordRV: rv, fp: fp, specHash: specHash}
 }
 
 // readWorkspacePages reads coderd's workspaces page by page; see
@@ -264,9 +263,10 @@ func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, buf 
 // has been split, hashed and decoded.
 var pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-// convertWorkspaces turns coderd's workspaces into Coder's view of each
-// (shared with the memo: mergeMemo copies it before merging): the memo's
-// for unchanged JSON, a conversion of the decoded workspace otherwise. It
+// convertWorkspaces turns coderd's workspaces into objects: the memo's
+// for unchanged JSON (shared: mergeListed replaces each with mergeMemo's
+// result before anything else sees it), a conversion of the decoded
+// workspace otherwise. It
 // returns each object's memo entry and the memo to keep. A partial list
 // adds to the memo instead of replacing it, since the workspaces it did
 // not read may come back unchanged.
