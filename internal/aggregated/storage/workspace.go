@@ -115,7 +115,9 @@ func (l listedWorkspace) id() string {
 // coderd's answer is split into each workspace's JSON; a workspace whose
 // JSON is byte for byte what an earlier list returned reuses the object
 // built then, so a list (and a poll) decodes and converts only what
-// changed.
+// changed; merged with an unchanged record it is the merge built then,
+// handed to the cache with its fingerprint (see mergeMemo), so nothing
+// unchanged is encoded or copied either.
 //
 // coderd pages by offset over an order that moves a workspace when it
 // starts or stops (running ones first), so a change between two pages can
