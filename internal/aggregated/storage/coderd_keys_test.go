@@ -16,6 +16,7 @@ import (
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
+	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/coderapi"
 )
 
@@ -125,7 +126,8 @@ func TestCachesAreKeyedPerCoderd(t *testing.T) {
 			if len(got) != 1 {
 				t.Fatalf("round %d: %s has %d workspaces, want 1", round, who, len(got))
 			}
-			w := got[0].(*aggv1.CoderWorkspace)
+			// The list hands the cache each object with its fingerprint.
+			w := watchcache.Unwrap(got[0]).(*aggv1.CoderWorkspace)
 			if p := w.Spec.Parameters; len(p) != 1 || p[0].Value != who {
 				t.Errorf("round %d: %s's workspace shows parameters %v, want owner=%s from its own coderd", round, who, p, who)
 			}

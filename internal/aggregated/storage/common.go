@@ -180,8 +180,9 @@ func (r *resource) sources(ctx context.Context) ([]watchcache.Source, error) {
 }
 
 // list returns the objects of the request's namespace (or of every
-// namespace) that match its selectors, and the list resourceVersion.
-func (r *resource) list(ctx context.Context, opts *metainternalversion.ListOptions) ([]watchcache.Object, string, error) {
+// namespace) that match its selectors, as the cache holds them (shared:
+// read only), and the list resourceVersion.
+func (r *resource) list(ctx context.Context, opts *metainternalversion.ListOptions) ([]watchcache.Listed, string, error) {
 	ts, err := r.targets(ctx, namespaceOf(ctx))
 	if err != nil {
 		return nil, "", err
@@ -192,9 +193,12 @@ func (r *resource) list(ctx context.Context, opts *metainternalversion.ListOptio
 		return nil, "", err
 	}
 	sel := selectorOf(opts)
+	if sel.empty() {
+		return objs, r.cache.ResourceVersion(), nil
+	}
 	out := objs[:0]
 	for _, o := range objs {
-		if sel.matches(r.selectable(o)) {
+		if sel.matches(r.selectable(o.Obj)) {
 			out = append(out, o)
 		}
 	}

@@ -312,11 +312,11 @@ func (h *selectorHarness) check(t *testing.T, r *resource, list func(context.Con
 func itemNames(obj runtime.Object) []string {
 	var names []string
 	switch l := obj.(type) {
-	case *aggv1.CoderWorkspaceList:
+	case *workspaceList:
 		for _, i := range l.Items {
 			names = append(names, i.Name)
 		}
-	case *aggv1.CoderTemplateList:
+	case *templateList:
 		for _, i := range l.Items {
 			names = append(names, i.Name)
 		}

@@ -15,23 +15,24 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 )
 
-// listTargets returns the objects of every target. A list at
+// listTargets returns the objects of every target, as the cache holds
+// them (shared: read only). A list at
 // resourceVersion "0" may be served from the watch cache when every target
 // is synced there; any other list reads coderd (and refreshes the cache
 // with what it read, so watchers see the change too).
 //
 // An error is mapped by mapErr with the target it came from.
 func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Duration, ts []target, opts *metainternalversion.ListOptions,
-	list func(context.Context, target) ([]watchcache.Object, error), mapErr func(target, error) error) ([]watchcache.Object, error) {
+	list func(context.Context, target) ([]watchcache.Object, error), mapErr func(target, error) error) ([]watchcache.Listed, error) {
 	if servableFromCache(cache, ts, opts, maxAge) {
 		keys := make(map[string]bool, len(ts))
 		for _, t := range ts {
 			keys[t.Key()] = true
 		}
-		objs, _ := cache.Snapshot(func(k string) bool { return keys[k] })
+		objs, _ := cache.SnapshotShared(func(k string) bool { return keys[k] })
 		return objs, nil
 	}
-	results := make([][]watchcache.Object, len(ts))
+	results := make([][]watchcache.Listed, len(ts))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	var mu sync.Mutex
@@ -39,7 +40,7 @@ func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Durat
 		g.Go(func() error {
 			start := cache.StartList()
 			objs, err := list(gctx, t)
-			var stamped []watchcache.Object
+			var stamped []watchcache.Listed
 			switch {
 			case errors.Is(err, watchcache.ErrIncomplete):
 				// coderd changed between pages: what was read updates the
@@ -47,11 +48,11 @@ func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Durat
 				// which keeps those the pages may have skipped.
 				cache.Upsert(t.Key(), objs...)
 				key := t.Key()
-				stamped, _ = cache.Snapshot(func(k string) bool { return k == key })
+				stamped, _ = cache.SnapshotShared(func(k string) bool { return k == key })
 			case err != nil:
 				return mapErr(t, err)
 			default:
-				stamped = cache.ReplaceListed(t.Key(), start, objs)
+				stamped = cache.ReplaceListedShared(t.Key(), start, objs)
 			}
 			mu.Lock()
 			results[i] = stamped
@@ -62,7 +63,7 @@ func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Durat
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	var out []watchcache.Object
+	var out []watchcache.Listed
 	for _, r := range results {
 		out = append(out, r...)
 	}

@@ -425,18 +425,30 @@ func (r *resource) publishRead(ctx context.Context, t target, obj object) (objec
 // (generation), and, when the list is complete, records whose Coder object
 // is gone are deleted (a partial list, one page of several, says nothing
 // about the objects it lacks). started is when the list began.
-func (r *resource) mergeListed(ctx context.Context, t target, objs []watchcache.Object, started time.Time, complete bool) error {
+//
+// merge, when not nil, merges objs[i] with rec (nil: none) in place of
+// mergeRecord: it returns the object to list in its place and the spec
+// hash to count when the merge found a spec change made in Coder ("" when
+// not).
+func (r *resource) mergeListed(ctx context.Context, t target, objs []watchcache.Object, started time.Time, complete bool,
+	merge func(i int, rec *records.Record) (watchcache.Object, string)) error {
 	recs, err := r.records.list(ctx, t.Namespace, r.gr.Resource, t.ControlPlane)
 	if err != nil {
 		return err
 	}
 	seen := make(map[string]bool, len(objs))
-	for _, o := range objs {
+	for i, o := range objs {
 		id := string(o.GetUID())
 		seen[id] = true
 		rec := recs[id]
-		if mergeRecord(o, rec) {
-			r.records.enqueue(recordJob{key: records.KeyOf(rec), rv: rec.ResourceVersion, specHash: specHashOf(o)})
+		var specHash string
+		if merge != nil {
+			objs[i], specHash = merge(i, rec)
+		} else if mergeRecord(o, rec) {
+			specHash = specHashOf(o)
+		}
+		if specHash != "" && rec != nil {
+			r.records.enqueue(recordJob{key: records.KeyOf(rec), rv: rec.ResourceVersion, specHash: specHash})
 		}
 	}
 	for id, rec := range recs {

@@ -277,7 +277,7 @@ func TestDurableMetadata(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if items := l.(*aggv1.CoderTemplateList).Items; len(items) != 1 || items[0].Labels["team"] != "a" || items[0].Annotations == nil {
+	if items := l.(*templateList).Items; len(items) != 1 || items[0].Labels["team"] != "a" || items[0].Annotations == nil {
 		t.Errorf("LIST from coderd = %+v, want the template with its metadata", items)
 	}
 
@@ -469,7 +469,7 @@ func TestDurableMetadata(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if items := l.(*aggv1.CoderWorkspaceList).Items; len(items) != 1 || items[0].Labels["team"] != "w" {
+		if items := l.(*workspaceList).Items; len(items) != 1 || items[0].Labels["team"] != "w" {
 			t.Errorf("LIST = %+v, want the workspace with team=w", items)
 		}
 

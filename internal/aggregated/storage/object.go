@@ -73,11 +73,14 @@ func getObject[N objectName, T object](ctx context.Context, s objectStore[N, T],
 	return obj, nil
 }
 
-// listItems turns a list's objects (each a *T) into a typed list's items.
-func listItems[T any](objs []watchcache.Object) []T {
+// listItems turns a list's objects (each a *T) into a typed list's
+// items: shallow copies, which share the cache's maps and slices, as
+// kube-apiserver's own watch cache answers lists; the API server only
+// reads a list's items.
+func listItems[T any](objs []watchcache.Listed) []T {
 	items := make([]T, len(objs))
 	for i, o := range objs {
-		items[i] = *any(o).(*T)
+		items[i] = *any(o.Obj).(*T)
 	}
 	return items
 }

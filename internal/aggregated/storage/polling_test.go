@@ -201,7 +201,7 @@ func TestPagedListsAndRateLimitedPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := map[string]int{}
-	for _, w := range out.(*aggv1.CoderWorkspaceList).Items {
+	for _, w := range out.(*workspaceList).Items {
 		seen[w.Name]++
 	}
 	for _, n := range ps.names {

@@ -123,7 +123,7 @@ func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchc
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	if err := s.mergeListed(ctx, t, out, started, true); err != nil {
+	if err := s.mergeListed(ctx, t, out, started, true, nil); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -219,7 +219,10 @@ func (s *TemplateStorage) List(ctx context.Context, opts *metainternalversion.Li
 	if err != nil {
 		return nil, err
 	}
-	return &aggv1.CoderTemplateList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderTemplate](objs)}, nil
+	return &templateList{
+		CoderTemplateList: aggv1.CoderTemplateList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderTemplate](objs)},
+		listed:            objs,
+	}, nil
 }
 
 // Create uploads the files and creates the template with the new version

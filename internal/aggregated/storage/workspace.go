@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -21,6 +23,7 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/coderapi"
 )
@@ -92,18 +95,29 @@ func (s *WorkspaceStorage) ShortNames() []string    { return []string{"cws"} }
 // while bounding each answer's size.
 const defaultWorkspacePageSize = 1000
 
-// workspacePage is one page of coderd's answer, each workspace kept as its
-// JSON so unchanged ones are not decoded again.
-type workspacePage struct {
-	Workspaces []json.RawMessage `json:"workspaces"`
-	Count      int               `json:"count"`
+// listedWorkspace is one workspace of coderd's answer: the hash of its
+// JSON, which keys the list memo, and either the object an earlier list
+// built from the same JSON (memo) or the workspace decoded from it (ws).
+type listedWorkspace struct {
+	hash uint64
+	memo *memoEntry
+	ws   *codersdk.Workspace
+}
+
+func (l listedWorkspace) id() string {
+	if l.memo != nil {
+		return l.memo.obj.Status.ID
+	}
+	return l.ws.ID.String()
 }
 
 // listWorkspaces reads every workspace of one coderd, page by page.
 // coderd's answer is split into each workspace's JSON; a workspace whose
 // JSON is byte for byte what an earlier list returned reuses the object
 // built then, so a list (and a poll) decodes and converts only what
-// changed.
+// changed; merged with an unchanged record it is the merge built then,
+// handed to the cache with its fingerprint (see mergeMemo), so nothing
+// unchanged is encoded or copied either.
 //
 // coderd pages by offset over an order that moves a workspace when it
 // starts or stops (running ones first), so a change between two pages can
@@ -115,138 +129,176 @@ type workspacePage struct {
 // fails returns the workspaces of the pages before it with the error
 // (a partial list, see watchcache.Source).
 func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watchcache.Object, error) {
+	memoKey := t.coderdKey() + "/" + strconv.FormatBool(t.prefixed)
+	prev := s.memo.get(memoKey)
 	started := time.Now()
-	raws, err := s.readWorkspacePages(ctx, t)
+	listed, err := s.readWorkspacePages(ctx, t, prev)
 	if errors.Is(err, watchcache.ErrIncomplete) {
 		started = time.Now()
-		raws, err = s.readWorkspacePages(ctx, t)
+		listed, err = s.readWorkspacePages(ctx, t, prev)
 	}
-	if len(raws) == 0 && err != nil {
+	if len(listed) == 0 && err != nil {
 		return nil, err
 	}
-	out, convErr := s.convertWorkspaces(ctx, t, raws, err != nil)
+	out, entries, next, convErr := s.convertWorkspaces(ctx, t, listed, prev, err != nil)
 	if convErr != nil {
 		return nil, convErr
 	}
-	if mergeErr := s.mergeListed(ctx, t, out, started, err == nil); mergeErr != nil {
+	merge := func(i int, rec *records.Record) (watchcache.Object, string) {
+		obj, e := mergeMemo(entries[i], rec)
+		next[listed[i].hash] = e
+		return obj, e.specHash
+	}
+	if mergeErr := s.mergeListed(ctx, t, out, started, err == nil, merge); mergeErr != nil {
 		return nil, mergeErr
 	}
+	s.memo.set(memoKey, next)
 	return out, err
 }
 
+// mergeMemo returns the object to list for a memo entry merged with rec
+// (nil: none), and the entry to remember. When the entry has already
+// been merged with the same record (by its resourceVersion, which
+// changes with every write of it), the object is the entry's, handed to
+// the cache with its fingerprint (the cache neither modifies nor keeps
+// it, so the memo's object is shared); otherwise rec is merged into a
+// copy and the result remembered.
+func mergeMemo(e *memoEntry, rec *records.Record) (watchcache.Object, *memoEntry) {
+	rv := ""
+	if rec != nil {
+		rv = rec.ResourceVersion
+	}
+	if e.merged && e.recordRV == rv {
+		return watchcache.WithFingerprint(e.obj, e.fp), e
+	}
+	obj := e.obj.DeepCopy()
+	var specHash string
+	if mergeRecord(obj, rec) {
+		specHash = specHashOf(obj)
+	}
+	fp, err := watchcache.Fingerprint(obj)
+	if err != nil {
+		// The cache logs and leaves out what it cannot encode.
+		return obj, e
+	}
+	return watchcache.WithFingerprint(obj, fp), &memoEntry{obj: obj, merged: true, recordRV: rv, fp: fp, specHash: specHash}
+}
+
 // readWorkspacePages reads coderd's workspaces page by page; see
-// listWorkspaces.
-func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target) ([]json.RawMessage, error) {
+// listWorkspaces. A workspace whose JSON hashes to an entry of prev is
+// not decoded.
+func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, prev map[uint64]*memoEntry) ([]listedWorkspace, error) {
 	size := s.pageSize
 	if size <= 0 {
 		size = defaultWorkspacePageSize
 	}
 	var (
-		raws  []json.RawMessage
-		index = map[string]int{}
-		count = -1
-		shift bool
+		listed []listedWorkspace
+		index  = map[string]int{}
+		count  = -1
+		shift  bool
 	)
+	buf := pageBuffers.Get().(*bytes.Buffer)
+	defer pageBuffers.Put(buf)
 	for offset := 0; ; {
-		page, err := s.readWorkspacePage(ctx, t, size, offset)
+		raws, pageCount, err := s.readWorkspacePage(ctx, t, buf, size, offset)
 		if err != nil {
-			return raws, err
+			return listed, err
 		}
-		if count >= 0 && page.Count != count {
+		if count >= 0 && pageCount != count {
 			shift = true
 		}
-		count = page.Count
-		for _, raw := range page.Workspaces {
-			var id struct {
-				ID string `json:"id"`
+		count = pageCount
+		for _, raw := range raws {
+			l := listedWorkspace{hash: hashBytes(raw)}
+			if l.memo = prev[l.hash]; l.memo == nil {
+				l.ws = new(codersdk.Workspace)
+				if err := json.Unmarshal(raw, l.ws); err != nil {
+					return listed, fmt.Errorf("list workspaces: decode a workspace: %w", err)
+				}
 			}
-			if err := json.Unmarshal(raw, &id); err != nil {
-				return raws, fmt.Errorf("list workspaces: decode a workspace: %w", err)
-			}
-			if i, ok := index[id.ID]; ok {
-				raws[i] = raw
+			id := l.id()
+			if i, ok := index[id]; ok {
+				listed[i] = l
 				shift = true
 				continue
 			}
-			index[id.ID] = len(raws)
-			raws = append(raws, raw)
+			index[id] = len(listed)
+			listed = append(listed, l)
 		}
-		offset += len(page.Workspaces)
-		if len(page.Workspaces) < size || offset >= page.Count {
+		offset += len(raws)
+		if len(raws) < size || offset >= pageCount {
 			break
 		}
 	}
-	if shift || len(raws) != count {
-		return raws, fmt.Errorf("list workspaces: coderd's workspaces changed between pages (%d distinct read, %d counted): %w", len(raws), count, watchcache.ErrIncomplete)
+	if shift || len(listed) != count {
+		return listed, fmt.Errorf("list workspaces: coderd's workspaces changed between pages (%d distinct read, %d counted): %w", len(listed), count, watchcache.ErrIncomplete)
 	}
-	return raws, nil
+	return listed, nil
 }
 
-// readWorkspacePage reads one page.
-func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, limit, offset int) (*workspacePage, error) {
+// readWorkspacePage reads one page into buf: each workspace's JSON (see
+// splitWorkspacesPage; the elements alias buf) and coderd's total count.
+func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, buf *bytes.Buffer, limit, offset int) ([]json.RawMessage, int, error) {
 	path := "/api/v2/workspaces?limit=" + strconv.Itoa(limit) + "&offset=" + strconv.Itoa(offset)
 	res, err := t.Client.Request(ctx, http.MethodGet, path, nil)
 	if err != nil {
-		return nil, fmt.Errorf("list workspaces (offset %d): %w", offset, err)
+		return nil, 0, fmt.Errorf("list workspaces (offset %d): %w", offset, err)
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("list workspaces (offset %d): %w", offset, coderapi.ReadResponseError(res, time.Now()))
+		return nil, 0, fmt.Errorf("list workspaces (offset %d): %w", offset, coderapi.ReadResponseError(res, time.Now()))
 	}
-	var page workspacePage
-	if err := json.NewDecoder(res.Body).Decode(&page); err != nil {
-		return nil, fmt.Errorf("list workspaces (offset %d): decode coderd's answer: %w", offset, err)
+	buf.Reset()
+	if _, err := buf.ReadFrom(res.Body); err != nil {
+		return nil, 0, fmt.Errorf("list workspaces (offset %d): read coderd's answer: %w", offset, err)
 	}
-	return &page, nil
+	raws, count, err := splitWorkspacesPage(buf.Bytes())
+	if err != nil {
+		return nil, 0, fmt.Errorf("list workspaces (offset %d): decode coderd's answer: %w", offset, err)
+	}
+	return raws, count, nil
 }
 
-// convertWorkspaces turns coderd's workspaces into objects, reusing the
-// memo for unchanged JSON. A partial list adds to the memo instead of
-// replacing it, since the workspaces it did not read may come back
-// unchanged.
-func (s *WorkspaceStorage) convertWorkspaces(ctx context.Context, t target, raws []json.RawMessage, partial bool) ([]watchcache.Object, error) {
-	memoKey := t.coderdKey() + "/" + strconv.FormatBool(t.prefixed)
-	prev := s.memo.get(memoKey)
-	next := make(map[uint64]*aggv1.CoderWorkspace, len(raws))
+// pageBuffers keeps the buffers pages are read into: a page of a
+// thousand workspaces is megabytes, and nothing keeps its bytes once it
+// has been split, hashed and decoded.
+var pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// convertWorkspaces turns coderd's workspaces into objects: the memo's
+// for unchanged JSON (shared: mergeListed replaces each with mergeMemo's
+// result before anything else sees it), a conversion of the decoded
+// workspace otherwise. It
+// returns each object's memo entry and the memo to keep. A partial list
+// adds to the memo instead of replacing it, since the workspaces it did
+// not read may come back unchanged.
+func (s *WorkspaceStorage) convertWorkspaces(ctx context.Context, t target, listed []listedWorkspace, prev map[uint64]*memoEntry, partial bool) ([]watchcache.Object, []*memoEntry, map[uint64]*memoEntry, error) {
+	next := make(map[uint64]*memoEntry, len(listed))
 	if partial {
 		maps.Copy(next, prev)
 	}
-	out := make([]watchcache.Object, len(raws))
-	type fresh struct {
-		i    int
-		hash uint64
-		ws   codersdk.Workspace
-	}
-	var todo []fresh
-	for i, raw := range raws {
-		h := hashBytes(raw)
-		if obj, ok := prev[h]; ok {
-			next[h] = obj
-			out[i] = obj.DeepCopy()
-			continue
+	out := make([]watchcache.Object, len(listed))
+	entries := make([]*memoEntry, len(listed))
+	var ids []uuid.UUID
+	for _, l := range listed {
+		if l.memo == nil {
+			ids = append(ids, l.ws.LatestBuild.ID)
 		}
-		f := fresh{i: i, hash: h}
-		if err := json.Unmarshal(raw, &f.ws); err != nil {
-			return nil, fmt.Errorf("list workspaces: decode a workspace: %w", err)
-		}
-		todo = append(todo, f)
-	}
-	ids := make([]uuid.UUID, len(todo))
-	for i := range todo {
-		ids[i] = todo[i].ws.LatestBuild.ID
 	}
 	params, err := s.params.fill(ctx, t, ids)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	for _, f := range todo {
-		obj := toWorkspace(t, &f.ws, params[f.ws.LatestBuild.ID])
-		next[f.hash] = obj
-		// The cache owns what it is given; the memo keeps its own copy.
-		out[f.i] = obj.DeepCopy()
+	for i, l := range listed {
+		e := l.memo
+		if e == nil {
+			e = &memoEntry{obj: toWorkspace(t, l.ws, params[l.ws.LatestBuild.ID])}
+		}
+		entries[i] = e
+		next[l.hash] = e
+		out[i] = e.obj
 	}
-	s.memo.set(memoKey, next)
-	return out, nil
+	return out, entries, next, nil
 }
 
 // read fetches one workspace from coderd, merges its record and records
@@ -301,7 +353,10 @@ func (s *WorkspaceStorage) List(ctx context.Context, opts *metainternalversion.L
 	if err != nil {
 		return nil, err
 	}
-	return &aggv1.CoderWorkspaceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderWorkspace](objs)}, nil
+	return &workspaceList{
+		CoderWorkspaceList: aggv1.CoderWorkspaceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderWorkspace](objs)},
+		listed:             objs,
+	}, nil
 }
 
 // Create creates the workspace in coderd.

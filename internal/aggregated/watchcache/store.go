@@ -80,6 +80,35 @@ func fingerprint(o Object) (uint64, error) {
 	return h.Sum64() % rvFactor, nil
 }
 
+// Fingerprint is the content fingerprint the cache stamps into o's
+// resourceVersion (see fingerprint; the same caveat applies: o must not
+// be read by anyone else meanwhile).
+func Fingerprint(o Object) (uint64, error) { return fingerprint(o) }
+
+// fingerprinted is an object handed to the cache with its fingerprint.
+type fingerprinted struct {
+	Object
+	fp uint64
+}
+
+// WithFingerprint hands o to the cache (as an element of a Source's
+// list, or to Replace, ReplaceListed or Upsert) with its fingerprint,
+// which the caller remembers from an earlier object of the same content:
+// fp must be what Fingerprint returned for that content. The cache then
+// does not encode o to compare it with what it holds, which is most of
+// the cost of a list that changed nothing. The cache neither modifies nor
+// keeps o (it stores a copy when the content changed), so o may be an
+// object the caller shares with others.
+func WithFingerprint(o Object, fp uint64) Object { return &fingerprinted{Object: o, fp: fp} }
+
+// Unwrap returns the object WithFingerprint wrapped, or o itself.
+func Unwrap(o Object) Object {
+	if f, ok := o.(*fingerprinted); ok && f != nil {
+		return f.Object
+	}
+	return o
+}
+
 // isNil also catches typed nil pointers, whose methods would panic.
 func isNil(o Object) bool {
 	if o == nil {
@@ -117,6 +146,13 @@ type prepared struct {
 func (c *Cache) prepare(key string, objs []Object) []prepared {
 	out := make([]prepared, 0, len(objs))
 	for _, o := range objs {
+		if f, ok := o.(*fingerprinted); ok && f != nil {
+			if !isNil(f.Object) && f.GetName() != "" {
+				out = append(out, prepared{obj: f.Object, fp: f.fp})
+				continue
+			}
+			o = f.Object // logged below
+		}
 		if isNil(o) {
 			c.log.Error(nil, "ignoring nil object", "backend", key)
 			continue
@@ -136,38 +172,36 @@ func (c *Cache) prepare(key string, objs []Object) []prepared {
 }
 
 // recordLocked stores p if its content differs from the stored object of
-// the same name, appending the change to batch. With wantCopy it returns a
-// stamped copy for the caller. It returns ok=false when the object's type
-// does not deep-copy to an Object (logged).
-func (c *Cache) recordLocked(key string, b *backend, p prepared, wantCopy bool, batch []*event) (Object, bool, []*event) {
+// the same name, appending the change to batch. It returns the entry
+// that holds the content afterwards (the stored one when unchanged), or
+// ok=false when the object's type does not deep-copy to an Object
+// (logged).
+func (c *Cache) recordLocked(key string, b *backend, p prepared, batch []*event) (*entry, bool, []*event) {
 	name := p.obj.GetName()
 	old := b.objs[name]
 	if old != nil && old.fp == p.fp {
-		if wantCopy {
-			return deepCopy(old.obj), true, batch
-		}
-		return nil, true, batch
+		return old, true, batch
 	}
-	// The copy doubles as the check that the type deep-copies to an Object,
-	// which deepCopy relies on later.
+	// The cache stores its own copy, so that callers may hand it objects
+	// they share (see WithFingerprint); the copy doubles as the check that
+	// the type deep-copies to an Object, which deepCopy relies on later.
 	cp, ok := p.obj.DeepCopyObject().(Object)
 	if !ok {
 		c.log.Error(nil, "ignoring object whose DeepCopyObject does not return an Object", "backend", key, "name", name, "type", fmt.Sprintf("%T", p.obj))
 		return nil, false, batch
 	}
 	seq := c.nextSeqLocked()
-	rv := formatRV(seq, p.fp)
-	p.obj.SetResourceVersion(rv)
-	cp.SetResourceVersion(rv)
-	b.objs[name] = &entry{obj: p.obj, fp: p.fp, seq: seq}
+	cp.SetResourceVersion(formatRV(seq, p.fp))
+	e := &entry{obj: cp, fp: p.fp, seq: seq}
+	b.objs[name] = e
 	delete(b.deleted, name)
-	ev := &event{typ: watch.Added, key: key, seq: seq, obj: p.obj}
+	ev := &event{typ: watch.Added, key: key, seq: seq, obj: cp}
 	if old != nil {
 		ev.typ = watch.Modified
 		ev.prev = old.obj
 		ev.prevFP = old.fp
 	}
-	return cp, true, append(batch, ev)
+	return e, true, append(batch, ev)
 }
 
 // removeLocked forgets name, appending a Deleted event carrying the last
@@ -202,16 +236,18 @@ func (c *Cache) commitLocked(batch []*event) {
 
 // Replace sets the complete current object set of a backend (a full list):
 // new names become ADDED, changed content MODIFIED, missing names DELETED.
-// It marks the backend synced. The cache owns objs afterwards. It returns
+// It marks the backend synced. The cache stores copies of objs, which
+// nobody else may read during the call (see fingerprint). It returns
 // stamped deep copies in the order given; unusable objects (nil, no name,
 // not JSON-encodable) are logged and left out, and of duplicate names the
 // first wins.
 func (c *Cache) Replace(key string, objs []Object) []Object {
 	ps := c.prepare(key, objs)
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	// Everything stored is at most lastSeq, so nothing is protected.
-	return c.replaceLocked(key, ps, c.lastSeq, c.clock.Now(), true)
+	es := c.replaceLocked(key, ps, c.lastSeq, c.clock.Now(), true)
+	c.mu.Unlock()
+	return copies(es)
 }
 
 // ListStart marks when a list made outside the poller began.
@@ -232,21 +268,76 @@ func (c *Cache) StartList() ListStart {
 // or deleted while it ran (by a poll or a request) keep their newer state,
 // so concurrent lists never move an object back in time.
 func (c *Cache) ReplaceListed(key string, start ListStart, objs []Object) []Object {
+	return copies(c.replaceListed(key, start, objs))
+}
+
+// ReplaceListedShared is ReplaceListed returning the stored objects
+// themselves (see Listed) instead of copies.
+func (c *Cache) ReplaceListedShared(key string, start ListStart, objs []Object) []Listed {
+	return listed(c.replaceListed(key, start, objs))
+}
+
+func (c *Cache) replaceListed(key string, start ListStart, objs []Object) []*entry {
 	ps := c.prepare(key, objs)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.replaceLocked(key, ps, start.seq, start.at, true)
 }
 
+// Listed is a stored object as a list answers it without copying it:
+// Obj is the cache's own, which nobody modifies; callers must not either
+// (a shallow copy of the struct shares its maps and slices).
+type Listed struct {
+	Obj Object
+	e   *entry
+}
+
+// JSON returns json.Marshal(Obj), encoded once for each stored version
+// of the object and kept with it, so that lists serve an unchanged
+// object's encoding again.
+func (l Listed) JSON() ([]byte, error) {
+	if b := l.e.json.Load(); b != nil {
+		return *b, nil
+	}
+	data, err := json.Marshal(l.Obj)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %q: %w", l.Obj.GetName(), err)
+	}
+	l.e.json.Store(&data)
+	return data, nil
+}
+
+func copies(es []*entry) []Object {
+	if es == nil {
+		return nil
+	}
+	out := make([]Object, len(es))
+	for i, e := range es {
+		out[i] = deepCopy(e.obj)
+	}
+	return out
+}
+
+func listed(es []*entry) []Listed {
+	if es == nil {
+		return nil
+	}
+	out := make([]Listed, len(es))
+	for i, e := range es {
+		out[i] = Listed{Obj: e.obj, e: e}
+	}
+	return out
+}
+
 // replaceLocked implements Replace. Objects written or deleted after
 // listedAfter (a seq taken before the List started) are newer than the list
 // and keep their state; the next poll reconciles them.
-func (c *Cache) replaceLocked(key string, ps []prepared, listedAfter uint64, at time.Time, wantCopy bool) []Object {
+func (c *Cache) replaceLocked(key string, ps []prepared, listedAfter uint64, at time.Time, wantEntries bool) []*entry {
 	b := c.backendLocked(key)
 	var batch []*event
-	var out []Object
-	if wantCopy {
-		out = make([]Object, 0, len(ps))
+	var out []*entry
+	if wantEntries {
+		out = make([]*entry, 0, len(ps))
 	}
 	present := make(map[string]bool, len(ps))
 	for _, p := range ps {
@@ -255,22 +346,22 @@ func (c *Cache) replaceLocked(key string, ps []prepared, listedAfter uint64, at 
 			// Written after the list started, or a duplicate name in
 			// this list: the stored object wins.
 			present[name] = true
-			if wantCopy {
-				out = append(out, deepCopy(e.obj))
+			if wantEntries {
+				out = append(out, e)
 			}
 			continue
 		}
 		if s, ok := b.deleted[name]; ok && s > listedAfter {
 			continue
 		}
-		cp, ok, next := c.recordLocked(key, b, p, wantCopy, batch)
+		e, ok, next := c.recordLocked(key, b, p, batch)
 		batch = next
 		if !ok {
 			continue
 		}
 		present[name] = true
-		if wantCopy {
-			out = append(out, cp)
+		if wantEntries {
+			out = append(out, e)
 		}
 	}
 	for _, name := range sortedNames(b) {
@@ -303,7 +394,7 @@ func (c *Cache) mergeLocked(key string, ps []prepared, listedAfter uint64) {
 		if s, ok := b.deleted[name]; ok && s > listedAfter {
 			continue
 		}
-		_, _, batch = c.recordLocked(key, b, p, false, batch)
+		_, _, batch = c.recordLocked(key, b, p, batch)
 	}
 	c.commitLocked(batch)
 }
@@ -318,25 +409,25 @@ func sortedNames(b *backend) []string {
 }
 
 // Upsert records objects seen by a single read or written through this
-// server; nothing is inferred about other objects. The cache owns objs
-// afterwards. It returns stamped deep copies in the order given, leaving out
+// server; nothing is inferred about other objects. The cache stores copies
+// of objs, as Replace does. It returns stamped deep copies in the order given, leaving out
 // unusable objects (logged). It does not mark the backend synced.
 func (c *Cache) Upsert(key string, objs ...Object) []Object {
 	ps := c.prepare(key, objs)
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	b := c.backendLocked(key)
 	var batch []*event
-	out := make([]Object, 0, len(ps))
+	es := make([]*entry, 0, len(ps))
 	for _, p := range ps {
-		cp, ok, next := c.recordLocked(key, b, p, true, batch)
+		e, ok, next := c.recordLocked(key, b, p, batch)
 		batch = next
 		if ok {
-			out = append(out, cp)
+			es = append(es, e)
 		}
 	}
 	c.commitLocked(batch)
-	return out
+	c.mu.Unlock()
+	return copies(es)
 }
 
 // Delete records that the named objects of a backend are gone.
@@ -399,12 +490,22 @@ func (c *Cache) Get(key, name string) (Object, bool) {
 // resourceVersion they are consistent with.
 func (c *Cache) Snapshot(match func(key string) bool) ([]Object, string) {
 	c.mu.Lock()
-	stored := c.objectsLocked(match)
+	stored := c.entriesLocked(match)
 	rv := listRV(c.lastSeq)
 	c.mu.Unlock()
-	out := make([]Object, len(stored))
-	for i, o := range stored {
-		out[i] = deepCopy(o)
+	return copies(stored), rv
+}
+
+// SnapshotShared is Snapshot returning the stored objects themselves (see
+// Listed) instead of copies.
+func (c *Cache) SnapshotShared(match func(key string) bool) ([]Listed, string) {
+	c.mu.Lock()
+	stored := c.entriesLocked(match)
+	rv := listRV(c.lastSeq)
+	c.mu.Unlock()
+	out := listed(stored)
+	if out == nil {
+		out = []Listed{}
 	}
 	return out, rv
 }
@@ -412,22 +513,33 @@ func (c *Cache) Snapshot(match func(key string) bool) ([]Object, string) {
 // objectsLocked returns the stored (immutable) objects of matching backends,
 // sorted by namespace then name.
 func (c *Cache) objectsLocked(match func(key string) bool) []Object {
-	var objs []Object
+	es := c.entriesLocked(match)
+	objs := make([]Object, len(es))
+	for i, e := range es {
+		objs[i] = e.obj
+	}
+	return objs
+}
+
+// entriesLocked returns the entries of matching backends, sorted by
+// namespace then name.
+func (c *Cache) entriesLocked(match func(key string) bool) []*entry {
+	var es []*entry
 	for key, b := range c.backends {
 		if match != nil && !match(key) {
 			continue
 		}
 		for _, e := range b.objs {
-			objs = append(objs, e.obj)
+			es = append(es, e)
 		}
 	}
-	sort.Slice(objs, func(i, j int) bool {
-		if ni, nj := objs[i].GetNamespace(), objs[j].GetNamespace(); ni != nj {
+	sort.Slice(es, func(i, j int) bool {
+		if ni, nj := es[i].obj.GetNamespace(), es[j].obj.GetNamespace(); ni != nj {
 			return ni < nj
 		}
-		return objs[i].GetName() < objs[j].GetName()
+		return es[i].obj.GetName() < es[j].obj.GetName()
 	})
-	return objs
+	return es
 }
 
 // Synced reports whether the backend has had a full Replace.

@@ -318,3 +318,55 @@ func TestReplaceListedKeepsNewerWrites(t *testing.T) {
 		t.Fatalf("stored v=%s", o.GetLabels()["v"])
 	}
 }
+
+// TestWithFingerprint: an object handed over with the fingerprint
+// Fingerprint gave for its content is stored unwrapped (a copy: the object
+// handed over is left as it was), stamped as if the cache had computed
+// the fingerprint itself; the same content again
+// records no event and returns the stored object's version; other
+// content is a change.
+func TestWithFingerprint(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	a := obj("ns", "a", lbl("k", "v"))
+	fp, err := Fingerprint(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := expectedFP(t, a); fp != want {
+		t.Fatalf("Fingerprint = %d, want %d", fp, want)
+	}
+	first := c.Replace("b", []Object{WithFingerprint(a, fp)})
+	if len(first) != 1 {
+		t.Fatalf("Replace returned %d objects", len(first))
+	}
+	if _, ok := first[0].(*metav1.PartialObjectMetadata); !ok {
+		t.Fatalf("Replace returned a %T, want the unwrapped object", first[0])
+	}
+	rv := first[0].GetResourceVersion()
+	if got := a.GetResourceVersion(); got != "" {
+		t.Errorf("the object handed over was stamped %q: the cache must store a copy", got)
+	}
+	if want := strconv.FormatUint(seqOf(t, rv)*rvFactor+fp, 10); rv != want {
+		t.Errorf("resourceVersion %q, want %q", rv, want)
+	}
+	events := c.Stats().Events
+	again := c.Replace("b", []Object{WithFingerprint(obj("ns", "a", lbl("k", "v")), fp)})
+	if got := c.Stats().Events; got != events {
+		t.Errorf("the same content with its fingerprint recorded %d events", got-events)
+	}
+	if len(again) != 1 || again[0].GetResourceVersion() != rv {
+		t.Errorf("the same content again returned %v, want version %q", again, rv)
+	}
+	b := obj("ns", "a", lbl("k", "w"))
+	fpB, err := Fingerprint(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := c.Upsert("b", WithFingerprint(b, fpB))
+	if got := c.Stats().Events; got != events+1 {
+		t.Errorf("changed content recorded %d events, want 1", got-events)
+	}
+	if len(changed) != 1 || SameContent(changed[0].GetResourceVersion(), rv) || changed[0].GetLabels()["k"] != "w" {
+		t.Errorf("changed content returned %v", changed)
+	}
+}

@@ -49,7 +49,7 @@ type Source interface {
 	// Key identifies the backend, for example "namespace/controlplane".
 	Key() string
 	// List returns the complete current set of the backend's objects. The
-	// cache owns the returned objects afterwards.
+	// cache stores copies of them (see Cache.Replace).
 	//
 	// When it fails after reading part of the set (one page of several),
 	// it returns what it read with the error: the cache updates those
@@ -214,10 +214,13 @@ type backend struct {
 }
 
 type entry struct {
-	// obj is immutable once stored; it is only handed out as a deep copy.
+	// obj is immutable once stored; it is handed out as a deep copy, or
+	// shared with lists that only read it (Listed).
 	obj Object
 	fp  uint64
 	seq uint64
+	// json is obj's encoding once a list asked for it (Listed.JSON).
+	json atomic.Pointer[[]byte]
 }
 
 // New validates opts and returns a Cache. Start the poller with Run.
