@@ -63,3 +63,38 @@ func TestSplitWorkspacesPage(t *testing.T) {
 		}
 	}
 }
+
+// coderd's answer is parsed by a hand-written scanner on every poll: it
+// never panics or reads out of bounds, and on a valid JSON document every
+// element it returns is itself a valid JSON value taken from the document.
+func FuzzSplitWorkspacesPage(f *testing.F) {
+	for _, s := range []string{
+		`{"workspaces":[],"count":0}`,
+		`{"count":2,"workspaces":[{"id":"a"},{"id":"b"}]}`,
+		`{"workspaces":[{"id":"a","name":"x]}\"{[","n":[1,[2,{"c":"\\"}]],"t":true,"z":null,"f":-1.5e3}],"count":1}`,
+		`{"extra":{"a":["]","}"]},"workspaces":[{"id":"a"}],"more":"s","num":12,"count":1,"lit":false}`,
+		`{"workspaces":[{"id":"a"},],"count":1}`,
+		`{"workspaces":[{"id":"a}],"count":1}`,
+		`{"workspaces":[{"id":"a"`,
+		`{"workspaces":null,"count":1e400}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		raws, count, err := splitWorkspacesPage(doc)
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatalf("empty error for %q", doc)
+			}
+			return
+		}
+		if !json.Valid(doc) {
+			return
+		}
+		for i, raw := range raws {
+			if !json.Valid(raw) || !bytes.Contains(doc, raw) {
+				t.Fatalf("splitWorkspacesPage(%q) element %d = %q: not a JSON value of the document (count %d)", doc, i, raw, count)
+			}
+		}
+	})
+}
