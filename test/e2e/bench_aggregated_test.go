@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/storage"
 	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
@@ -230,50 +231,23 @@ func (st *benchStack) k8sName(ws string) string { return "coder." + st.coder.Use
 // provisioner daemons (three by default).
 func (st *benchStack) createWorkspaces(b *testing.B, n int) {
 	b.Helper()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
 	tpl, err := st.coder.PushTemplate(ctx, "bench", testenv.ProviderFreeTemplate())
 	if err != nil {
 		b.Fatal(err)
 	}
-	start := time.Now()
-	parallel(n, func(i int) error {
-		_, err := st.coder.Client.CreateUserWorkspace(ctx, codersdk.Me, codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: benchWorkspace(i)})
-		if err != nil {
-			return fmt.Errorf("create workspace %s: %w", benchWorkspace(i), err)
-		}
-		return nil
-	}, b)
-	queued := time.Since(start)
-	lastLog := time.Now()
-	for {
-		resp, err := st.coder.Client.Workspaces(ctx, codersdk.WorkspaceFilter{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		done := 0
-		for _, w := range resp.Workspaces {
-			switch w.LatestBuild.Job.Status {
-			case codersdk.ProvisionerJobSucceeded:
-				done++
-			case codersdk.ProvisionerJobFailed, codersdk.ProvisionerJobCanceled:
-				_, err := st.coder.WaitBuild(ctx, w.LatestBuild.ID)
-				b.Fatalf("workspace %s: build %s: %v", w.Name, w.LatestBuild.Job.Status, err)
-			}
-		}
-		if len(resp.Workspaces) == n && done == n {
-			break
-		}
-		if time.Since(start) > 20*time.Minute {
-			b.Fatalf("%d of %d workspace builds done after 20 minutes", done, n)
-		}
-		if time.Since(lastLog) > 30*time.Second {
-			fmt.Printf("workspaces: %d of %d builds done after %s\n", done, n, time.Since(start).Round(time.Second))
-			lastLog = time.Now()
-		}
-		time.Sleep(2 * time.Second)
+	names := make([]string, n)
+	for i := range names {
+		names[i] = benchWorkspace(i)
 	}
-	fmt.Printf("workspaces: %d created in coderd (requests %s, all builds succeeded after %s)\n",
-		n, queued.Round(time.Millisecond), time.Since(start).Round(time.Second))
+	start := time.Now()
+	if _, err := st.coder.CreateWorkspaces(ctx, tpl, names, func(done int, elapsed time.Duration) {
+		fmt.Printf("workspaces: %d of %d builds done after %s\n", done, n, elapsed.Round(time.Second))
+	}); err != nil {
+		b.Fatal(err)
+	}
+	fmt.Printf("workspaces: %d created in coderd (all builds succeeded after %s)\n", n, time.Since(start).Round(time.Second))
 }
 
 // benchList times the aggregated LIST against coderd's own list.
@@ -305,7 +279,7 @@ func (st *benchStack) benchList(b *testing.B, n int) {
 	fmt.Printf("list ratio=%.2f (target ≤ 1.15): aggregated LIST median %s, coderd GET /api/v2/workspaces median %s; %d workspaces, %d alternating pairs\n",
 		ratio, aggMed.Round(100*time.Microsecond), coderMed.Round(100*time.Microsecond), n, benchListPairs)
 
-	st.listBreakdown(b, agg, coderd)
+	st.listBreakdown(b, agg, coderd, n)
 
 	// resourceVersion=0 with a watch open, as an informer has.
 	rv := st.listRV(b)
@@ -329,31 +303,44 @@ func (st *benchStack) benchList(b *testing.B, n int) {
 
 // listBreakdown shows where the aggregated LIST's time goes: through
 // kube-apiserver with and without response compression, and straight to
-// coder-k8s (no aggregation layer), next to coderd.
-func (st *benchStack) listBreakdown(b *testing.B, agg, coderd string) {
+// coder-k8s (no aggregation layer), next to coderd answering all n
+// workspaces at once and in the pages coder-k8s reads them in.
+func (st *benchStack) listBreakdown(b *testing.B, agg, coderd string, n int) {
 	direct := st.op.Aggregated + "/apis/aggregation.coder.com/v1alpha1/coderworkspaces"
 	type variant struct {
-		name, url, encoding string
-		times               []time.Duration
-		size                int
+		name, encoding string
+		urls           []string
+		times          []time.Duration
+		size           int
+	}
+	// coder-k8s reads coderd's workspaces a page at a time, sequentially.
+	var pages []string
+	for offset := 0; offset < n; offset += storage.DefaultWorkspacePageSize {
+		pages = append(pages, fmt.Sprintf("%s?limit=%d&offset=%d", coderd, storage.DefaultWorkspacePageSize, offset))
 	}
 	vs := []*variant{
-		{name: "through kube-apiserver, gzip (as above)", url: agg},
-		{name: "through kube-apiserver, uncompressed", url: agg, encoding: "identity"},
-		{name: "coder-k8s directly, uncompressed", url: direct, encoding: "identity"},
-		{name: "coderd", url: coderd},
+		{name: "through kube-apiserver, gzip (as above)", urls: []string{agg}},
+		{name: "through kube-apiserver, uncompressed", urls: []string{agg}, encoding: "identity"},
+		{name: "coder-k8s directly, uncompressed", urls: []string{direct}, encoding: "identity"},
+		{name: "coderd", urls: []string{coderd}},
+		{name: fmt.Sprintf("coderd in %d pages of %d", len(pages), storage.DefaultWorkspacePageSize), urls: pages},
 	}
 	const rounds = 15
 	for i := range 2 + rounds {
 		for j := range vs {
 			v := vs[(i+j)%len(vs)]
-			d, body, _, err := timedGet(st.hc, v.url, v.encoding)
-			if err != nil {
-				b.Fatal(err)
+			var total time.Duration
+			v.size = 0
+			for _, u := range v.urls {
+				d, body, _, err := timedGet(st.hc, u, v.encoding)
+				if err != nil {
+					b.Fatal(err)
+				}
+				total += d
+				v.size += len(body)
 			}
-			v.size = len(body)
 			if i >= 2 {
-				v.times = append(v.times, d)
+				v.times = append(v.times, total)
 			}
 		}
 	}

@@ -204,27 +204,8 @@ func converged(ctx context.Context, b *testing.B, c client.Client, n int) bool {
 
 // parallel runs f for 0..n-1 on 10 workers.
 func parallel(n int, f func(i int) error, b *testing.B) {
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	next := make(chan int)
-	for range 10 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := f(i); err != nil {
-					errs <- err
-				}
-			}
-		}()
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	b.Helper()
+	if err := testenv.Parallel(n, 10, f); err != nil {
 		b.Fatal(err)
 	}
 }

@@ -121,7 +121,7 @@ func BenchmarkScale(b *testing.B) {
 // seed creates workspaces 0..n-1 of the first user: the first
 // scaleRefWorkspaces of a Terraform template (the reference), the rest of
 // an echo template, each part 10 requests at a time and until every build
-// has succeeded. It returns the workspaces' IDs by index.
+// has succeeded. It returns the workspaces by index.
 func (st *benchStack) seed(b *testing.B, n int) []codersdk.Workspace {
 	b.Helper()
 	ctx := context.Background()
@@ -133,19 +133,22 @@ func (st *benchStack) seed(b *testing.B, n int) []codersdk.Workspace {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ws := make([]codersdk.Workspace, n)
+	var ws []codersdk.Workspace
 	create := func(tpl codersdk.Template, from, to int) time.Duration {
+		names := make([]string, to-from)
+		for i := range names {
+			names[i] = benchWorkspace(from + i)
+		}
 		start := time.Now()
-		parallel(to-from, func(i int) error {
-			name := benchWorkspace(from + i)
-			w, err := st.coder.Client.CreateUserWorkspace(ctx, codersdk.Me, codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: name})
-			if err != nil {
-				return fmt.Errorf("create workspace %s: %w", name, err)
-			}
-			ws[from+i] = w
-			return nil
-		}, b)
-		st.waitBuilds(b, tpl, to-from, start)
+		wctx, cancel := context.WithTimeout(ctx, 40*time.Minute)
+		defer cancel()
+		got, err := st.coder.CreateWorkspaces(wctx, tpl, names, func(done int, elapsed time.Duration) {
+			fmt.Printf("seeding: template %s: %d of %d builds done after %s\n", tpl.Name, done, len(names), elapsed.Round(time.Second))
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ws = append(ws, got...)
 		return time.Since(start)
 	}
 	refTime := create(tf, 0, scaleRefWorkspaces)
@@ -162,46 +165,6 @@ func (st *benchStack) seed(b *testing.B, n int) []codersdk.Workspace {
 		ratio, n-scaleRefWorkspaces, seedTime.Round(time.Second), seedPer.Round(100*time.Microsecond), scaleDaemons,
 		scaleRefWorkspaces, refTime.Round(100*time.Millisecond), refPer.Round(time.Millisecond))
 	return ws
-}
-
-// waitBuilds waits until tpl has n running workspaces (their first build
-// succeeded), failing on a failed one. It asks coderd for counts only
-// (limit 1): a list of every workspace would cost coderd more than the
-// seeding it watches.
-func (st *benchStack) waitBuilds(b *testing.B, tpl codersdk.Template, n int, start time.Time) {
-	b.Helper()
-	ctx := context.Background()
-	count := func(status string) int {
-		resp, err := st.coder.Client.Workspaces(ctx, codersdk.WorkspaceFilter{Template: tpl.Name, Status: status, Limit: 1})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return resp.Count
-	}
-	lastLog := time.Now()
-	for {
-		if failed := count(string(codersdk.WorkspaceStatusFailed)); failed > 0 {
-			resp, err := st.coder.Client.Workspaces(ctx, codersdk.WorkspaceFilter{Template: tpl.Name, Status: string(codersdk.WorkspaceStatusFailed), Limit: 1})
-			if err != nil || len(resp.Workspaces) == 0 {
-				b.Fatalf("template %s: %d workspace builds failed (%v)", tpl.Name, failed, err)
-			}
-			w := resp.Workspaces[0]
-			_, err = st.coder.WaitBuild(ctx, w.LatestBuild.ID)
-			b.Fatalf("template %s: %d workspace builds failed; %s: %v", tpl.Name, failed, w.Name, err)
-		}
-		done := count(string(codersdk.WorkspaceStatusRunning))
-		if done == n {
-			return
-		}
-		if time.Since(start) > 40*time.Minute {
-			b.Fatalf("template %s: %d of %d workspace builds done after 40 minutes", tpl.Name, done, n)
-		}
-		if time.Since(lastLog) > time.Minute {
-			fmt.Printf("seeding: template %s: %d of %d builds done after %s\n", tpl.Name, done, n, time.Since(start).Round(time.Second))
-			lastLog = time.Now()
-		}
-		time.Sleep(time.Second)
-	}
 }
 
 // restartCoderDefaults restarts coderd on the same database and port with
@@ -287,6 +250,7 @@ func (st *benchStack) scaleList(b *testing.B, n int) {
 	b.ReportMetric(ms(coderMed), "coderd-list-ms")
 	fmt.Printf("list ratio=%.2f (target ≤ 1.15): aggregated LIST median %s, coderd GET /api/v2/workspaces median %s; %d workspaces, %d alternating pairs\n",
 		ratio, aggMed.Round(100*time.Microsecond), coderMed.Round(100*time.Microsecond), n, scaleListPairs)
+	st.listBreakdown(b, agg, coderd, n)
 }
 
 // pointAtProxy points the control plane at the counting proxy. The owner

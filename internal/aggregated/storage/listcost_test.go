@@ -8,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -204,50 +203,17 @@ func median(ds []time.Duration) time.Duration {
 // requests at a time, and waits until every build has succeeded.
 func seedEchoWorkspaces(t testing.TB, c *testenv.Coder, n int) {
 	t.Helper()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
 	tpl, err := c.PushEchoTemplate(ctx, "echo")
 	if err != nil {
 		t.Fatal(err)
 	}
-	next := make(chan int)
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for range 10 {
-		wg.Go(func() {
-			for i := range next {
-				if _, err := c.Client.CreateUserWorkspace(ctx, codersdk.Me, codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: fmt.Sprintf("ws-%05d", i)}); err != nil {
-					errs <- err
-				}
-			}
-		})
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("ws-%05d", i)
 	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if _, err := c.CreateWorkspaces(ctx, tpl, names, nil); err != nil {
 		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Minute)
-	for {
-		res, err := c.Client.Workspaces(ctx, codersdk.WorkspaceFilter{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := 0
-		for _, w := range res.Workspaces {
-			if w.LatestBuild.Job.Status == codersdk.ProvisionerJobSucceeded {
-				done++
-			}
-		}
-		if done == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d builds succeeded after 10 minutes", done, n)
-		}
-		time.Sleep(time.Second)
 	}
 }

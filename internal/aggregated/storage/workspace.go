@@ -88,12 +88,12 @@ func (s *WorkspaceStorage) NewList() runtime.Object { return &aggv1.CoderWorkspa
 func (s *WorkspaceStorage) GetSingularName() string { return "coderworkspace" }
 func (s *WorkspaceStorage) ShortNames() []string    { return []string{"cws"} }
 
-// defaultWorkspacePageSize is how many workspaces one GET /api/v2/workspaces
+// DefaultWorkspacePageSize is how many workspaces one GET /api/v2/workspaces
 // asks for. coderd v2.30 has no maximum (limit 0 means all); 1000 keeps a
 // 10,000-workspace poll at 10 requests, well inside coderd's default rate
 // limit of 512 requests a minute per endpoint at the 5 s default interval,
 // while bounding each answer's size.
-const defaultWorkspacePageSize = 1000
+const DefaultWorkspacePageSize = 1000
 
 // listedWorkspace is one workspace of coderd's answer: the hash of its
 // JSON, which keys the list memo, and either the object an earlier list
@@ -190,7 +190,7 @@ func mergeMemo(e *memoEntry, rec *records.Record) (watchcache.Object, *memoEntry
 func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, prev map[uint64]*memoEntry) ([]listedWorkspace, error) {
 	size := s.pageSize
 	if size <= 0 {
-		size = defaultWorkspacePageSize
+		size = DefaultWorkspacePageSize
 	}
 	var (
 		listed []listedWorkspace
