@@ -24,6 +24,10 @@ import (
 // configured timeout.
 const DefaultTimeout = 30 * time.Second
 
+// MaxParallel is how many requests one component sends one coderd at
+// once when it reads many things (build parameters, template versions).
+const MaxParallel = 8
+
 // NewClient returns a client for coderd at u that authenticates with token
 // (none when empty) and bounds every call by timeout. Its requests are
 // counted and timed under target's labels (see internal/metrics) and
@@ -32,8 +36,14 @@ func NewClient(u *url.URL, token string, timeout time.Duration, target Target) *
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	// net/http keeps 2 idle connections per host by default: of
+	// MaxParallel requests at once (twice that while a LIST and a poll
+	// overlap) the rest would be closed after each request and dialled,
+	// over TLS handshaken, again.
+	tr.MaxIdleConnsPerHost = 2 * MaxParallel
 	c := codersdk.New(u, codersdk.WithHTTPClient(&http.Client{
-		Transport: newInstrumented(u, http.DefaultTransport.(*http.Transport).Clone(), timeout, target),
+		Transport: newInstrumented(u, tr, timeout, target),
 	}))
 	if token != "" {
 		c.SetSessionToken(token)

@@ -399,3 +399,62 @@ func TestResponseSizeLimit(t *testing.T) {
 		t.Fatalf("an answer one byte over the limit: %v, want a ResponseTooLargeError", err)
 	}
 }
+
+// TestClientKeepsParallelConnections sends rounds of MaxParallel requests
+// at once: the connections of the first round are kept alive and reused,
+// not closed beyond net/http's default of 2 idle per host and dialled
+// again.
+func TestClientKeepsParallelConnections(t *testing.T) {
+	var mu sync.Mutex
+	conns := 0
+	inRound := make(chan struct{}, coderapi.MaxParallel)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Every request of a round is in flight at once, so a round needs
+		// MaxParallel connections.
+		inRound <- struct{}{}
+		for len(inRound) < coderapi.MaxParallel {
+			time.Sleep(time.Millisecond)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`[]`))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	u, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := coderapi.NewClient(u, "", 10*time.Second, coderapi.Target{})
+	const rounds = 3
+	for round := range rounds {
+		var wg sync.WaitGroup
+		errs := make(chan error, coderapi.MaxParallel)
+		for range coderapi.MaxParallel {
+			wg.Go(func() {
+				if _, err := c.WorkspaceBuildParameters(t.Context(), [16]byte{1}); err != nil {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for len(inRound) > 0 {
+			<-inRound
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if conns != coderapi.MaxParallel {
+		t.Errorf("%d rounds of %d requests at once opened %d connections; want %d, kept alive and reused", rounds, coderapi.MaxParallel, conns, coderapi.MaxParallel)
+	}
+}

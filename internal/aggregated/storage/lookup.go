@@ -9,8 +9,10 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/singleflight"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/coderapi"
 )
 
 // orgIDs remembers organization IDs by backend and name: they never
@@ -55,6 +57,10 @@ type buildParams struct {
 	byID  map[coderdID][]aggv1.WorkspaceParameter
 	order []coderdID
 	max   int
+	// inflight shares one request per build between fills running at
+	// once (a LIST and a poll of a cold cache would otherwise each ask
+	// for every build).
+	inflight singleflight.Group
 }
 
 func newBuildParams(max int) *buildParams {
@@ -83,7 +89,8 @@ func (p *buildParams) store(id coderdID, v []aggv1.WorkspaceParameter) {
 }
 
 // fill returns the parameters of every build in ids of t's coderd, asking
-// it (at most 8 at a time) for those not remembered.
+// it (coderapi.MaxParallel at a time) for those not remembered. A build
+// another fill is already asking about is waited for, not asked again.
 func (p *buildParams) fill(ctx context.Context, t target, ids []uuid.UUID) (map[uuid.UUID][]aggv1.WorkspaceParameter, error) {
 	out := make(map[uuid.UUID][]aggv1.WorkspaceParameter, len(ids))
 	coderd := t.coderdKey()
@@ -103,15 +110,16 @@ func (p *buildParams) fill(ctx context.Context, t target, ids []uuid.UUID) (map[
 	}
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(8)
+	g.SetLimit(coderapi.MaxParallel)
 	for _, id := range missing {
 		g.Go(func() error {
-			got, err := t.Client.WorkspaceBuildParameters(gctx, id)
-			if err != nil {
-				return fmt.Errorf("parameters of build %s: %w", id, err)
+			if err := gctx.Err(); err != nil {
+				return err
 			}
-			v := toParameters(got)
-			p.store(coderdID{coderd, id}, v)
+			v, err := p.fetch(gctx, t, coderdID{coderd, id})
+			if err != nil {
+				return err
+			}
 			mu.Lock()
 			out[id] = v
 			mu.Unlock()
@@ -122,6 +130,34 @@ func (p *buildParams) fill(ctx context.Context, t target, ids []uuid.UUID) (map[
 		return nil, err
 	}
 	return out, nil
+}
+
+// fetch asks coderd for one build's parameters and remembers them, or
+// joins the request another fill has open for it. The request is not
+// cancelled with ctx, since others may be waiting for it; the client's
+// timeout bounds it.
+func (p *buildParams) fetch(ctx context.Context, t target, id coderdID) ([]aggv1.WorkspaceParameter, error) {
+	ch := p.inflight.DoChan(id.coderd+"/"+id.id.String(), func() (any, error) {
+		if v, ok := p.lookup(id); ok {
+			return v, nil
+		}
+		got, err := t.Client.WorkspaceBuildParameters(context.WithoutCancel(ctx), id.id)
+		if err != nil {
+			return nil, fmt.Errorf("parameters of build %s: %w", id.id, err)
+		}
+		v := toParameters(got)
+		p.store(id, v)
+		return v, nil
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.([]aggv1.WorkspaceParameter), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 func toParameters(in []codersdk.WorkspaceBuildParameter) []aggv1.WorkspaceParameter {

@@ -14,6 +14,7 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/go-logr/logr/testr"
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 
@@ -28,14 +29,17 @@ import (
 // answered as coderd's rate limiter answers (429, Retry-After in seconds,
 // coderd's JSON message; see coderd/httpmw/ratelimit.go and go-chi/httprate)
 // or held until released: the two things the real coderd cannot be made to
-// do on demand for one page. It records when each list request arrived.
+// do on demand for one page. It records when each list request arrived,
+// and counts (and, armed, holds) requests for build parameters.
 type faultProxy struct {
 	URL *url.URL
 
-	mu        sync.Mutex
-	limitPage string // query offset answered 429; "" none
-	stall     chan struct{}
-	lists     []listRequest
+	mu         sync.Mutex
+	limitPage  string // query offset answered 429; "" none
+	stall      chan struct{}
+	lists      []listRequest
+	params     int
+	paramStall chan struct{}
 }
 
 type listRequest struct {
@@ -49,6 +53,21 @@ func newFaultProxy(t *testing.T, target *url.URL) *faultProxy {
 	p := &faultProxy{}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/api/v2/workspacebuilds/") && strings.HasSuffix(r.URL.Path, "/parameters") {
+			p.mu.Lock()
+			p.params++
+			stall := p.paramStall
+			p.mu.Unlock()
+			if stall != nil {
+				select {
+				case <-stall:
+				case <-r.Context().Done():
+					return
+				}
+			}
+			rp.ServeHTTP(w, r)
+			return
+		}
 		if r.Method != http.MethodGet || r.URL.Path != "/api/v2/workspaces" {
 			rp.ServeHTTP(w, r)
 			return
@@ -95,6 +114,20 @@ func (p *faultProxy) set(limitPage string, stall chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.limitPage, p.stall = limitPage, stall
+}
+
+// holdParams holds build parameter requests until release is closed.
+func (p *faultProxy) holdParams(release chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.paramStall = release
+}
+
+// paramRequests is how many build parameter requests arrived.
+func (p *faultProxy) paramRequests() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.params
 }
 
 func (p *faultProxy) requests() []listRequest {
@@ -186,38 +219,64 @@ func stoppedWS(o any) bool {
 }
 
 // TestPagedListsAndRateLimitedPages runs against a real coderd with more
-// workspaces than one page: LIST and watch show each workspace exactly
-// once; a page answered 429 with Retry-After keeps every known workspace
-// (no DELETED), the next list waits at least Retry-After, and then changes
-// arrive.
+// workspaces than one page: two LISTs at once of the cold cache show each
+// workspace exactly once and ask coderd once per build for its
+// parameters; the watch shows each workspace once; a page answered 429
+// with Retry-After keeps every known workspace (no DELETED), the next list
+// waits at least Retry-After, and then changes arrive.
 func TestPagedListsAndRateLimitedPages(t *testing.T) {
 	const ns = "team-a"
 	ps := newPollStack(t, 5, 2, 300*time.Millisecond, ns)
 	p := ps.proxies[ns]
 	ctx := genericapirequest.WithNamespace(context.Background(), ns)
 
-	out, err := ps.wss.List(ctx, &metainternalversion.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
+	// The first LIST's parameter requests are held until the second LIST
+	// has read its pages and wants the same builds' parameters.
+	release := make(chan struct{})
+	p.holdParams(release)
+	lists := make([]runtime.Object, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	list := func(i int) {
+		wg.Go(func() { lists[i], errs[i] = ps.wss.List(ctx, &metainternalversion.ListOptions{}) })
 	}
-	seen := map[string]int{}
-	for _, w := range out.(*workspaceList).Items {
-		seen[w.Name]++
-	}
-	for _, n := range ps.names {
-		if seen[ps.objectName(n)] != 1 {
-			t.Errorf("LIST shows %s %d times; want once (all: %v)", n, seen[ps.objectName(n)], seen)
+	list(0)
+	waitFor(t, 10*time.Second, "the first LIST's parameter requests", func() bool { return p.paramRequests() > 0 })
+	list(1)
+	waitFor(t, 10*time.Second, "the second LIST's pages", func() bool { return len(p.requests()) == 6 })
+	time.Sleep(300 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	p.holdParams(nil)
+	for i, out := range lists {
+		if errs[i] != nil {
+			t.Fatalf("LIST %d: %v", i, errs[i])
+		}
+		seen := map[string]int{}
+		for _, w := range out.(*workspaceList).Items {
+			seen[w.Name]++
+			if len(w.Spec.Parameters) != 0 {
+				t.Errorf("LIST %d: %s has parameters %v; the template has none", i, w.Name, w.Spec.Parameters)
+			}
+		}
+		for _, n := range ps.names {
+			if seen[ps.objectName(n)] != 1 {
+				t.Errorf("LIST %d shows %s %d times; want once (all: %v)", i, n, seen[ps.objectName(n)], seen)
+			}
+		}
+		if len(seen) != len(ps.names) {
+			t.Errorf("LIST %d shows %d workspaces; want %d: %v", i, len(seen), len(ps.names), seen)
 		}
 	}
-	if len(seen) != len(ps.names) {
-		t.Errorf("LIST shows %d workspaces; want %d: %v", len(seen), len(ps.names), seen)
+	if got := p.paramRequests(); got != len(ps.names) {
+		t.Errorf("two LISTs at once asked coderd %d times for build parameters; want %d, once per build", got, len(ps.names))
 	}
 	var offsets []string
 	for _, r := range p.requests() {
 		offsets = append(offsets, r.offset)
 	}
-	if got := strings.Join(offsets, ","); got != "0,2,4" {
-		t.Errorf("LIST read pages at offsets %s; want 0,2,4 (page size 2, 5 workspaces)", got)
+	if got := strings.Join(offsets, ","); got != "0,2,4,0,2,4" {
+		t.Errorf("the LISTs read pages at offsets %s; want 0,2,4 each (page size 2, 5 workspaces)", got)
 	}
 
 	w := ps.watch(t, ns)

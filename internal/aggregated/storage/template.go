@@ -112,7 +112,7 @@ func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchc
 	}
 	out := make([]watchcache.Object, len(tpls))
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(8)
+	g.SetLimit(coderapi.MaxParallel)
 	for i := range tpls {
 		g.Go(func() error {
 			obj, err := s.convert(gctx, t, &tpls[i])
