@@ -58,12 +58,8 @@ func newFaultProxy(t *testing.T, target *url.URL) *faultProxy {
 			p.params++
 			stall := p.paramStall
 			p.mu.Unlock()
-			if stall != nil {
-				select {
-				case <-stall:
-				case <-r.Context().Done():
-					return
-				}
+			if !held(stall, r) {
+				return
 			}
 			rp.ServeHTTP(w, r)
 			return
@@ -82,12 +78,8 @@ func newFaultProxy(t *testing.T, target *url.URL) *faultProxy {
 		}
 		p.lists = append(p.lists, listRequest{at: time.Now(), offset: offset, status: status})
 		p.mu.Unlock()
-		if stall != nil {
-			select {
-			case <-stall:
-			case <-r.Context().Done():
-				return
-			}
+		if !held(stall, r) {
+			return
 		}
 		if limited {
 			w.Header().Set("Content-Type", "application/json")
@@ -114,6 +106,19 @@ func (p *faultProxy) set(limitPage string, stall chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.limitPage, p.stall = limitPage, stall
+}
+
+// held waits until stall (nil: none) is closed; false if r ended first.
+func held(stall chan struct{}, r *http.Request) bool {
+	if stall == nil {
+		return true
+	}
+	select {
+	case <-stall:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 // holdParams holds build parameter requests until release is closed.
