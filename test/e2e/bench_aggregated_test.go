@@ -323,7 +323,7 @@ func (st *benchStack) listBreakdown(b *testing.B, agg, coderd string, n int) {
 		{name: "through kube-apiserver, uncompressed", urls: []string{agg}, encoding: "identity"},
 		{name: "coder-k8s directly, uncompressed", urls: []string{direct}, encoding: "identity"},
 		{name: "coderd", urls: []string{coderd}},
-		{name: fmt.Sprintf("coderd in %d pages of %d", len(pages), storage.DefaultWorkspacePageSize), urls: pages},
+		{name: fmt.Sprintf("coderd in pages of %d as coder-k8s reads it (%d)", storage.DefaultWorkspacePageSize, len(pages)), urls: pages},
 	}
 	const rounds = 15
 	for i := range 2 + rounds {

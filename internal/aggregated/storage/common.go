@@ -45,7 +45,7 @@ type Options struct {
 	// Log receives the storage's logs; never tokens.
 	Log logr.Logger
 	// WorkspacePageSize is how many workspaces one list request asks
-	// coderd for; 0 means 1000.
+	// coderd for; 0 means DefaultWorkspacePageSize.
 	WorkspacePageSize int
 }
 

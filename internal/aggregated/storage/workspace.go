@@ -89,11 +89,13 @@ func (s *WorkspaceStorage) GetSingularName() string { return "coderworkspace" }
 func (s *WorkspaceStorage) ShortNames() []string    { return []string{"cws"} }
 
 // DefaultWorkspacePageSize is how many workspaces one GET /api/v2/workspaces
-// asks for. coderd v2.30 has no maximum (limit 0 means all); 1000 keeps a
-// 10,000-workspace poll at 10 requests, well inside coderd's default rate
-// limit of 512 requests a minute per endpoint at the 5 s default interval,
-// while bounding each answer's size.
-const DefaultWorkspacePageSize = 1000
+// asks for. coderd v2.30 pages by offset and counts the total on every
+// page, so each page costs its database about what one answer with every
+// workspace costs: measured at 10,000 workspaces, ten pages of 1000 took
+// 11.0 s against 2.5 s for one request. Pages of 10,000 keep a list at one
+// request up to 10,000 workspaces, while still bounding one answer (about
+// 25 MB of JSON) beyond that; coderd has no maximum (limit 0 means all).
+const DefaultWorkspacePageSize = 10000
 
 // listedWorkspace is one workspace of coderd's answer: the hash of its
 // JSON, which keys the list memo, and either the object an earlier list
@@ -260,9 +262,9 @@ func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, buf 
 	return raws, count, nil
 }
 
-// pageBuffers keeps the buffers pages are read into: a page of a
-// thousand workspaces is megabytes, and nothing keeps its bytes once it
-// has been split, hashed and decoded.
+// pageBuffers keeps the buffers pages are read into: a page of
+// thousands of workspaces is megabytes, and nothing keeps its bytes once
+// it has been split, hashed and decoded.
 var pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // convertWorkspaces turns coderd's workspaces into objects: the memo's
