@@ -272,7 +272,7 @@ func (st *benchStack) pointAtProxy(b *testing.B) {
 	if err := st.c.Patch(ctx, &s, patch); err != nil {
 		b.Fatal(err)
 	}
-	st.pointAt(b, st.proxy.URL.String())
+	st.pointAt(b, st.proxy.URL.String(), scaleColdTimeout)
 }
 
 // scaleWatch opens watchers watches, changes each workspace of changes

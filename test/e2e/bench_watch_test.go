@@ -54,7 +54,7 @@ func (st *benchStack) benchWatch(b *testing.B, n int) {
 	fmt.Printf("watch: changes at random offsets in the poll cycle, math/rand/v2 PCG seed %d (BENCH_SEED=%d repeats them); poll interval %s\n", seed, seed, interval)
 
 	ids := st.workspaceIDs(b, n)
-	st.pointAt(b, st.proxy.URL.String())
+	st.pointAt(b, st.proxy.URL.String(), time.Minute)
 
 	var lat [2]latency
 	var perPoll, listsPerPoll [2]float64
@@ -88,7 +88,7 @@ func (st *benchStack) benchWatch(b *testing.B, n int) {
 			benchWindow, watchers, window, st.pollGaps(before))
 	}
 	// What comes next (BenchmarkWorkspaces/MCP) talks to coderd directly.
-	st.pointAt(b, st.coder.URL.String())
+	st.pointAt(b, st.coder.URL.String(), time.Minute)
 
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	for i, watchers := range []int{1, 50} {
