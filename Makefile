@@ -121,7 +121,7 @@ bench-memory: tools build ## all mode against kube-apiserver, empty and with 5,0
 # every `go test`.
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./internal/aggregated/storage:FuzzParseWorkspaceName ./internal/aggregated/storage:FuzzParseTemplateName \
-                ./internal/aggregated/storage:FuzzSelector ./internal/aggregated/storage:FuzzSplitWorkspacesPage \
+                ./internal/aggregated/storage:FuzzSelector ./internal/aggregated/storage:FuzzScanWorkspacesPage \
                 ./internal/config:FuzzLoad ./internal/aggregated/templatesource:FuzzExtract
 
 .PHONY: fuzz

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/coderapi"
 )
 
@@ -178,20 +180,41 @@ type listMemo struct {
 	byBE map[string]map[uint64]*memoEntry
 }
 
-// memoEntry is what a list built from one workspace's JSON. It is never
-// modified once in the memo (lists running at once share it): a list
-// that merges another record makes a new entry.
+// memoEntry is what a list built from one workspace's JSON. Lists running
+// at once share it: a list that merges another record makes a new entry,
+// and only obj changes in place, to the watch cache's object of the same
+// content.
 type memoEntry struct {
 	// obj is Coder's view, merged with the record at recordRV ("" for
 	// none) once merged is set. mergeRecord replaces all it merged, so a
 	// merged view is merged with another record as Coder's view would be.
-	obj      *aggv1.CoderWorkspace
+	// Once the watch cache holds this content, obj is the cache's
+	// (immutable) object, so that 10,000 workspaces are held once, not
+	// twice (see cached).
+	obj      atomic.Pointer[aggv1.CoderWorkspace]
 	merged   bool
 	recordRV string
 	// fp is obj's watch cache fingerprint, and specHash the spec hash the
 	// merge found to count ("" none); both set with merged.
 	fp       uint64
 	specHash string
+}
+
+func newMemoEntry(obj *aggv1.CoderWorkspace) *memoEntry {
+	e := &memoEntry{}
+	e.obj.Store(obj)
+	return e
+}
+
+// cached hands the entry's object to the watch cache with its
+// fingerprint, and takes the cache's object of the same content as the
+// entry's from then on.
+func (e *memoEntry) cached() watchcache.Object {
+	return watchcache.WithFingerprint(e.obj.Load(), e.fp, func(stored watchcache.Object) {
+		if ws, ok := stored.(*aggv1.CoderWorkspace); ok {
+			e.obj.Store(ws)
+		}
+	})
 }
 
 func (m *listMemo) get(key string) map[uint64]*memoEntry {

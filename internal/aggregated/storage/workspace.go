@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -108,7 +106,7 @@ type listedWorkspace struct {
 
 func (l listedWorkspace) id() string {
 	if l.memo != nil {
-		return l.memo.obj.Status.ID
+		return l.memo.obj.Load().Status.ID
 	}
 	return l.ws.ID.String()
 }
@@ -162,18 +160,17 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 // (nil: none), and the entry to remember. When the entry has already
 // been merged with the same record (by its resourceVersion, which
 // changes with every write of it), the object is the entry's, handed to
-// the cache with its fingerprint (the cache neither modifies nor keeps
-// it, so the memo's object is shared); otherwise rec is merged into a
-// copy and the result remembered.
+// the cache with its fingerprint (see memoEntry.cached); otherwise rec is
+// merged into a copy and the result remembered.
 func mergeMemo(e *memoEntry, rec *records.Record) (watchcache.Object, *memoEntry) {
 	rv := ""
 	if rec != nil {
 		rv = rec.ResourceVersion
 	}
 	if e.merged && e.recordRV == rv {
-		return watchcache.WithFingerprint(e.obj, e.fp), e
+		return e.cached(), e
 	}
-	obj := e.obj.DeepCopy()
+	obj := e.obj.Load().DeepCopy()
 	var specHash string
 	if mergeRecord(obj, rec) {
 		specHash = specHashOf(obj)
@@ -183,7 +180,9 @@ func mergeMemo(e *memoEntry, rec *records.Record) (watchcache.Object, *memoEntry
 		// The cache logs and leaves out what it cannot encode.
 		return obj, e
 	}
-	return watchcache.WithFingerprint(obj, fp), &memoEntry{obj: obj, merged: true, recordRV: rv, fp: fp, specHash: specHash}
+	next := newMemoEntry(obj)
+	next.merged, next.recordRV, next.fp, next.specHash = true, rv, fp, specHash
+	return next.cached(), next
 }
 
 // readWorkspacePages reads coderd's workspaces page by page; see
@@ -200,10 +199,27 @@ func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, pre
 		count  = -1
 		shift  bool
 	)
-	buf := pageBuffers.Get().(*bytes.Buffer)
-	defer pageBuffers.Put(buf)
 	for offset := 0; ; {
-		raws, pageCount, err := s.readWorkspacePage(ctx, t, buf, size, offset)
+		read := 0
+		pageCount, err := s.readWorkspacePage(ctx, t, size, offset, func(raw []byte) error {
+			read++
+			l := listedWorkspace{hash: hashBytes(raw)}
+			if l.memo = prev[l.hash]; l.memo == nil {
+				l.ws = new(codersdk.Workspace)
+				if err := json.Unmarshal(raw, l.ws); err != nil {
+					return fmt.Errorf("decode a workspace: %w", err)
+				}
+			}
+			id := l.id()
+			if i, ok := index[id]; ok {
+				listed[i] = l
+				shift = true
+				return nil
+			}
+			index[id] = len(listed)
+			listed = append(listed, l)
+			return nil
+		})
 		if err != nil {
 			return listed, err
 		}
@@ -211,25 +227,8 @@ func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, pre
 			shift = true
 		}
 		count = pageCount
-		for _, raw := range raws {
-			l := listedWorkspace{hash: hashBytes(raw)}
-			if l.memo = prev[l.hash]; l.memo == nil {
-				l.ws = new(codersdk.Workspace)
-				if err := json.Unmarshal(raw, l.ws); err != nil {
-					return listed, fmt.Errorf("list workspaces: decode a workspace: %w", err)
-				}
-			}
-			id := l.id()
-			if i, ok := index[id]; ok {
-				listed[i] = l
-				shift = true
-				continue
-			}
-			index[id] = len(listed)
-			listed = append(listed, l)
-		}
-		offset += len(raws)
-		if len(raws) < size || offset >= pageCount {
+		offset += read
+		if read < size || offset >= pageCount {
 			break
 		}
 	}
@@ -239,33 +238,25 @@ func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, pre
 	return listed, nil
 }
 
-// readWorkspacePage reads one page into buf: each workspace's JSON (see
-// splitWorkspacesPage; the elements alias buf) and coderd's total count.
-func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, buf *bytes.Buffer, limit, offset int) ([]json.RawMessage, int, error) {
+// readWorkspacePage reads one page as it arrives, calling each with every
+// workspace's JSON (see scanWorkspacesPage), and returns coderd's total
+// count.
+func (s *WorkspaceStorage) readWorkspacePage(ctx context.Context, t target, limit, offset int, each func(raw []byte) error) (int, error) {
 	path := "/api/v2/workspaces?limit=" + strconv.Itoa(limit) + "&offset=" + strconv.Itoa(offset)
 	res, err := t.Client.Request(ctx, http.MethodGet, path, nil)
 	if err != nil {
-		return nil, 0, fmt.Errorf("list workspaces (offset %d): %w", offset, err)
+		return 0, fmt.Errorf("list workspaces (offset %d): %w", offset, err)
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return nil, 0, fmt.Errorf("list workspaces (offset %d): %w", offset, coderapi.ReadResponseError(res, time.Now()))
+		return 0, fmt.Errorf("list workspaces (offset %d): %w", offset, coderapi.ReadResponseError(res, time.Now()))
 	}
-	buf.Reset()
-	if _, err := buf.ReadFrom(res.Body); err != nil {
-		return nil, 0, fmt.Errorf("list workspaces (offset %d): read coderd's answer: %w", offset, err)
-	}
-	raws, count, err := splitWorkspacesPage(buf.Bytes())
+	count, err := scanWorkspacesPage(res.Body, each)
 	if err != nil {
-		return nil, 0, fmt.Errorf("list workspaces (offset %d): decode coderd's answer: %w", offset, err)
+		return 0, fmt.Errorf("list workspaces (offset %d): %w", offset, err)
 	}
-	return raws, count, nil
+	return count, nil
 }
-
-// pageBuffers keeps the buffers pages are read into: a page of
-// thousands of workspaces is megabytes, and nothing keeps its bytes once
-// it has been split, hashed and decoded.
-var pageBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // convertWorkspaces turns coderd's workspaces into objects: the memo's
 // for unchanged JSON (shared: mergeListed replaces each with mergeMemo's
@@ -294,11 +285,11 @@ func (s *WorkspaceStorage) convertWorkspaces(ctx context.Context, t target, list
 	for i, l := range listed {
 		e := l.memo
 		if e == nil {
-			e = &memoEntry{obj: toWorkspace(t, l.ws, params[l.ws.LatestBuild.ID])}
+			e = newMemoEntry(toWorkspace(t, l.ws, params[l.ws.LatestBuild.ID]))
 		}
 		entries[i] = e
 		next[l.hash] = e
-		out[i] = e.obj
+		out[i] = e.obj.Load()
 	}
 	return out, entries, next, nil
 }

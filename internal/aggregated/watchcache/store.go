@@ -88,7 +88,8 @@ func Fingerprint(o Object) (uint64, error) { return fingerprint(o) }
 // fingerprinted is an object handed to the cache with its fingerprint.
 type fingerprinted struct {
 	Object
-	fp uint64
+	fp   uint64
+	held func(stored Object)
 }
 
 // WithFingerprint hands o to the cache (as an element of a Source's
@@ -99,7 +100,18 @@ type fingerprinted struct {
 // the cost of a list that changed nothing. The cache neither modifies nor
 // keeps o (it stores a copy when the content changed), so o may be an
 // object the caller shares with others.
-func WithFingerprint(o Object, fp uint64) Object { return &fingerprinted{Object: o, fp: fp} }
+//
+// held, when not nil, is called with the object the cache holds for o's
+// name once it holds o's content (the stored copy, or the object it
+// already had), so that a caller that remembers o can remember the
+// cache's object instead and the content is kept once. It is not called
+// when the cache keeps other content (written after the list began).
+// The object is immutable and carries the cache's resourceVersion. held
+// runs with the cache locked: it must be fast and must not call into the
+// Cache.
+func WithFingerprint(o Object, fp uint64, held func(stored Object)) Object {
+	return &fingerprinted{Object: o, fp: fp, held: held}
+}
 
 // Unwrap returns the object WithFingerprint wrapped, or o itself.
 func Unwrap(o Object) Object {
@@ -137,8 +149,9 @@ func (c *Cache) backendLocked(key string) *backend {
 // prepared is an incoming object with its fingerprint, computed outside the
 // lock because JSON encoding dominates the cost of a poll.
 type prepared struct {
-	obj Object
-	fp  uint64
+	obj  Object
+	fp   uint64
+	held func(stored Object)
 }
 
 // prepare fingerprints objs, logging and leaving out unusable ones (nil, no
@@ -148,7 +161,7 @@ func (c *Cache) prepare(key string, objs []Object) []prepared {
 	for _, o := range objs {
 		if f, ok := o.(*fingerprinted); ok && f != nil {
 			if !isNil(f.Object) && f.GetName() != "" {
-				out = append(out, prepared{obj: f.Object, fp: f.fp})
+				out = append(out, prepared{obj: f.Object, fp: f.fp, held: f.held})
 				continue
 			}
 			o = f.Object // logged below
@@ -180,6 +193,9 @@ func (c *Cache) recordLocked(key string, b *backend, p prepared, batch []*event)
 	name := p.obj.GetName()
 	old := b.objs[name]
 	if old != nil && old.fp == p.fp {
+		if p.held != nil {
+			p.held(old.obj)
+		}
 		return old, true, batch
 	}
 	// The cache stores its own copy, so that callers may hand it objects
@@ -194,6 +210,9 @@ func (c *Cache) recordLocked(key string, b *backend, p prepared, batch []*event)
 	cp.SetResourceVersion(formatRV(seq, p.fp))
 	e := &entry{obj: cp, fp: p.fp, seq: seq}
 	b.objs[name] = e
+	if p.held != nil {
+		p.held(cp)
+	}
 	delete(b.deleted, name)
 	ev := &event{typ: watch.Added, key: key, seq: seq, obj: cp}
 	if old != nil {

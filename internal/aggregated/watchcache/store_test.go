@@ -324,8 +324,12 @@ func TestReplaceListedKeepsNewerWrites(t *testing.T) {
 // handed over is left as it was), stamped as if the cache had computed
 // the fingerprint itself; the same content again
 // records no event and returns the stored object's version; other
-// content is a change.
+// content is a change. Each time, held is told the object the cache holds
+// for that content, except when the cache keeps newer content written
+// after the list began.
 func TestWithFingerprint(t *testing.T) {
+	var held []Object
+	hold := func(stored Object) { held = append(held, stored) }
 	c, _ := newTestCache(t, Options{})
 	a := obj("ns", "a", lbl("k", "v"))
 	fp, err := Fingerprint(a)
@@ -335,7 +339,7 @@ func TestWithFingerprint(t *testing.T) {
 	if want := expectedFP(t, a); fp != want {
 		t.Fatalf("Fingerprint = %d, want %d", fp, want)
 	}
-	first := c.Replace("b", []Object{WithFingerprint(a, fp)})
+	first := c.Replace("b", []Object{WithFingerprint(a, fp, hold)})
 	if len(first) != 1 {
 		t.Fatalf("Replace returned %d objects", len(first))
 	}
@@ -350,7 +354,11 @@ func TestWithFingerprint(t *testing.T) {
 		t.Errorf("resourceVersion %q, want %q", rv, want)
 	}
 	events := c.Stats().Events
-	again := c.Replace("b", []Object{WithFingerprint(obj("ns", "a", lbl("k", "v")), fp)})
+	stored, _ := c.SnapshotShared(nil)
+	if len(held) != 1 || held[0] != stored[0].Obj {
+		t.Errorf("held was called with %v, want once with the stored object", held)
+	}
+	again := c.Replace("b", []Object{WithFingerprint(obj("ns", "a", lbl("k", "v")), fp, hold)})
 	if got := c.Stats().Events; got != events {
 		t.Errorf("the same content with its fingerprint recorded %d events", got-events)
 	}
@@ -362,11 +370,23 @@ func TestWithFingerprint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	changed := c.Upsert("b", WithFingerprint(b, fpB))
+	if len(held) != 2 || held[1] != stored[0].Obj {
+		t.Errorf("held was called with %v, want again with the object already stored", held)
+	}
+	changed := c.Upsert("b", WithFingerprint(b, fpB, hold))
 	if got := c.Stats().Events; got != events+1 {
 		t.Errorf("changed content recorded %d events, want 1", got-events)
 	}
 	if len(changed) != 1 || SameContent(changed[0].GetResourceVersion(), rv) || changed[0].GetLabels()["k"] != "w" {
 		t.Errorf("changed content returned %v", changed)
+	}
+	if len(held) != 3 || held[2].GetLabels()["k"] != "w" || held[2].GetResourceVersion() != changed[0].GetResourceVersion() || held[2] == Object(b) {
+		t.Errorf("held was called with %v, want the stored copy of the changed content", held)
+	}
+	start := c.StartList()
+	c.Upsert("b", obj("ns", "a", lbl("k", "newer")))
+	c.ReplaceListed("b", start, []Object{WithFingerprint(obj("ns", "a", lbl("k", "v")), fp, hold)})
+	if len(held) != 3 {
+		t.Errorf("held was called with %v although the cache kept content written after the list began", held[3:])
 	}
 }
