@@ -101,6 +101,10 @@ type resource struct {
 	listBackend func(context.Context, target) ([]watchcache.Object, error)
 	// selectable returns what label and field selectors match on.
 	selectable func(watchcache.Object) (map[string]string, fields.Set)
+	// sourcesListed, when set, is told the backends each time the
+	// poller lists them, so that what is kept per backend is dropped
+	// once a backend is gone.
+	sourcesListed func([]target)
 }
 
 const historySize = 2000
@@ -171,6 +175,9 @@ func (r *resource) sources(ctx context.Context) ([]watchcache.Source, error) {
 	ts, err := r.targets(ctx, "")
 	if err != nil {
 		return nil, err
+	}
+	if r.sourcesListed != nil {
+		r.sourcesListed(ts)
 	}
 	out := make([]watchcache.Source, len(ts))
 	for i, t := range ts {

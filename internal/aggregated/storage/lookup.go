@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -173,11 +174,21 @@ func toParameters(in []codersdk.WorkspaceBuildParameter) []aggv1.WorkspaceParame
 	return out
 }
 
-// listMemo remembers, per backend and coderd, what the last list built
-// from each workspace's JSON, by a hash of that JSON.
+// listMemo remembers, per backend, what the last list of its coderd built
+// from each workspace's JSON, by a hash of that JSON. It keeps one memo
+// per backend: a memo of another coderd URL (or naming) is dropped when
+// the backend's next list is kept, and the memo of a backend that is gone
+// when the sources are listed (see retain), since each memo holds every
+// workspace of its coderd.
 type listMemo struct {
 	mu   sync.Mutex
-	byBE map[string]map[uint64]*memoEntry
+	byBE map[string]backendMemo
+}
+
+// backendMemo is one backend's memo, for the coderd and naming tag says.
+type backendMemo struct {
+	tag     string
+	entries map[uint64]*memoEntry
 }
 
 // memoEntry is what a list built from one workspace's JSON. Lists running
@@ -217,19 +228,46 @@ func (e *memoEntry) cached() watchcache.Object {
 	})
 }
 
-func (m *listMemo) get(key string) map[uint64]*memoEntry {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.byBE[key]
+// memoTag tells apart the memos a backend may have had: the coderd its
+// client calls and whether names carry the control plane.
+func memoTag(t target) string {
+	return t.coderdKey() + "/" + strconv.FormatBool(t.prefixed)
 }
 
-func (m *listMemo) set(key string, v map[uint64]*memoEntry) {
+// get returns t's memo, or nil when the last list kept was of another
+// coderd or naming.
+func (m *listMemo) get(t target) map[uint64]*memoEntry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if bm, ok := m.byBE[t.Key()]; ok && bm.tag == memoTag(t) {
+		return bm.entries
+	}
+	return nil
+}
+
+// set keeps entries as t's memo, replacing whatever the backend had.
+func (m *listMemo) set(t target, entries map[uint64]*memoEntry) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.byBE == nil {
-		m.byBE = map[string]map[uint64]*memoEntry{}
+		m.byBE = map[string]backendMemo{}
 	}
-	m.byBE[key] = v
+	m.byBE[t.Key()] = backendMemo{tag: memoTag(t), entries: entries}
+}
+
+// retain drops the memos of backends other than ts.
+func (m *listMemo) retain(ts []target) {
+	keep := make(map[string]bool, len(ts))
+	for _, t := range ts {
+		keep[t.Key()] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for key := range m.byBE {
+		if !keep[key] {
+			delete(m.byBE, key)
+		}
+	}
 }
 
 // memoSeed seeds the list memo's hashes; the memo lives only in this

@@ -16,7 +16,7 @@ func toTemplate(t target, tpl *codersdk.Template, active *codersdk.TemplateVersi
 	name := templateObjectName{ControlPlane: t.ControlPlane, Org: tpl.OrganizationName, Name: tpl.Name}
 	obj := &aggv1.CoderTemplate{
 		TypeMeta: metav1.TypeMeta{APIVersion: aggv1.SchemeGroupVersion.String(), Kind: "CoderTemplate"},
-		ObjectMeta: coderObjectMeta(t, name.String(t.prefixed), tpl.ID, tpl.CreatedAt,
+		ObjectMeta: coderObjectMeta(t, name.String(t.prefixed), tpl.ID.String(), tpl.CreatedAt,
 			objectLabels(t, tpl.OrganizationName, map[string]string{aggv1.LabelTemplate: tpl.Name})),
 		Spec: aggv1.CoderTemplateSpec{
 			Organization: tpl.OrganizationName,

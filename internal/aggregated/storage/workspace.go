@@ -75,6 +75,7 @@ func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
 		params:   newBuildParams(20000),
 		pageSize: o.WorkspacePageSize,
 	}
+	s.sourcesListed = s.memo.retain
 	if err := startCache(&s.resource, o, s.listWorkspaces, aggv1.WorkspaceFields); err != nil {
 		return nil, err
 	}
@@ -134,8 +135,7 @@ func (l listedWorkspace) id() string {
 // fails returns the workspaces of the pages before it with the error
 // (a partial list, see watchcache.Source).
 func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watchcache.Object, error) {
-	memoKey := t.coderdKey() + "/" + strconv.FormatBool(t.prefixed)
-	prev := s.memo.get(memoKey)
+	prev := s.memo.get(t)
 	started := time.Now()
 	listed, err := s.readWorkspacePages(ctx, t, prev)
 	if errors.Is(err, watchcache.ErrIncomplete) {
@@ -157,7 +157,7 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 	if mergeErr := s.mergeListed(ctx, t, out, started, err == nil, merge); mergeErr != nil {
 		return nil, mergeErr
 	}
-	s.memo.set(memoKey, next)
+	s.memo.set(t, next)
 	return out, err
 }
 

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
-	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -23,21 +22,24 @@ const FinalizerDeleteBuild = aggv1.GroupName + "/delete-build"
 func toWorkspace(t target, w *codersdk.Workspace, params []aggv1.WorkspaceParameter) *aggv1.CoderWorkspace {
 	name := workspaceName{ControlPlane: t.ControlPlane, Org: w.OrganizationName, Owner: w.OwnerName, Name: w.Name}
 	b := &w.LatestBuild
+	// One string for each ID, however many fields show it: 10,000 cached
+	// workspaces hold them.
+	id, versionID := w.ID.String(), uuidString(b.TemplateVersionID)
 	obj := &aggv1.CoderWorkspace{
 		TypeMeta: metav1.TypeMeta{APIVersion: aggv1.SchemeGroupVersion.String(), Kind: "CoderWorkspace"},
-		ObjectMeta: coderObjectMeta(t, name.String(t.prefixed), w.ID, w.CreatedAt,
+		ObjectMeta: coderObjectMeta(t, name.String(t.prefixed), id, w.CreatedAt,
 			objectLabels(t, w.OrganizationName, map[string]string{aggv1.LabelOwner: w.OwnerName, aggv1.LabelTemplate: w.TemplateName})),
 		Spec: aggv1.CoderWorkspaceSpec{
 			Organization:      w.OrganizationName,
 			TemplateName:      w.TemplateName,
-			TemplateVersionID: uuidString(b.TemplateVersionID),
+			TemplateVersionID: versionID,
 			Running:           b.Transition == codersdk.WorkspaceTransitionStart,
 			TTLMillis:         w.TTLMillis,
 			AutostartSchedule: w.AutostartSchedule,
 			Parameters:        params,
 		},
 		Status: aggv1.CoderWorkspaceStatus{
-			ID:                  w.ID.String(),
+			ID:                  id,
 			Owner:               w.OwnerName,
 			Organization:        w.OrganizationName,
 			Template:            w.TemplateName,
@@ -56,7 +58,7 @@ func toWorkspace(t target, w *codersdk.Workspace, params []aggv1.WorkspaceParame
 			Transition:          string(b.Transition),
 			JobStatus:           string(b.Job.Status),
 			Error:               b.Job.Error,
-			TemplateVersionID:   uuidString(b.TemplateVersionID),
+			TemplateVersionID:   versionID,
 			TemplateVersionName: b.TemplateVersionName,
 			Initiator:           b.InitiatorUsername,
 			CreatedAt:           metav1.NewTime(b.CreatedAt.Truncate(time.Second)),
@@ -158,12 +160,12 @@ func workspaceURL(t target, w *codersdk.Workspace) string {
 // coderObjectMeta is the metadata of the view of a Coder object: the UID
 // is the Coder ID and the creation time is Coder's, at the second
 // precision the API serializes, so the view is the same on every read.
-func coderObjectMeta(t target, name string, id uuid.UUID, created time.Time, labels map[string]string) metav1.ObjectMeta {
+func coderObjectMeta(t target, name, uid string, created time.Time, labels map[string]string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{
 		Name:              name,
 		Namespace:         t.Namespace,
 		ManagedFields:     coderdOwnsStatus(),
-		UID:               types.UID(id.String()),
+		UID:               types.UID(uid),
 		CreationTimestamp: metav1.NewTime(created.Truncate(time.Second)),
 		Labels:            labels,
 	}
