@@ -337,11 +337,16 @@ type kubeConn struct {
 // clients returns an uncached client (its scheme knows the aggregated
 // types) and a clientset.
 func (k *kubeConn) clients() (client.Client, kubernetes.Interface, error) {
-	direct, err := client.New(k.rest, client.Options{Scheme: scheme.New()})
+	rc := rest.CopyConfig(k.rest)
+	// These clients read lists of hundreds of KiB (the MCP tools' lists of
+	// aggregated objects) from kube-apiserver in the same cluster, where
+	// gzip costs more CPU on both ends than it saves in transfer.
+	rc.DisableCompression = true
+	direct, err := client.New(rc, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	cs, err := kubernetes.NewForConfig(k.rest)
+	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
 	}

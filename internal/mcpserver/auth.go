@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -188,11 +189,32 @@ func pruneExpired[V any](m map[[sha256.Size]byte]V, now time.Time, expires func(
 // errForbidden marks a tool call the caller's RBAC does not allow.
 var errForbidden = errors.New("forbidden")
 
+// Allowed SubjectAccessReviews are remembered for accessCacheTTL: agents
+// call tools in bursts, and each review is a request to kube-apiserver,
+// rate limited with all of coder-k8s's others. A permission revoked keeps
+// working for at most that long, as a revoked token does (tokenCacheTTL);
+// denials are not remembered, so a permission just granted works at once.
+// The bound keeps the memory of many callers and objects small.
+const (
+	accessCacheTTL  = 10 * time.Second
+	maxCachedAccess = 10000
+)
+
 // authorizer checks tool calls against the caller's RBAC.
 type authorizer struct {
 	kube kubernetes.Interface
 	// none means auth "none": every call is allowed (local development).
 	none bool
+	now  func() time.Time
+
+	mu sync.Mutex
+	// allowed maps a hash of (identity, access) to when the allowance
+	// expires.
+	allowed map[[sha256.Size]byte]time.Time
+}
+
+func newAuthorizer(kube kubernetes.Interface, none bool) *authorizer {
+	return &authorizer{kube: kube, none: none, now: time.Now, allowed: map[[sha256.Size]byte]time.Time{}}
 }
 
 // access is the Kubernetes request a tool call amounts to.
@@ -227,6 +249,13 @@ func (a *authorizer) authorize(ctx context.Context, req *mcp.CallToolRequest, ac
 	if id == nil {
 		return fmt.Errorf("no authenticated caller: %w", errForbidden)
 	}
+	key, err := accessKey(id, acc)
+	if err != nil {
+		return err
+	}
+	if a.wasAllowed(key) {
+		return nil
+	}
 	sar, err := a.kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
 		Spec: authorizationv1.SubjectAccessReviewSpec{
 			User: id.User, UID: id.UID, Groups: id.Groups, Extra: id.Extra,
@@ -246,7 +275,50 @@ func (a *authorizer) authorize(ctx context.Context, req *mcp.CallToolRequest, ac
 		}
 		return fmt.Errorf("%s: %w", msg, errForbidden)
 	}
+	a.remember(key)
 	return nil
+}
+
+// accessKey hashes everything a SubjectAccessReview is asked about.
+func accessKey(id *identity, acc access) ([sha256.Size]byte, error) {
+	// JSON orders map keys, so equal identities give equal bytes.
+	b, err := json.Marshal(struct {
+		ID  *identity
+		Acc access
+	}{id, acc})
+	if err != nil {
+		return [sha256.Size]byte{}, fmt.Errorf("authorization cache key: %w", err)
+	}
+	return sha256.Sum256(b), nil
+}
+
+func (a *authorizer) wasAllowed(key [sha256.Size]byte) bool {
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	exp, ok := a.allowed[key]
+	if ok && !now.Before(exp) {
+		delete(a.allowed, key)
+		return false
+	}
+	return ok
+}
+
+func (a *authorizer) remember(key [sha256.Size]byte) {
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.allowed) >= maxCachedAccess {
+		pruneExpired(a.allowed, now, func(exp time.Time) time.Time { return exp })
+	}
+	// Still full of live entries: drop some at random (map order).
+	for k := range a.allowed {
+		if len(a.allowed) < maxCachedAccess {
+			break
+		}
+		delete(a.allowed, k)
+	}
+	a.allowed[key] = now.Add(accessCacheTTL)
 }
 
 func identityOf(req *mcp.CallToolRequest) *identity {

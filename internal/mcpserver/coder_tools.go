@@ -2,13 +2,17 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/url"
 	"slices"
 	"sort"
 	"strconv"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	k8slabels "k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -184,23 +188,41 @@ func listTemplates(ctx context.Context, c *call, in ListInput) (TemplateList, er
 	if err := c.authorize(ctx, templatesResource.with("list", in.Namespace, "")); err != nil {
 		return TemplateList{}, err
 	}
-	var list aggv1.CoderTemplateList
-	if err := c.kube.Direct.List(ctx, &list, append(listOptionsFor(in.Continue), client.InNamespace(in.Namespace))...); err != nil {
+	var list partialList[templateRowSource]
+	if err := c.listPartial(ctx, templatesResource.Resource, in.Namespace, listQuery(in.Continue), &list); err != nil {
 		return TemplateList{}, fmt.Errorf("list codertemplates: %w", err)
 	}
 	if err := sortListed(ctx, c, in.Namespace, list.Items, errNoNamespace); err != nil {
 		return TemplateList{}, err
 	}
-	items, next, err := pageAt(list.Items, in.Limit, in.Continue, list.ResourceVersion)
+	items, next, err := pageAt(list.Items, in.Limit, in.Continue, list.Metadata.ResourceVersion)
 	if err != nil {
 		return TemplateList{}, err
 	}
 	out := TemplateList{Items: make([]TemplateRow, len(items)), Continue: next}
 	for i, t := range items {
-		out.Items[i] = TemplateRow{Namespace: t.Namespace, Name: t.Name, DisplayName: t.Spec.DisplayName,
-			ActiveVersion: t.Status.ActiveVersionName, BuildStatus: t.Status.BuildStatus, Deprecated: t.Status.Deprecated}
+		out.Items[i] = t.row()
 	}
 	return out, nil
+}
+
+// templateRowSource is what a TemplateRow shows of a CoderTemplate (same
+// JSON names), so listing skips the rest, spec.files above all.
+type templateRowSource struct {
+	rowMeta `json:"metadata"`
+	Spec    struct {
+		DisplayName string `json:"displayName"`
+	} `json:"spec"`
+	Status struct {
+		ActiveVersionName string `json:"activeVersionName"`
+		BuildStatus       string `json:"buildStatus"`
+		Deprecated        bool   `json:"deprecated"`
+	} `json:"status"`
+}
+
+func (t *templateRowSource) row() TemplateRow {
+	return TemplateRow{Namespace: t.Namespace, Name: t.Name, DisplayName: t.Spec.DisplayName,
+		ActiveVersion: t.Status.ActiveVersionName, BuildStatus: t.Status.BuildStatus, Deprecated: t.Status.Deprecated}
 }
 
 func getTemplate(ctx context.Context, c *call, in GetTemplateInput) (TemplateDetail, error) {
@@ -287,8 +309,8 @@ func listWorkspaces(ctx context.Context, c *call, in WorkspaceListInput) (Worksp
 	if err := c.authorize(ctx, workspacesResource.with("list", in.Namespace, "")); err != nil {
 		return WorkspaceList{}, err
 	}
-	opts := append(listOptionsFor(in.Continue), client.InNamespace(in.Namespace))
-	labels := client.MatchingLabels{}
+	q := listQuery(in.Continue)
+	labels := map[string]string{}
 	if in.Owner != "" {
 		labels[aggv1.LabelOwner] = in.Owner
 	}
@@ -296,33 +318,53 @@ func listWorkspaces(ctx context.Context, c *call, in WorkspaceListInput) (Worksp
 		labels[aggv1.LabelTemplate] = in.Template
 	}
 	if len(labels) > 0 {
-		opts = append(opts, labels)
+		q.Set("labelSelector", k8slabels.SelectorFromSet(labels).String())
 	}
 	if in.Running != nil {
-		opts = append(opts, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.running", strconv.FormatBool(*in.Running))})
+		q.Set("fieldSelector", fields.OneTermEqualSelector("spec.running", strconv.FormatBool(*in.Running)).String())
 	}
-	var list aggv1.CoderWorkspaceList
-	if err := c.kube.Direct.List(ctx, &list, opts...); err != nil {
+	var list partialList[workspaceRowSource]
+	if err := c.listPartial(ctx, workspacesResource.Resource, in.Namespace, q, &list); err != nil {
 		return WorkspaceList{}, fmt.Errorf("list coderworkspaces: %w", err)
 	}
 	if err := sortListed(ctx, c, in.Namespace, list.Items, errNoNamespace); err != nil {
 		return WorkspaceList{}, err
 	}
-	items, next, err := pageAt(list.Items, in.Limit, in.Continue, list.ResourceVersion)
+	items, next, err := pageAt(list.Items, in.Limit, in.Continue, list.Metadata.ResourceVersion)
 	if err != nil {
 		return WorkspaceList{}, err
 	}
 	out := WorkspaceList{Items: make([]WorkspaceRow, len(items)), Continue: next}
 	for i := range items {
-		w := &items[i]
-		row := WorkspaceRow{Namespace: w.Namespace, Name: w.Name, Owner: w.Status.Owner, Template: w.Spec.TemplateName,
-			Status: w.Status.Phase, Running: w.Spec.Running}
-		if b := w.Status.LatestBuild; b != nil {
-			row.LastBuilt = b.CreatedAt.UTC().Format(time.RFC3339)
-		}
-		out.Items[i] = row
+		out.Items[i] = items[i].row()
 	}
 	return out, nil
+}
+
+// workspaceRowSource is what a WorkspaceRow shows of a CoderWorkspace (same
+// JSON names), so listing skips the rest of each object.
+type workspaceRowSource struct {
+	rowMeta `json:"metadata"`
+	Spec    struct {
+		TemplateName string `json:"templateName"`
+		Running      bool   `json:"running"`
+	} `json:"spec"`
+	Status struct {
+		Owner       string `json:"owner"`
+		Phase       string `json:"phase"`
+		LatestBuild *struct {
+			CreatedAt metav1.Time `json:"createdAt"`
+		} `json:"latestBuild"`
+	} `json:"status"`
+}
+
+func (w *workspaceRowSource) row() WorkspaceRow {
+	row := WorkspaceRow{Namespace: w.Namespace, Name: w.Name, Owner: w.Status.Owner,
+		Template: w.Spec.TemplateName, Status: w.Status.Phase, Running: w.Spec.Running}
+	if b := w.Status.LatestBuild; b != nil {
+		row.LastBuilt = b.CreatedAt.UTC().Format(time.RFC3339)
+	}
+	return row
 }
 
 func getWorkspace(ctx context.Context, c *call, in ObjectInput) (WorkspaceDetail, error) {
@@ -479,7 +521,7 @@ func (c *call) authorizeObject(ctx context.Context, namespace, name string, need
 // probably misspelt.
 func sortListed[T any, PT interface {
 	*T
-	client.Object
+	named
 }](ctx context.Context, c *call, namespace string, items []T, noNamespace func(string) error) error {
 	if len(items) == 0 && namespace != "" && c.namespaceMissing(ctx, namespace) {
 		return noNamespace(namespace)
@@ -488,5 +530,54 @@ func sortListed[T any, PT interface {
 	return nil
 }
 
+// named is what sortListed orders by; objects and row sources have it.
+type named interface {
+	GetNamespace() string
+	GetName() string
+}
+
 // key sorts objects by namespace, then name.
-func key(o client.Object) string { return o.GetNamespace() + "/" + o.GetName() }
+func key(o named) string { return o.GetNamespace() + "/" + o.GetName() }
+
+// rowMeta is the metadata a row shows.
+type rowMeta struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+}
+
+func (m *rowMeta) GetNamespace() string { return m.Namespace }
+func (m *rowMeta) GetName() string      { return m.Name }
+
+// partialList is a list response decoded into row sources R.
+type partialList[R any] struct {
+	Metadata struct {
+		ResourceVersion string `json:"resourceVersion"`
+	} `json:"metadata"`
+	Items []R `json:"items"`
+}
+
+// listPartial reads a list of resource (aggregation.coder.com) in
+// namespace ("" for all) and decodes into out only the fields out
+// declares. A list tool shows a few fields of each object; decoding whole
+// objects through the typed client was most of a call's time (two passes
+// over about 480 KiB of JSON for 300 workspaces).
+func (c *call) listPartial(ctx context.Context, resource, namespace string, q url.Values, out any) error {
+	path := "/apis/" + aggv1.SchemeGroupVersion.String() + "/"
+	if namespace != "" {
+		path += "namespaces/" + namespace + "/"
+	}
+	req := c.kube.Clientset.Discovery().RESTClient().Get().AbsPath(path+resource).SetHeader("Accept", "application/json")
+	for k, vs := range q {
+		for _, v := range vs {
+			req.Param(k, v)
+		}
+	}
+	body, err := req.Do(ctx).Raw()
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(body, out); err != nil {
+		return fmt.Errorf("decode the list: %w", err)
+	}
+	return nil
+}

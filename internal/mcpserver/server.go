@@ -47,7 +47,7 @@ type Options struct {
 // New returns a server for o with the tools its configuration allows.
 func New(o Options) (*Server, error) {
 	s := &Server{cfg: o.Config, ready: o.Ready, kube: o.Kube, log: o.Log.WithName("mcp"),
-		authz: &authorizer{kube: o.Kube.Clientset, none: o.Config.Auth == config.MCPAuthNone}}
+		authz: newAuthorizer(o.Kube.Clientset, o.Config.Auth == config.MCPAuthNone)}
 	ms := mcp.NewServer(&mcp.Implementation{Name: "coder-k8s", Title: "Coder on Kubernetes", Version: version.Get().Version}, &mcp.ServerOptions{
 		Instructions: instructions,
 	})

@@ -19,9 +19,15 @@ import (
 // its own request metrics.
 func (h *harness) tokenReviews(t *testing.T) float64 {
 	t.Helper()
+	return h.requests(t, "authentication.k8s.io", "tokenreviews")
+}
+
+// requests is how many requests for resource kube-apiserver has answered.
+func (h *harness) requests(t *testing.T, group, resource string) float64 {
+	t.Helper()
 	// The metric is recorded as the response goes out; let it land.
 	time.Sleep(300 * time.Millisecond)
-	return metricstest.APIServerValue(t, h.cs, "apiserver_request_total", map[string]string{"group": "authentication.k8s.io", "resource": "tokenreviews"})
+	return metricstest.APIServerValue(t, h.cs, "apiserver_request_total", map[string]string{"group": group, "resource": resource})
 }
 
 // postWithToken sends an MCP request with token and returns the status.
