@@ -45,8 +45,9 @@ const (
 	benchListPairs  = 25
 	benchListWarmup = 3
 	// benchCLIRuns is how many kubectl/coder CLI pairs are timed after one
-	// warm-up pair.
-	benchCLIRuns = 7
+	// warm-up pair: the two medians are within a few percent of each
+	// other, about what the median of 7 runs moved from run to run.
+	benchCLIRuns = 21
 	// benchWatchSamples is how many changes each watch latency figure
 	// (1 and 50 watchers) is taken over.
 	benchWatchSamples = 30
