@@ -38,9 +38,25 @@ build: ## Build bin/coder-k8s.
 build-dev: ## Build bin/dev, the local stack program (make dev, the GitOps suites).
 	$(GO) build -o $(BIN)/dev ./hack/dev
 
-.PHONY: docker-build
-docker-build: ## Build the container image (needs a Docker engine).
-	docker build --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t coder-k8s:$(VERSION) .
+# The container image, built without a container engine by hack/image: one
+# image per IMAGE_PLATFORMS entry (os/arch), in an OCI image layout in
+# bin/image. The base is assembled offline unless IMAGE_BASE names a
+# registry image (the release's: gcr.io/distroless/static-debian12:nonroot).
+IMAGE_PLATFORMS ?= linux/$(shell $(GO) env GOARCH)
+IMAGE_BASE      ?=
+IMAGE_REPO      ?= ghcr.io/coder/coder-k8s
+IMAGE_TAG       ?= $(VERSION)
+IMAGE_CREATED   ?= $(shell git log -1 --format=%cI 2>/dev/null || echo 1970-01-01T00:00:00Z)
+
+.PHONY: image
+image: ## Build the container image without Docker: an OCI image layout in bin/image (IMAGE_PLATFORMS, IMAGE_BASE, IMAGE_REPO, IMAGE_TAG).
+	@bins=(); for p in $(IMAGE_PLATFORMS); do \
+	  os=$${p%%/*}; arch=$${p#*/}; out=$(BIN)/image-build/$$os-$$arch/coder-k8s; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $$out ./cmd/coder-k8s; \
+	  bins+=(--binary "$$p=$$out"); \
+	done; \
+	$(GO) run ./hack/image --out $(BIN)/image --ref "$(IMAGE_REPO):$(IMAGE_TAG)" --version "$(VERSION)" --revision "$(COMMIT)" \
+	  --created "$(IMAGE_CREATED)" $(if $(IMAGE_BASE),--base "$(IMAGE_BASE)") "$${bins[@]}"
 
 ##@ Run
 
@@ -51,7 +67,7 @@ dev: tools build build-dev ## Run the local stack (kube-apiserver, etcd, kube-co
 ##@ Test
 
 .PHONY: test
-test: tools build chart-lint test-gitops ## Run every test suite against the real components (the chart's Go tests in test/chart and the GitOps engine suites included), then each fuzz target for TEST_FUZZTIME.
+test: tools build image chart-lint test-gitops ## Build the binary and the image, then run every test suite against the real components (the chart's Go tests in test/chart and the GitOps engine suites included), then each fuzz target for TEST_FUZZTIME.
 	$(GO) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
 	@if [ "$(TEST_FUZZTIME)" != 0 ]; then $(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME); fi
 

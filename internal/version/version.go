@@ -1,5 +1,5 @@
 // Package version reports the build's version, set at link time by the
-// Makefile and the Dockerfile.
+// Makefile (make build, make image).
 package version
 
 import (
