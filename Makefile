@@ -138,7 +138,8 @@ bench-memory: tools build ## all mode against kube-apiserver, empty and with 5,0
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./internal/aggregated/storage:FuzzParseWorkspaceName ./internal/aggregated/storage:FuzzParseTemplateName \
                 ./internal/aggregated/storage:FuzzSelector ./internal/aggregated/storage:FuzzScanWorkspacesPage \
-                ./internal/config:FuzzLoad ./internal/aggregated/templatesource:FuzzExtract
+                ./internal/config:FuzzLoad ./internal/aggregated/templatesource:FuzzExtract \
+                ./internal/mcpserver:FuzzDecodeSparse
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each.
