@@ -498,7 +498,9 @@ func (st *mcpBench) benchCold(b *testing.B, n int, token string) {
 		}
 		st.checkItems(b, "aggregated LIST", body, "items", n)
 		lists = append(lists, d)
-		if d, _, _, err = timedGet(hc, coderd, ""); err != nil {
+		// coderd's own list, with the measurement client (it holds the
+		// coderd session; the agent's client holds only the agent's token).
+		if d, _, _, err = st.fetch(coderd); err != nil {
 			b.Fatal(err)
 		}
 		coderLists = append(coderLists, d)
