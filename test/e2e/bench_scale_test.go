@@ -302,6 +302,7 @@ func (st *benchStack) scaleWatch(b *testing.B, n, watchers int, changes []coders
 		lat.add(returned, ats, pollEnd, pollStart, scrape, offset)
 	}
 
+	st.midPoll(b, interval)
 	before := st.proxy.Stats()
 	cpu := st.coderdCPU(b, func() { time.Sleep(scaleWindow * interval) }) / scaleWindow
 	window := st.proxy.Stats().Since(before)

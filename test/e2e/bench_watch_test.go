@@ -78,6 +78,7 @@ func (st *benchStack) benchWatch(b *testing.B, n int) {
 			lat[i].add(changed, ats, st.pollBefore(first, interval), pollStart, scrape, offset)
 		}
 
+		st.midPoll(b, interval)
 		before := st.proxy.Stats()
 		time.Sleep(benchWindow * interval)
 		window := st.proxy.Stats().Since(before)
@@ -208,6 +209,22 @@ func (st *benchStack) pollBefore(t time.Time, interval time.Duration) time.Time 
 		}
 	}
 	return last
+}
+
+// midPoll waits until the operator's next workspace list has reached
+// coderd, then half a poll interval. A window of whole intervals that
+// starts there holds one list per interval, where one started at any
+// moment could catch a list too few or too many at its edges (9 or 11
+// over 10 intervals, though the lists came exactly one interval apart).
+func (st *benchStack) midPoll(b *testing.B, interval time.Duration) {
+	b.Helper()
+	seen := st.proxy.Stats()[coderdListEndpoint].Requests
+	for deadline := time.Now().Add(2 * interval); st.proxy.Stats()[coderdListEndpoint].Requests == seen; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatalf("no workspace list reached coderd within %s\noperator log:\n%s", 2*interval, st.op.LogTail(20))
+		}
+	}
+	time.Sleep(interval / 2)
 }
 
 // pollGaps lists the time between the starts of the operator's polls
