@@ -571,7 +571,14 @@ func (c *call) listPartial(ctx context.Context, resource, namespace string, q ur
 			req.Param(k, v)
 		}
 	}
-	body, err := req.Do(ctx).Raw()
+	res := req.Do(ctx)
+	// Error, not Raw's error: it turns kube-apiserver's Status into an
+	// APIStatus error with the server's message (for example which coderd
+	// is unreachable), where Raw's is a generic one for the status code.
+	if err := res.Error(); err != nil {
+		return err
+	}
+	body, err := res.Raw()
 	if err != nil {
 		return err
 	}
