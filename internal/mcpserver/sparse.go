@@ -174,20 +174,28 @@ func (d *sparseDecoder) object(v reflect.Value, p *typePlan) error {
 		} else if _, err := d.skip(); err != nil {
 			return err
 		}
-		d.space()
-		if d.pos >= len(d.data) {
-			return d.errorf("unexpected end in an object")
-		}
-		switch d.data[d.pos] {
-		case ',':
-			d.pos++
-		case '}':
-			d.pos++
-			return nil
-		default:
-			return d.errorf("want ',' or '}'")
+		if done, err := d.next('}'); done || err != nil {
+			return err
 		}
 	}
+}
+
+// next consumes what follows a member or element: a ',' (more follow) or
+// close (done).
+func (d *sparseDecoder) next(close byte) (done bool, err error) {
+	d.space()
+	if d.pos >= len(d.data) {
+		return false, d.errorf("unexpected end, want ',' or %q", close)
+	}
+	switch d.data[d.pos] {
+	case ',':
+		d.pos++
+		return false, nil
+	case close:
+		d.pos++
+		return true, nil
+	}
+	return false, d.errorf("want ',' or %q", close)
 }
 
 // array decodes an array into the slice v, into its elements in place as
@@ -212,18 +220,13 @@ func (d *sparseDecoder) array(v reflect.Value, elem *typePlan) error {
 				return err
 			}
 			i++
-			d.space()
-			if d.pos >= len(d.data) {
-				return d.errorf("unexpected end in an array")
+			done, err := d.next(']')
+			if err != nil {
+				return err
 			}
-			if d.data[d.pos] == ']' {
-				d.pos++
+			if done {
 				break
 			}
-			if d.data[d.pos] != ',' {
-				return d.errorf("want ',' or ']'")
-			}
-			d.pos++
 		}
 	}
 	if i < v.Len() {
