@@ -219,11 +219,13 @@ KUBE_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
                  -X k8s.io/client-go/pkg/version.gitMajor=1 \
                  -X k8s.io/client-go/pkg/version.gitMinor=$(KUBE_MINOR)
 
+CNI_PLUGINS := bridge host-local loopback portmap
 TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/kubectl-1.32 $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
-         $(BIN)/helm $(BIN)/ct $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen
+         $(BIN)/helm $(BIN)/ct $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen \
+         $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy $(BIN)/pause $(CNI_PLUGINS:%=$(BIN)/cni/%)
 
 .PHONY: tools
-tools: $(TOOLS) postgresql yamllint ## Build every pinned test binary into bin/ (cached).
+tools: $(TOOLS) postgresql yamllint node-packages ## Build every pinned test binary into bin/ (cached).
 
 # Built one after the other: each is a large link and the machines have two cores.
 .NOTPARALLEL:
@@ -234,6 +236,22 @@ $(BIN)/kube-apiserver: hack/tools/kube/go.mod hack/tools/kube/go.sum
 # Run by tests that need real built-in controllers (the namespace controller).
 $(BIN)/kube-controller-manager: hack/tools/kube/go.mod hack/tools/kube/go.sum
 	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kube-controller-manager
+
+# The test node (internal/testenv.StartNode): kubelet, kube-scheduler and
+# kube-proxy at kube-apiserver's version, the pod sandbox's pause, and the
+# CNI plugins its network configuration uses.
+$(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy: hack/tools/kube/go.mod hack/tools/kube/go.sum
+	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+
+$(BIN)/pause: hack/pause/main.go
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./hack/pause
+
+CNI_PKG_bridge     := plugins/main/bridge
+CNI_PKG_host-local := plugins/ipam/host-local
+CNI_PKG_loopback   := plugins/main/loopback
+CNI_PKG_portmap    := plugins/meta/portmap
+$(CNI_PLUGINS:%=$(BIN)/cni/%): hack/tools/cni/go.mod hack/tools/cni/go.sum
+	cd hack/tools/cni && CGO_ENABLED=0 $(GO) build -trimpath -o $@ github.com/containernetworking/plugins/$(CNI_PKG_$(notdir $@))
 
 $(BIN)/kubectl: hack/tools/kube/go.mod hack/tools/kube/go.sum
 	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kubectl
@@ -283,6 +301,13 @@ postgresql:
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then \
 	  echo "installing PostgreSQL from Debian"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; fi
+
+# The test node's container runtime and kube-proxy's iptables, from Debian.
+.PHONY: node-packages
+node-packages:
+	@if ! command -v containerd >/dev/null || ! command -v runc >/dev/null || ! command -v iptables >/dev/null; then \
+	  echo "installing containerd, runc and iptables from Debian"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containerd runc iptables >/dev/null; fi
 
 .PHONY: yamllint
 yamllint:

@@ -48,6 +48,16 @@ func NewCA(name string) (*CA, error) {
 	return &CA{Cert: cert, CertPEM: pemBlock("CERTIFICATE", der), key: key}, nil
 }
 
+// KeyPEM is the CA's private key in PEM, for a component that signs with
+// it (kube-apiserver's service account signing key).
+func (ca *CA) KeyPEM() ([]byte, error) {
+	der, err := x509.MarshalECPrivateKey(ca.key)
+	if err != nil {
+		return nil, fmt.Errorf("marshal CA key: %w", err)
+	}
+	return pemBlock("EC PRIVATE KEY", der), nil
+}
+
 // KeyPair is a PEM-encoded certificate and private key.
 type KeyPair struct {
 	CertPEM, KeyPEM []byte

@@ -12,16 +12,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
-// controllerManagerStartTimeout bounds the wait for kube-controller-manager
-// to serve /healthz with its controllers built; it normally takes a few
-// seconds.
-const controllerManagerStartTimeout = 60 * time.Second
+// componentStartTimeout bounds the wait for kube-controller-manager (with
+// its controllers built) or kube-scheduler to serve /healthz; they
+// normally take a few seconds.
+const componentStartTimeout = 60 * time.Second
 
 // StartControllerManager runs the real kube-controller-manager against k
 // with only the named controllers (kube-controller-manager --controllers
@@ -38,40 +39,9 @@ const controllerManagerStartTimeout = 60 * time.Second
 // process (Process.Stop); KubeAPI.Stop removes its directory and log.
 func (k *KubeAPI) StartControllerManager(ctx context.Context, controllers ...string) (*Process, error) {
 	Sweep()
-	bin, err := Binary("kube-controller-manager")
-	if err != nil {
-		return nil, err
-	}
 	if k.KubeconfigPath == "" || k.Dir == "" {
 		return nil, errors.New("start kube-controller-manager: the KubeAPI is not running")
 	}
-	dir, err := os.MkdirTemp(k.Dir, "kube-controller-manager-")
-	if err != nil {
-		return nil, fmt.Errorf("start kube-controller-manager: %w", err)
-	}
-	certDir := filepath.Join(dir, "certs")
-	if err := os.Mkdir(certDir, 0o700); err != nil {
-		return nil, fmt.Errorf("start kube-controller-manager: %w", err)
-	}
-	// FreePort leaves a window in which another process can take the port;
-	// on that (rare) race, try again with a new one.
-	for attempt := 1; ; attempt++ {
-		port, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
-		logPath := filepath.Join(dir, "kube-controller-manager-"+strconv.Itoa(attempt)+".log")
-		p, err := k.runControllerManager(ctx, bin, certDir, logPath, port, controllers)
-		if err == nil {
-			return p, nil
-		}
-		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
-			return nil, err
-		}
-	}
-}
-
-func (k *KubeAPI) runControllerManager(ctx context.Context, bin, certDir, logPath string, port int, controllers []string) (*Process, error) {
 	args := []string{
 		"--kubeconfig=" + k.KubeconfigPath,
 		// The same admin identity checks callers of its HTTPS endpoints
@@ -80,22 +50,72 @@ func (k *KubeAPI) runControllerManager(ctx context.Context, bin, certDir, logPat
 		"--authorization-kubeconfig=" + k.KubeconfigPath,
 		"--leader-elect=false",
 		"--use-service-account-credentials=false",
-		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(port),
-		"--cert-dir=" + certDir,
+		// Published in every namespace as kube-root-ca.crt, which pods use
+		// to verify kube-apiserver.
+		"--root-ca-file=" + k.ServingCAPath,
 	}
 	if len(controllers) > 0 {
 		args = append(args, "--controllers="+strings.Join(controllers, ","))
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Dir = filepath.Dir(certDir)
-	// Only the flags above configure it: no in-cluster config, no KUBECONFIG.
-	cmd.Env = filterEnv(os.Environ(), "KUBECONFIG=", "KUBERNETES_SERVICE_")
-	p, err := StartProcess("kube-controller-manager", cmd, logPath)
+	return k.startSecureComponent(ctx, "kube-controller-manager", args, func(verbose string) error {
+		if !controllerChecksListed(verbose) {
+			// Until its controllers are built, /healthz has only the ping
+			// check; each built controller adds its own.
+			return errors.New("/healthz lists no controller yet")
+		}
+		return nil
+	})
+}
+
+// startSecureComponent runs a control plane component (kube-controller-
+// manager, kube-scheduler) from bin/ with args plus its HTTPS serving on a
+// free loopback port and a self-signed certificate in a directory under
+// k.Dir. It returns once the component says it serves there and its
+// verbose /healthz answers ok and passes ready (nil: no further check).
+func (k *KubeAPI) startSecureComponent(ctx context.Context, name string, args []string, ready func(verboseHealthz string) error) (*Process, error) {
+	bin, err := Binary(name)
 	if err != nil {
 		return nil, err
 	}
+	dir, err := os.MkdirTemp(k.Dir, name+"-")
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	certDir := filepath.Join(dir, "certs")
+	if err := os.Mkdir(certDir, 0o700); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	// FreePort leaves a window in which another process can take the port;
+	// on that (rare) race, try again with a new one.
+	for attempt := 1; ; attempt++ {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		logPath := filepath.Join(dir, name+"-"+strconv.Itoa(attempt)+".log")
+		cmd := exec.Command(bin, append(slices.Clone(args),
+			"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port), "--cert-dir="+certDir)...)
+		cmd.Dir = dir
+		// Only the flags configure it: no in-cluster config, no KUBECONFIG.
+		cmd.Env = filterEnv(os.Environ(), "KUBECONFIG=", "KUBERNETES_SERVICE_")
+		p, err := StartProcess(name, cmd, logPath)
+		if err != nil {
+			return nil, err
+		}
+		err = waitSecureServing(ctx, p, port, ready)
+		if err == nil {
+			return p, nil
+		}
+		p.Stop(5 * time.Second)
+		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return nil, fmt.Errorf("start %s: %w", name, err)
+		}
+	}
+}
 
+// waitSecureServing waits until p says it serves HTTPS on the loopback
+// port and its verbose /healthz answers ok and passes ready.
+func waitSecureServing(ctx context.Context, p *Process, port int, ready func(string) error) error {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	healthz := "https://" + addr + "/healthz?verbose"
 	serving := []byte("Serving securely on " + addr)
@@ -106,11 +126,11 @@ func (k *KubeAPI) runControllerManager(ctx context.Context, bin, certDir, logPat
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}},
 	}
 	defer client.CloseIdleConnections()
-	err = p.WaitReady(ctx, controllerManagerStartTimeout, func(ctx context.Context) error {
-		// Another process could hold the port and answer: require
-		// kube-controller-manager's own word that it serves there.
-		if log, _ := os.ReadFile(logPath); !bytes.Contains(log, serving) {
-			return errors.New("kube-controller-manager is not serving yet")
+	return p.WaitReady(ctx, componentStartTimeout, func(ctx context.Context) error {
+		// Another process could hold the port and answer: require the
+		// component's own word that it serves there.
+		if log, _ := os.ReadFile(p.LogPath); !bytes.Contains(log, serving) {
+			return errors.New(p.Name + " is not serving yet")
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, healthz, nil)
 		if err != nil {
@@ -125,18 +145,11 @@ func (k *KubeAPI) runControllerManager(ctx context.Context, bin, certDir, logPat
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("/healthz: %s: %s", resp.Status, bytes.TrimSpace(body))
 		}
-		if !controllerChecksListed(string(body)) {
-			// Until its controllers are built, /healthz has only the ping
-			// check; each built controller adds its own.
-			return errors.New("/healthz lists no controller yet")
+		if ready != nil {
+			return ready(string(body))
 		}
 		return nil
 	})
-	if err != nil {
-		p.Stop(5 * time.Second)
-		return nil, fmt.Errorf("start kube-controller-manager: %w", err)
-	}
-	return p, nil
 }
 
 // controllerChecksListed reports whether a verbose /healthz answer of

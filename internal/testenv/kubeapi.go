@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -39,8 +41,13 @@ type KubeAPI struct {
 	// server's resource list: a category or a kind could then name
 	// resources this server does not have.
 	KubectlCacheDir string
+	// ServingCAPath is the CA that signed kube-apiserver's serving
+	// certificate (what pods find in kube-root-ca.crt).
+	ServingCAPath string
 
 	env *envtest.Environment
+	// network is the node's network when the stack was started for a node.
+	network *nodeNetwork
 }
 
 // KubeAPIOptions tunes StartKubeAPI.
@@ -48,6 +55,13 @@ type KubeAPIOptions struct {
 	// CRDDirs are directories of CRD manifests to install; empty means the
 	// repository's config/crd/bases.
 	CRDDirs []string
+	// Node prepares the stack for a real node (StartNode): the node's
+	// network is created first and kube-apiserver listens on the host's
+	// end of it (not loopback, which pods cannot reach), advertises that
+	// address for the kubernetes Service, routes aggregated APIs to their
+	// Service endpoints, and runs the ServiceAccount admission plugin that
+	// gives pods their API credentials.
+	Node bool
 }
 
 // kubeAPIStartTimeout bounds each attempt to start etcd and kube-apiserver.
@@ -124,8 +138,32 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 	if err := os.Mkdir(certDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create kube-apiserver certificate directory: %w", err)
 	}
-	k.env.ControlPlane.GetAPIServer().CertDir = certDir
-	args := k.env.ControlPlane.GetAPIServer().Configure()
+	api := k.env.ControlPlane.GetAPIServer()
+	api.CertDir = certDir
+	args := api.Configure()
+	servingIPs := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv4(10, 0, 0, 1)}
+	if opts.Node {
+		if k.network, err = newNodeNetwork(ctx); err != nil {
+			k.Stop()
+			return nil, err
+		}
+		host := k.network.HostIP.String()
+		port, err := freePortOn(host)
+		if err != nil {
+			k.Stop()
+			return nil, err
+		}
+		api.SecureServing.Address, api.SecureServing.Port = host, strconv.Itoa(port)
+		servingIPs = append(servingIPs, k.network.HostIP)
+		args.Set("advertise-address", host)
+		args.Set("enable-aggregator-routing", "true")
+		args.Set("kubelet-preferred-address-types", "InternalIP")
+		args.Disable("disable-admission-plugins")
+	}
+	if err := k.writeServingCerts(certDir, servingIPs); err != nil {
+		k.Stop()
+		return nil, err
+	}
 	args.Set("requestheader-client-ca-file", filepath.Join(dir, "front-proxy-ca.crt"))
 	args.Set("requestheader-allowed-names", frontProxyUser)
 	args.Set("requestheader-username-headers", "X-Remote-User")
@@ -166,6 +204,44 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 	return k, nil
 }
 
+// writeServingCerts writes kube-apiserver's serving certificate, valid for
+// the kubernetes Service's names and address as well as loopback (envtest's
+// own is valid for loopback only, so pods could not verify it), and its
+// service account signing key, where envtest expects them; envtest then
+// keeps them.
+func (k *KubeAPI) writeServingCerts(certDir string, ips []net.IP) error {
+	ca, err := NewCA("kube-apiserver-ca")
+	if err != nil {
+		return err
+	}
+	serving, err := ca.ServingCert([]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+		"kubernetes.default.svc.cluster.local"}, ips)
+	if err != nil {
+		return err
+	}
+	signer, err := NewCA("service-account-signer")
+	if err != nil {
+		return err
+	}
+	signerKey, err := signer.KeyPEM()
+	if err != nil {
+		return err
+	}
+	k.ServingCAPath = filepath.Join(certDir, "ca.crt")
+	files := map[string][]byte{
+		"apiserver.crt": serving.CertPEM, "apiserver.key": serving.KeyPEM,
+		"sa-signer.crt": signer.CertPEM, "sa-signer.key": signerKey,
+		"ca.crt": ca.CertPEM,
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(certDir, name), b, 0o600); err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+	}
+	k.env.ControlPlane.GetAPIServer().SecureServing.CA = ca.CertPEM
+	return nil
+}
+
 // KubectlFlags are the flags that point kubectl at k as the cluster admin,
 // with k's own discovery cache.
 func (k *KubeAPI) KubectlFlags() []string {
@@ -189,6 +265,8 @@ func (k *KubeAPI) Stop() {
 		_ = k.env.Stop()
 		k.env = nil
 	}
+	k.network.remove()
+	k.network = nil
 	if k.Dir != "" {
 		removeStackDir(k.Dir)
 	}

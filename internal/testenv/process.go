@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -69,10 +70,13 @@ func Binary(name string) (string, error) {
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func FreePort() (int, error) { return freePortOn("127.0.0.1") }
+
+// freePortOn returns a TCP port on host that was free a moment ago.
+func freePortOn(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
+		return 0, fmt.Errorf("find a free port on %s: %w", host, err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
@@ -191,6 +195,23 @@ func (p *Process) WaitReady(ctx context.Context, timeout time.Duration, check fu
 	}
 }
 
+// WaitFor polls check every 100 ms until it succeeds, and fails the test
+// with check's last error when timeout passes first.
+func WaitFor(t testing.TB, timeout time.Duration, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // stackRoot holds every data directory the test stack creates, one
 // directory per owning process, so Sweep can remove what dead owners left.
 func stackRoot() string { return filepath.Join(os.TempDir(), "coder-k8s-testenv") }
@@ -211,6 +232,7 @@ func newStackDir(name string) (string, error) {
 // removeStackDir removes a component's directory, and this process's
 // directory under stackRoot once it is empty.
 func removeStackDir(dir string) {
+	unmountUnder(dir)
 	_ = os.RemoveAll(dir)
 	_ = os.Remove(filepath.Dir(dir)) // fails, as intended, while not empty
 }
@@ -225,34 +247,48 @@ func Sweep() {
 		// Children inherit the marker, so envtest's kube-apiserver and
 		// etcd carry it too.
 		_ = os.Setenv(ownerEnv, strconv.Itoa(os.Getpid()))
-		procs, _ := filepath.Glob("/proc/[0-9]*/environ")
-		for _, envPath := range procs {
-			b, err := os.ReadFile(envPath)
-			if err != nil {
-				continue
-			}
-			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(envPath)))
-			if pid == os.Getpid() {
-				continue
-			}
-			for _, kv := range bytes.Split(b, []byte{0}) {
-				owner, ok := strings.CutPrefix(string(kv), ownerEnv+"=")
-				if !ok {
-					continue
-				}
-				if o, err := strconv.Atoi(owner); err == nil && o != pid && !alive(o) {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-				break
-			}
-		}
-		dirs, _ := os.ReadDir(stackRoot())
-		for _, d := range dirs {
-			if o, err := strconv.Atoi(d.Name()); err == nil && !alive(o) {
-				_ = os.RemoveAll(filepath.Join(stackRoot(), d.Name()))
-			}
-		}
+		sweep()
 	})
+}
+
+// sweep is Sweep's work, every time it is called.
+func sweep() {
+	procs, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, envPath := range procs {
+		b, err := os.ReadFile(envPath)
+		if err != nil {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(envPath)))
+		if pid == os.Getpid() {
+			continue
+		}
+		for _, kv := range bytes.Split(b, []byte{0}) {
+			owner, ok := strings.CutPrefix(string(kv), ownerEnv+"=")
+			if !ok {
+				continue
+			}
+			if o, err := strconv.Atoi(owner); err == nil && o != pid && !alive(o) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			break
+		}
+	}
+	// A dead owner's node: its containers carry no marker, but they
+	// live in the node's network namespaces.
+	sweepNodeNetworks()
+	dirs, _ := os.ReadDir(stackRoot())
+	for _, d := range dirs {
+		if o, err := strconv.Atoi(d.Name()); err == nil && !alive(o) {
+			dir := filepath.Join(stackRoot(), d.Name())
+			nodes, _ := filepath.Glob(filepath.Join(dir, "kube-*", "node-*"))
+			for _, n := range nodes {
+				removeNodeFiles(n)
+			}
+			unmountUnder(dir)
+			_ = os.RemoveAll(dir)
+		}
+	}
 }
 
 func alive(pid int) bool {

@@ -58,8 +58,14 @@ type cluster struct {
 // newCluster starts the test stack's kube-apiserver with none of its own
 // CRDs (the chart under test installs them) and connects to it.
 func newCluster(t *testing.T) *cluster {
+	return newClusterWith(t, testenv.KubeAPIOptions{})
+}
+
+// newClusterWith is newCluster with options, for example a real node.
+func newClusterWith(t *testing.T, opts testenv.KubeAPIOptions) *cluster {
 	start := time.Now()
-	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{CRDDirs: []string{t.TempDir()}})
+	opts.CRDDirs = []string{t.TempDir()}
+	k := testenv.NewKubeAPI(t, opts)
 	t.Logf("kube-apiserver up in %s", time.Since(start).Round(time.Millisecond))
 	dyn, err := dynamic.NewForConfig(k.Config)
 	if err != nil {

@@ -113,7 +113,7 @@ func TestAggregatedStandaloneStaticBackend(t *testing.T) {
 			t.Fatal(err)
 		}
 		writeTokenFile(t, tokenFile, newToken.Key)
-		waitFor(t, 15*time.Second, func() error {
+		testenv.WaitFor(t, 15*time.Second, func() error {
 			if log, _ := os.ReadFile(op.LogPath); !strings.Contains(string(log), "session token file changed: using the new token") {
 				return errNotYet("the operator has not logged picking up the new token")
 			}
@@ -138,7 +138,7 @@ func TestAggregatedStandaloneStaticBackend(t *testing.T) {
 		// A token coderd refuses (the revoked one).
 		writeTokenFile(t, tokenFile, original)
 		var listErr error
-		waitFor(t, 15*time.Second, func() error {
+		testenv.WaitFor(t, 15*time.Second, func() error {
 			_, listErr = workspaces.Namespace(ns).List(ctx, metav1.ListOptions{})
 			if !apierrors.IsForbidden(listErr) {
 				return errNotYet(fmt.Sprintf("list with a revoked token: %v, want 403 Forbidden", listErr))
@@ -159,7 +159,7 @@ func TestAggregatedStandaloneStaticBackend(t *testing.T) {
 
 		// Restoring a valid token recovers without a restart.
 		writeTokenFile(t, tokenFile, newToken.Key)
-		waitFor(t, 15*time.Second, func() error {
+		testenv.WaitFor(t, 15*time.Second, func() error {
 			_, err := workspaces.Namespace(ns).Get(ctx, wsName, metav1.GetOptions{})
 			return err
 		})
@@ -188,7 +188,7 @@ func TestAggregatedCoderdDown(t *testing.T) {
 	}
 	wsName := s.workspaceName("ws-down")
 	workspaces := s.dyn.Resource(workspacesGVR).Namespace(s.ns)
-	waitFor(t, 30*time.Second, func() error {
+	testenv.WaitFor(t, 30*time.Second, func() error {
 		list, err := workspaces.List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err

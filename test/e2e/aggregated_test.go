@@ -118,7 +118,7 @@ spec:
 		if _, err := apply(mainTF + "\noutput \"extra\" {\n  value = 1\n}\n"); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 3*time.Minute, func() error {
+		testenv.WaitFor(t, 3*time.Minute, func() error {
 			if s.coderTemplate(t, "demo").ActiveVersionID == tpl.ActiveVersionID {
 				return errNotYet("changing spec.files has not promoted a new version yet")
 			}
@@ -455,7 +455,7 @@ spec: {templateName: base, running: true}
 		if err := s.c.Create(ctx, binding); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 30*time.Second, func() error {
+		testenv.WaitFor(t, 30*time.Second, func() error {
 			_, err := alice.Resource(workspacesGVR).Namespace(s.ns).List(ctx, metav1.ListOptions{})
 			return err
 		})
@@ -477,7 +477,7 @@ spec: {templateName: base, running: true}
 	t.Run("several control planes in one namespace get prefixed names", func(t *testing.T) {
 		adoptControlPlane(t, s, s.ns, "second", s.coder.URL.String())
 		var list *unstructured.UnstructuredList
-		waitFor(t, 30*time.Second, func() error {
+		testenv.WaitFor(t, 30*time.Second, func() error {
 			var err error
 			list, err = s.dyn.Resource(workspacesGVR).Namespace(s.ns).List(ctx, metav1.ListOptions{})
 			if err != nil {
@@ -514,7 +514,7 @@ spec: {templateName: base, running: true}
 		if err := s.c.Delete(ctx, ccp); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 60*time.Second, func() error {
+		testenv.WaitFor(t, 60*time.Second, func() error {
 			_, err := s.dyn.Resource(workspacesGVR).Namespace(s.ns).Get(ctx, wsA, metav1.GetOptions{})
 			return err
 		})
@@ -522,7 +522,7 @@ spec: {templateName: base, running: true}
 
 	t.Run("deleting a namespace never deletes Coder workspaces or templates", func(t *testing.T) {
 		adoptControlPlane(t, s, "team", "coder", s.coder.URL.String())
-		waitFor(t, 30*time.Second, func() error {
+		testenv.WaitFor(t, 30*time.Second, func() error {
 			_, err := s.dyn.Resource(workspacesGVR).Namespace("team").Get(ctx, wsA, metav1.GetOptions{})
 			return err
 		})

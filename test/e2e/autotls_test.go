@@ -104,7 +104,7 @@ func TestAutoTLS(t *testing.T) {
 			t.Errorf("APIService caBundle %d bytes (Secret bundle %d), insecureSkipTLSVerify %v",
 				len(svc.Spec.CABundle), len(s.Data[autotls.CABundleKey]), svc.Spec.InsecureSkipTLSVerify)
 		}
-		waitFor(t, 30*time.Second, func() error {
+		testenv.WaitFor(t, 30*time.Second, func() error {
 			if c := modesAPIServiceAvailable(ctx, t, agg); c.Status != apiregistrationv1.ConditionTrue {
 				return errNotYet(fmt.Sprintf("Available=%s (%s: %s)", c.Status, c.Reason, c.Message))
 			}

@@ -597,7 +597,7 @@ func (st *benchStack) pointAt(b *testing.B, url string, within time.Duration) {
 	waitOperatorAccess(b, st.aggStack, benchNS, benchCCPName, url, 60*time.Second)
 	// The aggregated server follows once its informers see the change.
 	viaProxy := url == st.proxy.URL.String()
-	waitFor(b, within, func() error {
+	testenv.WaitFor(b, within, func() error {
 		before := st.proxy.Stats()
 		if _, err := st.dyn.Resource(workspacesGVR).List(ctx, metav1.ListOptions{}); err != nil {
 			return err

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // Tunables of BenchmarkWorkspaces/MCP. BENCH_WORKSPACES overrides the
@@ -122,7 +123,7 @@ func newMCPBench(b *testing.B, stack *benchStack, qps int) *mcpBench {
 func (st *mcpBench) waitListed(b *testing.B, n int) {
 	b.Helper()
 	ctx := context.Background()
-	waitFor(b, 2*time.Minute, func() error {
+	testenv.WaitFor(b, 2*time.Minute, func() error {
 		var list aggv1.CoderWorkspaceList
 		if err := st.c.List(ctx, &list); err != nil {
 			return err

@@ -18,6 +18,7 @@ import (
 	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/controller/controlplane"
+	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // A user adopts an existing coderd with a CoderControlPlane; the running
@@ -79,7 +80,7 @@ func TestHungCoderdDoesNotBlockOthers(t *testing.T) {
 	// each holding a worker.
 	inFlight := func(n int) {
 		t.Helper()
-		waitFor(t, 60*time.Second, func() error {
+		testenv.WaitFor(t, 60*time.Second, func() error {
 			if open := hung.open(); open < n {
 				return errNotYet(fmt.Sprintf("%d calls to the hung coderd open, want %d", open, n))
 			}

@@ -93,7 +93,7 @@ func TestFaultCoderd(t *testing.T) {
 
 	// Both control planes serve the workspace before any fault.
 	for _, ns := range []string{s.ns, slowNS} {
-		waitFor(t, 60*time.Second, func() error {
+		testenv.WaitFor(t, 60*time.Second, func() error {
 			list, err := s.dyn.Resource(workspacesGVR).Namespace(ns).List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return err
@@ -251,7 +251,7 @@ func testSlowCoderd(t *testing.T, s *aggStack, proxy *testenv.CountingProxy, age
 
 	t.Run("recovery once coderd is fast again", func(t *testing.T) {
 		start := time.Now()
-		waitFor(t, cfCoderTimeout+cfSlack, func() error {
+		testenv.WaitFor(t, cfCoderTimeout+cfSlack, func() error {
 			list, err := slow.List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return err
@@ -277,7 +277,7 @@ func testSlowCoderd(t *testing.T, s *aggStack, proxy *testenv.CountingProxy, age
 		maxHeap := max(base.heapInuse*3/2, base.heapInuse+16<<20)
 		var last cfMetrics
 		start := time.Now()
-		waitFor(t, 60*time.Second, func() error {
+		testenv.WaitFor(t, 60*time.Second, func() error {
 			last = cfReadMetrics(t, s.op)
 			if last.goroutines > maxGoroutines || last.heapInuse > maxHeap {
 				return fmt.Errorf("%d goroutines (baseline %d, at most %d), heap in use %.1f MiB (baseline %.1f, at most %.1f)",
@@ -319,7 +319,7 @@ func testTokenRevoked(t *testing.T, s *aggStack, wsName string) {
 	workspaces := s.dyn.Resource(workspacesGVR).Namespace(s.ns)
 	var seen []string
 	bound := cfCheckInterval + 2*cfCoderTimeout + cfSlack
-	waitFor(t, bound, func() error {
+	testenv.WaitFor(t, bound, func() error {
 		list, err := workspaces.List(ctx, metav1.ListOptions{})
 		if err != nil {
 			if len(seen) == 0 || seen[len(seen)-1] != err.Error() {
@@ -420,7 +420,7 @@ func testCoderdRestart(t *testing.T, s *aggStack, agent *e2eMCPAgent, wsName str
 		// answer while its last poll is at most two poll intervals old
 		// (the open watch keeps it polling): after that, the error.
 		cached := 0
-		waitFor(t, 2*pollInterval+cfSlack, func() error {
+		testenv.WaitFor(t, 2*pollInterval+cfSlack, func() error {
 			start := time.Now()
 			res := agent.call(t, "list_workspaces", map[string]any{"namespace": s.ns}, nil)
 			took := time.Since(start)
@@ -491,7 +491,7 @@ func testCoderdRestart(t *testing.T, s *aggStack, agent *e2eMCPAgent, wsName str
 	t.Logf("coderd was down %s", back.Sub(stoppedAt).Round(time.Millisecond))
 
 	t.Run("recovery without restarting the operator", func(t *testing.T) {
-		waitFor(t, cfCoderTimeout+cfSlack, func() error {
+		testenv.WaitFor(t, cfCoderTimeout+cfSlack, func() error {
 			list, err := workspaces.List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return err
@@ -504,7 +504,7 @@ func testCoderdRestart(t *testing.T, s *aggStack, agent *e2eMCPAgent, wsName str
 		t.Logf("aggregated LIST works %s after coderd is back", time.Since(back).Round(time.Millisecond))
 		ccp := cfWaitAccess(t, s, s.ns, cfCheckInterval+cfCoderTimeout+cfSlack, metav1.ConditionTrue, metav1.ConditionTrue)
 		t.Logf("status recovered %s after coderd is back: phase %s", time.Since(back).Round(time.Millisecond), ccp.Status.Phase)
-		waitFor(t, cfCheckInterval+cfSlack, func() error {
+		testenv.WaitFor(t, cfCheckInterval+cfSlack, func() error {
 			if err := s.c.Get(ctx, client.ObjectKeyFromObject(ccp), ccp); err != nil {
 				return err
 			}
@@ -548,7 +548,7 @@ func cfWaitAccess(t *testing.T, s *aggStack, ns string, timeout time.Duration, a
 	t.Helper()
 	ctx := context.Background()
 	ccp := &coderv1alpha1.CoderControlPlane{}
-	waitFor(t, timeout, func() error {
+	testenv.WaitFor(t, timeout, func() error {
 		if err := s.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, ccp); err != nil {
 			return err
 		}
@@ -593,7 +593,7 @@ func cfExpectUnavailable(t *testing.T, what string, err error, took, bound time.
 // ns/coder, as `kubectl events` shows it.
 func cfExpectEvent(t *testing.T, s *aggStack, ns, reason string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, func() error {
+	testenv.WaitFor(t, 10*time.Second, func() error {
 		events, err := s.k.Clientset.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			return err

@@ -161,7 +161,7 @@ func (f *faultStack) kubeAPIServerRestart(t *testing.T) {
 	f.waitReconciled(t, ns, "after", 1, 90*time.Second)
 	t.Logf("changes made after the restart reconciled %s after kube-apiserver was back", time.Since(back).Round(time.Millisecond))
 
-	waitFor(t, 90*time.Second, func() error {
+	testenv.WaitFor(t, 90*time.Second, func() error {
 		_, err := f.kubectlRun(30*time.Second, "", "get", "coderworkspaces,codertemplates", "-n", faultNS)
 		return err
 	})
@@ -189,7 +189,7 @@ func (f *faultStack) kubeAPIServerRestart(t *testing.T) {
 func (f *faultStack) waitReconciled(t *testing.T, ns, name string, replicas int32, timeout time.Duration) {
 	t.Helper()
 	ctx := context.Background()
-	waitFor(t, timeout, func() error {
+	testenv.WaitFor(t, timeout, func() error {
 		var ccp coderv1alpha1.CoderControlPlane
 		if err := f.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &ccp); err != nil {
 			return err
@@ -245,7 +245,7 @@ func (f *faultStack) leaderHandover(t *testing.T) {
 	)
 	opts := OperatorOptions{LeaseName: lease, LeaderElection: "leaseDuration: 6s, renewDeadline: 4s, retryPeriod: 1s"}
 	r1 := f.startOperator(t, opts)
-	waitFor(t, 30*time.Second, func() error {
+	testenv.WaitFor(t, 30*time.Second, func() error {
 		if f.leaseHolder(t, lease) == "" {
 			return errNotYet("nobody holds the lease")
 		}
@@ -284,7 +284,7 @@ func (f *faultStack) leaderHandover(t *testing.T) {
 	p1 := f.startProbe(t, "replica 1", r1)
 	p2 := f.startProbe(t, "replica 2", r2)
 	// Some calls on both before anything happens.
-	waitFor(t, 30*time.Second, func() error { return errors.Join(p1.atLeast(5), p2.atLeast(5)) })
+	testenv.WaitFor(t, 30*time.Second, func() error { return errors.Join(p1.atLeast(5), p2.atLeast(5)) })
 
 	t.Run("SIGKILL: the follower takes over within the lease duration", func(t *testing.T) {
 		killed := time.Now()
@@ -300,7 +300,7 @@ func (f *faultStack) leaderHandover(t *testing.T) {
 			t.Fatal(err)
 		}
 		var acquired time.Duration
-		waitFor(t, leaseDuration+margin, func() error {
+		testenv.WaitFor(t, leaseDuration+margin, func() error {
 			if err := isLeader(ctx, r2, lease, true); err != nil {
 				return err
 			}
@@ -325,7 +325,7 @@ func (f *faultStack) leaderHandover(t *testing.T) {
 	t.Run("SIGTERM: the leader releases the lease and the handover is immediate", func(t *testing.T) {
 		r3 := f.startOperator(t, opts)
 		p3 := f.startProbe(t, "replica 3", r3)
-		waitFor(t, 30*time.Second, func() error { return p3.atLeast(5) })
+		testenv.WaitFor(t, 30*time.Second, func() error { return p3.atLeast(5) })
 		if err := isLeader(ctx, r3, lease, false); err != nil {
 			t.Fatal(err)
 		}
@@ -335,7 +335,7 @@ func (f *faultStack) leaderHandover(t *testing.T) {
 			t.Fatal(err)
 		}
 		var exited time.Time
-		waitFor(t, gracefulShutdown+5*time.Second, func() error {
+		testenv.WaitFor(t, gracefulShutdown+5*time.Second, func() error {
 			done, err := r2.Exited()
 			if !done {
 				return errNotYet("replica 2 still running")
@@ -352,7 +352,7 @@ func (f *faultStack) leaderHandover(t *testing.T) {
 		if err := f.c.Patch(ctx, cp, patch); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, leaseDuration+margin, func() error { return isLeader(ctx, r3, lease, true) })
+		testenv.WaitFor(t, leaseDuration+margin, func() error { return isLeader(ctx, r3, lease, true) })
 		acquired := time.Now()
 		f.waitReconciled(t, ns, "handover", 1, 30*time.Second)
 		t.Logf("after SIGTERM of the leader: it exited after %s, replica 3 leads %s after the exit (%s after SIGTERM), change reconciled %s after SIGTERM",
@@ -647,7 +647,7 @@ spec:
 		if out, err := f.kubectlRun(time.Minute, "", "create", "-f", manifest); err != nil {
 			t.Fatalf("kubectl create: %v\n%s", err, out)
 		}
-		waitFor(t, 90*time.Second, func() error {
+		testenv.WaitFor(t, 90*time.Second, func() error {
 			if f.gate.reads() == reads {
 				return errNotYet("the template build has not reached the gate")
 			}
@@ -700,7 +700,7 @@ spec: {templateName: %s, running: false}
 		// Ready, both through kube-apiserver.
 		watch := f.background(t, "get", "coderworkspace", wsName, "-n", faultNS, "--watch", "--output-watch-events")
 		wait := f.background(t, "wait", "coderworkspace", wsName, "-n", faultNS, "--for=condition=Ready", "--timeout=4m")
-		waitFor(t, 90*time.Second, func() error {
+		testenv.WaitFor(t, 90*time.Second, func() error {
 			if f.gate.reads() == reads {
 				return errNotYet("the start build has not reached the gate")
 			}
@@ -752,7 +752,7 @@ spec: {templateName: %s, running: false}
 // successful transition.
 func (f *faultStack) waitCoderBuild(t *testing.T, name string, transition codersdk.WorkspaceTransition) {
 	t.Helper()
-	waitFor(t, 2*time.Minute, func() error {
+	testenv.WaitFor(t, 2*time.Minute, func() error {
 		w, err := f.coder.Client.WorkspaceByOwnerAndName(context.Background(), f.coder.Username, name, codersdk.WorkspaceOptions{})
 		if err != nil {
 			return err

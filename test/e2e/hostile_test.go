@@ -82,7 +82,7 @@ func TestHostileRequests(t *testing.T) {
 		c    *http.Client
 	}{{s.op.Aggregated, direct}, {kubeURL, kube}} {
 		c := via.c
-		waitFor(t, 60*time.Second, func() error {
+		testenv.WaitFor(t, 60*time.Second, func() error {
 			r := hostileDo(t, c, http.MethodGet, via.base+obj, token, nil, nil)
 			if r.code != http.StatusOK {
 				return fmt.Errorf("GET %s%s: %d %s", via.base, obj, r.code, r.snippet())

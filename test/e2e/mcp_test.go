@@ -144,7 +144,7 @@ func newMCPEnv(t *testing.T) *mcpEnv {
 	roAgent := rec.connect(t, readOnly.MCP, agentToken)
 
 	// The aggregated API shows what coderd holds once its cache has polled.
-	waitFor(t, 30*time.Second, func() error {
+	testenv.WaitFor(t, 30*time.Second, func() error {
 		var l mcpserver.WorkspaceList
 		if res := agent.call(t, "list_workspaces", map[string]any{"namespace": s.ns}, &l); res.IsError {
 			return fmt.Errorf("list_workspaces: %s", e2eMCPText(res))
@@ -284,7 +284,7 @@ func testMCPAuthorization(t *testing.T, env *mcpEnv) {
 	// A Role that allows reading workspaces, not changing them.
 	reader := rec.connect(t, s.op.MCP, readerToken)
 	var l mcpserver.WorkspaceList
-	waitFor(t, 30*time.Second, func() error {
+	testenv.WaitFor(t, 30*time.Second, func() error {
 		if res := reader.call(t, "list_workspaces", map[string]any{"namespace": s.ns}, &l); res.IsError {
 			return fmt.Errorf("reader: %s", e2eMCPText(res))
 		}
@@ -310,7 +310,7 @@ func testMCPAuthorization(t *testing.T, env *mcpEnv) {
 	// Granting the permission makes the same token work: nothing
 	// about the caller's rights is cached.
 	e2eMCPGrant(t, s, "nobody", s.ns, rbacv1.PolicyRule{APIGroups: []string{coderv1alpha1.GroupVersion.Group}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get"}})
-	waitFor(t, 30*time.Second, func() error {
+	testenv.WaitFor(t, 30*time.Second, func() error {
 		var d mcpserver.ControlPlaneDetail
 		if res := nobody.call(t, "get_control_plane", map[string]any{"namespace": s.ns, "name": "coder"}, &d); res.IsError {
 			return fmt.Errorf("after the grant: %s", e2eMCPText(res))
@@ -526,7 +526,7 @@ func testMCPDeleteWorkspace(t *testing.T, env *mcpEnv) {
 	if !d.Deleting || d.Name != wsName("ws-del") {
 		t.Errorf("delete_workspace result: %+v", d)
 	}
-	waitFor(t, 60*time.Second, func() error {
+	testenv.WaitFor(t, 60*time.Second, func() error {
 		_, err := s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-del", codersdk.WorkspaceOptions{})
 		if err == nil {
 			return errNotYet("coderd still has ws-del")
@@ -536,7 +536,7 @@ func testMCPDeleteWorkspace(t *testing.T, env *mcpEnv) {
 		}
 		return nil
 	})
-	waitFor(t, 30*time.Second, func() error {
+	testenv.WaitFor(t, 30*time.Second, func() error {
 		res := fullAgent.call(t, "get_workspace", map[string]any{"namespace": s.ns, "name": wsName("ws-del")}, nil)
 		if text := e2eMCPText(res); !res.IsError || !strings.Contains(text, "not found") {
 			return errNotYet(fmt.Sprintf("get_workspace after the delete: isError %v %q", res.IsError, text))
@@ -595,7 +595,7 @@ func testMCPControlPlanes(t *testing.T, env *mcpEnv) {
 	}
 
 	var ev mcpserver.EventList
-	waitFor(t, 30*time.Second, func() error {
+	testenv.WaitFor(t, 30*time.Second, func() error {
 		res := agent.call(t, "list_events", map[string]any{"namespace": s.ns, "kind": "CoderControlPlane", "name": "coder"}, &ev)
 		if res.IsError {
 			return fmt.Errorf("list_events: %s", e2eMCPText(res))

@@ -325,7 +325,7 @@ spec:
 		}
 		// A change made in Coder shows as drift, and re-applying heals it.
 		s.coderCLI(t, "templates", "edit", "gitops", "--display-name", "Changed in Coder", "--yes")
-		waitFor(t, 30*time.Second, func() error {
+		testenv.WaitFor(t, 30*time.Second, func() error {
 			out, code = s.kubectlCode(t, "diff", "--server-side", "--field-manager=argocd-controller", "-f", writeManifest(t, argoV2))
 			if code != 1 || !hasDiffLine(out, "-", "displayName: Changed in Coder") || !hasDiffLine(out, "+", "displayName: GitOps") {
 				return errNotYet(fmt.Sprintf("diff after the change in Coder: exit %d\n%s", code, out))
@@ -437,7 +437,7 @@ spec: {templateName: base, running: false}
 		gen(3, "a spec change (running)")
 		// A spec change made in Coder counts too.
 		s.coderCLI(t, "schedule", "stop", s.coder.Username+"/ws-gen", "2h")
-		waitFor(t, 30*time.Second, func() error {
+		testenv.WaitFor(t, 30*time.Second, func() error {
 			u := s.getObj(t, workspacesGVR, name)
 			if ttl, _, _ := unstructured.NestedInt64(u.Object, "spec", "ttlMillis"); ttl != int64(2*time.Hour/time.Millisecond) {
 				return errNotYet(fmt.Sprintf("spec.ttlMillis %d", ttl))
@@ -541,7 +541,7 @@ spec: {templateName: base, running: false}
 		if err := s.c.Delete(ctx, owner); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 120*time.Second, func() error {
+		testenv.WaitFor(t, 120*time.Second, func() error {
 			_, err := s.dyn.Resource(workspacesGVR).Namespace(s.ns).Get(ctx, name, metav1.GetOptions{})
 			if !apierrors.IsNotFound(err) {
 				return errNotYet(fmt.Sprintf("%s still there after its owner was deleted: %v", name, err))
@@ -677,7 +677,7 @@ spec: {templateName: base, running: false}
 			}
 		}()
 		s.coderCLI(t, "delete", s.coder.Username+"/ws-p1", "--yes")
-		waitFor(t, 90*time.Second, func() error {
+		testenv.WaitFor(t, 90*time.Second, func() error {
 			err := s.c.Get(ctx, key.NamespacedName(), &rec)
 			if !apierrors.IsNotFound(err) {
 				return errNotYet(fmt.Sprintf("record %s after coder delete: %v", key.NamespacedName(), err))
@@ -693,7 +693,7 @@ spec: {templateName: base, running: false}
 		s.op.Stop(30 * time.Second)
 		s.op = s.startOperator(t, OperatorOptions{})
 		s.routeAPIService(t, s.op)
-		waitFor(t, 60*time.Second, func() error {
+		testenv.WaitFor(t, 60*time.Second, func() error {
 			out, err := s.run("get", "cws", "-n", s.ns, "-o", "name", "-l", "example.com/team=old")
 			if err != nil {
 				return err

@@ -59,7 +59,7 @@ func TestMetrics(t *testing.T) {
 	createAdoptingControlPlane(t, s, freshNS, "coder", fresh.URL.String(), "")
 
 	// kubectl: a list, and a watch, which keeps the poller polling.
-	waitFor(t, 60*time.Second, func() error {
+	testenv.WaitFor(t, 60*time.Second, func() error {
 		out, err := s.run("get", "coderworkspaces", "-n", s.ns)
 		if err != nil {
 			return err
@@ -126,7 +126,7 @@ func TestMetrics(t *testing.T) {
 
 	var families map[string]*dto.MetricFamily
 	// The watch's poller runs every second; scrape until it has reported.
-	waitFor(t, 30*time.Second, func() error {
+	testenv.WaitFor(t, 30*time.Second, func() error {
 		families = scrapeMetrics(t, s.op.Metrics+"/metrics")
 		if seriesSum(families, "coder_k8s_poller_lag_seconds", map[string]string{"control_plane": cp, "kind": "CoderWorkspace"}) == nil {
 			return errNotYet("no poller lag yet")
@@ -410,7 +410,7 @@ func checkStandaloneMetrics(t *testing.T, s *aggStack, token, wsName string) map
 	tlsCfg.InsecureSkipVerify = true //nolint:gosec // self-signed fallback certificate
 	tlsCfg.RootCAs = nil
 	admin := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
-	waitFor(t, 60*time.Second, func() error {
+	testenv.WaitFor(t, 60*time.Second, func() error {
 		res, err := admin.Get(fmt.Sprintf("%s/apis/%s/namespaces/%s/coderworkspaces", agg.Aggregated, aggv1.SchemeGroupVersion, s.ns))
 		if err != nil {
 			return err

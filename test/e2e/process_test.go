@@ -34,7 +34,7 @@ func TestAllMode(t *testing.T) {
 	})
 
 	t.Run("this replica holds the leader lease", func(t *testing.T) {
-		waitFor(t, 30*time.Second, func() error {
+		testenv.WaitFor(t, 30*time.Second, func() error {
 			l, err := k.Clientset.CoordinationV1().Leases("default").Get(ctx, op.LeaseName, metav1.GetOptions{})
 			if err != nil {
 				return err
@@ -61,7 +61,7 @@ func TestAllMode(t *testing.T) {
 		tlsCfg.InsecureSkipVerify = true //nolint:gosec // self-signed fallback certificate
 		tlsCfg.RootCAs = nil
 		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg}}
-		waitFor(t, 20*time.Second, func() error {
+		testenv.WaitFor(t, 20*time.Second, func() error {
 			resp, err := c.Get(op.Aggregated + "/apis")
 			if err != nil {
 				return err
@@ -130,7 +130,7 @@ func TestStandaloneModes(t *testing.T) {
 // An invalid configuration stops the binary before it starts anything.
 func TestInvalidConfigurationStartsNothing(t *testing.T) {
 	op := StartOperator(t, OperatorOptions{Mode: "all", RunKubeconfig: "/nonexistent", ExtraConfig: "unknownKey: 1\n"})
-	waitFor(t, 10*time.Second, func() error {
+	testenv.WaitFor(t, 10*time.Second, func() error {
 		if exited, _ := op.Exited(); !exited {
 			return errNotYet("still running")
 		}
@@ -151,19 +151,3 @@ func TestInvalidConfigurationStartsNothing(t *testing.T) {
 type errNotYet string
 
 func (e errNotYet) Error() string { return string(e) }
-
-// waitFor polls check until it succeeds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}

@@ -152,7 +152,7 @@ func TestOperatorRunsWithTheChartRBAC(t *testing.T) {
 		assertChartIdentity(t, op)
 		forbidden := fmt.Sprintf(`leases.coordination.k8s.io is forbidden: User "%s" cannot create resource "leases" in API group "coordination.k8s.io" in the namespace "default"`,
 			op.Identity.Username)
-		waitFor(t, 30*time.Second, func() error {
+		testenv.WaitFor(t, 30*time.Second, func() error {
 			for _, line := range forbiddenRequests(t, op.LogPath, op.Identity.Username, k.KubeconfigPath) {
 				if strings.Contains(line, forbidden) {
 					return nil
@@ -184,7 +184,7 @@ func TestOperatorRunsWithTheChartRBAC(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 60*time.Second, func() error {
+		testenv.WaitFor(t, 60*time.Second, func() error {
 			l, err := k.Clientset.CoordinationV1().Leases("default").Get(ctx, lease, metav1.GetOptions{})
 			if err != nil {
 				return err

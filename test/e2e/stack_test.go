@@ -390,7 +390,7 @@ func waitOperatorAccess(t testing.TB, s *aggStack, ns, name, coderURL string, ti
 	t.Helper()
 	ctx := context.Background()
 	ccp := &coderv1alpha1.CoderControlPlane{}
-	waitFor(t, timeout, func() error {
+	testenv.WaitFor(t, timeout, func() error {
 		if err := s.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, ccp); err != nil {
 			return err
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // slowImport is how long the slow template's import takes: longer than
@@ -143,7 +144,7 @@ spec:
 		// The promoter records the failure with the end of the build log
 		// within a poll interval of the import ending.
 		var msg string
-		waitFor(t, 30*time.Second, func() error {
+		testenv.WaitFor(t, 30*time.Second, func() error {
 			msg = s.must(t, "get", "ctpl", "coder.fails", "-n", s.ns, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`)
 			if !strings.Contains(msg, "last log lines") {
 				return errNotYet("the BuildFailed message has no log lines yet: " + msg)
@@ -202,7 +203,7 @@ spec:
 		gate.hold()
 		reads := gate.reads()
 		s.must(t, "apply", "--server-side", "--force-conflicts", "-f", manifest("killed", gate.template()+"\noutput \"second\" {\n  value = 2\n}\n"))
-		waitFor(t, 90*time.Second, func() error {
+		testenv.WaitFor(t, 90*time.Second, func() error {
 			if gate.reads() == reads {
 				return errNotYet("the new version's import has not reached the gate")
 			}
@@ -217,7 +218,7 @@ spec:
 		if err := s.op.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 10*time.Second, func() error {
+		testenv.WaitFor(t, 10*time.Second, func() error {
 			if exited, _ := s.op.Exited(); !exited {
 				return errNotYet("the operator still runs after SIGKILL")
 			}

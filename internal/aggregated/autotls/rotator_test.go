@@ -292,21 +292,6 @@ func (f *fixture) verifiedLeaf(t *testing.T, addr string) (*x509.Certificate, er
 	return conn.ConnectionState().PeerCertificates[0], nil
 }
 
-func eventually(t *testing.T, timeout time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // Two replicas starting together, with only the RBAC the chart grants,
 // agree on one CA and one serving certificate, and put the CA into the
 // APIService.
@@ -322,7 +307,7 @@ func TestReplicasConvergeOnOneCA(t *testing.T) {
 	}
 
 	var secret *corev1.Secret
-	eventually(t, 10*time.Second, func() error {
+	testenv.WaitFor(t, 10*time.Second, func() error {
 		secret = f.secret(t)
 		for i, r := range replicas {
 			if cert, _ := r.ServingCert().CurrentCertKeyContent(); !bytes.Equal(cert, secret.Data[TLSCertKey]) {
@@ -419,14 +404,14 @@ func TestRenewalChangesTheServedCertificateWithoutRestart(t *testing.T) {
 	addr := serve(t, r)
 
 	var first *x509.Certificate
-	eventually(t, 10*time.Second, func() (err error) {
+	testenv.WaitFor(t, 10*time.Second, func() (err error) {
 		first, err = f.verifiedLeaf(t, addr)
 		return err
 	})
 	caPEM := f.secret(t).Data[CACertKey]
 
 	var renewed *x509.Certificate
-	eventually(t, 20*time.Second, func() error {
+	testenv.WaitFor(t, 20*time.Second, func() error {
 		leaf, err := f.verifiedLeaf(t, addr)
 		if err != nil {
 			return err
@@ -462,7 +447,7 @@ func TestCARotationKeepsTheServerTrusted(t *testing.T) {
 	run(t, r)
 	waitContent(t, r)
 	addr := serve(t, r)
-	eventually(t, 10*time.Second, func() error { _, err := f.verifiedLeaf(t, addr); return err })
+	testenv.WaitFor(t, 10*time.Second, func() error { _, err := f.verifiedLeaf(t, addr); return err })
 	oldCA := mustParse(t, f.secret(t).Data[CACertKey])
 
 	deadline := time.Now().Add(25 * time.Second)
@@ -504,13 +489,13 @@ func TestAPIServiceCABundleIsRestored(t *testing.T) {
 		}
 		return nil
 	}
-	eventually(t, 10*time.Second, want)
+	testenv.WaitFor(t, 10*time.Second, want)
 
 	f.updateAPIService(t, func(s *apiregistrationv1.APIServiceSpec) {
 		s.CABundle = nil
 		s.InsecureSkipTLSVerify = true
 	})
-	eventually(t, 5*time.Second, want)
+	testenv.WaitFor(t, 5*time.Second, want)
 }
 
 // The caBundle is never written into an APIService that routes to another

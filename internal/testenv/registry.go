@@ -1,0 +1,147 @@
+package testenv
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// Registry is an OCI registry (go-containerregistry's, in memory) on
+// loopback. For a node it also listens on the host's end of the node's
+// network, on the same port: containerd on the node maps the loopback name
+// to that address (a registry mirror), so one image name works for helm and
+// kubectl on the host and for the kubelet.
+type Registry struct {
+	// Host is 127.0.0.1:PORT, the registry part of image names.
+	Host string
+	// NodeEndpoint is http://<host IP>:PORT when the registry serves a
+	// node, else empty.
+	NodeEndpoint string
+
+	srv *http.Server
+}
+
+// StartRegistry serves a new, empty registry on 127.0.0.1 and on also.
+func StartRegistry(also net.IP) (*Registry, error) {
+	r := &Registry{srv: &http.Server{
+		Handler:           registry.New(registry.Logger(log.New(io.Discard, "", 0))),
+		ReadHeaderTimeout: 10 * time.Second,
+	}}
+	for attempt := 1; ; attempt++ {
+		lo, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("registry: %w", err)
+		}
+		port := lo.Addr().(*net.TCPAddr).Port
+		listeners := []net.Listener{lo}
+		if also != nil {
+			l, err := net.Listen("tcp", net.JoinHostPort(also.String(), strconv.Itoa(port)))
+			if err != nil {
+				lo.Close()
+				if attempt < 5 {
+					continue // the port is taken there: try another
+				}
+				return nil, fmt.Errorf("registry on %s: %w", also, err)
+			}
+			listeners = append(listeners, l)
+			r.NodeEndpoint = "http://" + l.Addr().String()
+		}
+		r.Host = lo.Addr().String()
+		for _, l := range listeners {
+			go func() { _ = r.srv.Serve(l) }() // ends at Close
+		}
+		return r, nil
+	}
+}
+
+// Close stops the registry.
+func (r *Registry) Close() { _ = r.srv.Close() }
+
+// Tag is the reference to repository:tag in this registry (plain HTTP).
+func (r *Registry) Tag(repoTag string) (name.Tag, error) {
+	return name.NewTag(r.Host+"/"+repoTag, name.Insecure)
+}
+
+// PushIndex pushes an image index as repository:tag and returns its name.
+func (r *Registry) PushIndex(ctx context.Context, repoTag string, idx v1.ImageIndex) (string, error) {
+	ref, err := r.Tag(repoTag)
+	if err != nil {
+		return "", err
+	}
+	if err := remote.WriteIndex(ref, idx, remote.WithContext(ctx)); err != nil {
+		return "", fmt.Errorf("push %s: %w", ref, err)
+	}
+	return ref.String(), nil
+}
+
+// PushImage pushes an image as repository:tag and returns its name.
+func (r *Registry) PushImage(ctx context.Context, repoTag string, img v1.Image) (string, error) {
+	ref, err := r.Tag(repoTag)
+	if err != nil {
+		return "", err
+	}
+	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+		return "", fmt.Errorf("push %s: %w", ref, err)
+	}
+	return ref.String(), nil
+}
+
+// binaryImage is an image of one static binary at /name, its entrypoint,
+// for this machine's platform, running as user. containerd ignores images
+// without a platform.
+func binaryImage(path, name string, user int) (v1.Image, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("image of %s: %w", path, err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(b); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+	if err != nil {
+		return nil, fmt.Errorf("image of %s: %w", path, err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return nil, fmt.Errorf("image of %s: %w", path, err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = runtime.GOOS, runtime.GOARCH
+	cf.Config.Entrypoint = []string{"/" + name}
+	cf.Config.User = strconv.Itoa(user)
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("image of %s", path), err)
+	}
+	return img, nil
+}
