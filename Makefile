@@ -2,6 +2,7 @@
 #
 #   make dev     the local stack (kube-apiserver, etcd, PostgreSQL, coderd) plus the operator
 #   make test    every test suite, against the real components built by `make tools`
+#   make set-version V=x.y.z   the release version (the chart's) everywhere at once
 
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -9,7 +10,15 @@ SHELL := /usr/bin/env bash
 
 GO      ?= go
 BIN     := $(CURDIR)/bin
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v0.0.0-dev)
+# The release version has one source: the chart's `version` in
+# charts/coder-k8s/Chart.yaml. Its appVersion (the image tag the chart
+# deploys by default), the tag `make image` gives the image, the binary's
+# version and the install commands in the READMEs follow it;
+# `make set-version V=x.y.z` changes them all at once and `make
+# check-version` (part of `make lint`) fails when one disagrees. A release
+# is the tag v$(VERSION) (.github/workflows/release.yaml checks it).
+CHART_DIR := charts/coder-k8s
+VERSION   := $(shell awk '$$1 == "version:" {gsub(/["\047]/, "", $$2); print $$2; exit}' $(CHART_DIR)/Chart.yaml)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/coder/coder-k8s/internal/version.version=$(VERSION) \
            -X github.com/coder/coder-k8s/internal/version.commit=$(COMMIT)
@@ -148,11 +157,12 @@ fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each.
 	  $(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) || exit 1; done
 
 .PHONY: lint
-lint: $(BIN)/staticcheck ## gofmt check, go vet and staticcheck.
+lint: $(BIN)/staticcheck $(BIN)/actionlint check-version ## gofmt check, go vet, staticcheck, actionlint on .github/workflows and check-version.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); \
 	  if [ -n "$$out" ]; then echo "gofmt needs to run on:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(BIN)/staticcheck ./...
+	$(BIN)/actionlint .github/workflows/*.yaml
 	@for m in $(GITOPS_MODULES) test/gitops/stack; do echo "go vet ./$$m/..."; (cd $$m && $(GO) vet ./...) || exit 1; done
 
 .PHONY: chart-lint
@@ -203,6 +213,44 @@ verify-generate: generate ## Fail when generated files differ from what is commi
 	  echo "generated files are out of date; run 'make generate' and commit:"; \
 	  git status --porcelain -- .; git diff --stat; exit 1; fi
 
+##@ Release (.github/workflows/release.yaml runs on a tag v<version>)
+
+# The places that name the release version besides Chart.yaml's `version`:
+# appVersion, the chart README's summary line, and README.md's
+# `helm install oci://...` command and ghcr.io references.
+SEMVER_RE      := ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$
+README_OCI_RE  := (oci://ghcr\.io/coder/charts/coder-k8s --version )[0-9][0-9A-Za-z.-]*
+README_REF_RE  := (ghcr\.io/coder/(charts/)?coder-k8s:)[0-9][0-9A-Za-z.-]*
+
+.PHONY: version
+version: ## Print the release version: the chart's version in charts/coder-k8s/Chart.yaml, the one source of it.
+	@echo $(VERSION)
+
+.PHONY: set-version
+set-version: ## Move the release version everywhere at once, V=x.y.z: Chart.yaml's version and appVersion, the chart README, README.md's install command.
+	@if ! [[ "$(V)" =~ $(SEMVER_RE) ]]; then echo "usage: make set-version V=x.y.z (SemVer, no leading v)"; exit 1; fi
+	sed -i -E -e 's/^version:.*/version: $(V)/' -e 's/^appVersion:.*/appVersion: "$(V)"/' $(CHART_DIR)/Chart.yaml
+	sed -i -E -e 's/^- Chart version [^,]+, app version [^ ]+ /- Chart version $(V), app version $(V) /' $(CHART_DIR)/README.md
+	sed -i -E -e 's#$(README_OCI_RE)#\1$(V)#g' -e 's#$(README_REF_RE)#\1$(V)#g' README.md
+	@$(MAKE) --no-print-directory check-version
+
+.PHONY: check-version
+check-version: ## Fail unless appVersion, the READMEs and values.yaml's image.tag (empty: appVersion) agree with Chart.yaml's version.
+	@v='$(VERSION)'; bad=0; \
+	  if ! [[ "$$v" =~ $(SEMVER_RE) ]]; then echo "$(CHART_DIR)/Chart.yaml: version '$$v' is not x.y.z"; bad=1; fi; \
+	  app=$$(awk '$$1 == "appVersion:" {gsub(/["\047]/, "", $$2); print $$2; exit}' $(CHART_DIR)/Chart.yaml); \
+	  if [ "$$app" != "$$v" ]; then echo "$(CHART_DIR)/Chart.yaml: appVersion '$$app', want '$$v' (its version)"; bad=1; fi; \
+	  tag=$$(awk '/^[^ #]/ {img = ($$1 == "image:")} img && $$1 == "tag:" {print $$2; exit}' $(CHART_DIR)/values.yaml); \
+	  if [ "$$tag" != '""' ]; then echo "$(CHART_DIR)/values.yaml: image.tag $$tag, want \"\" (the chart's appVersion)"; bad=1; fi; \
+	  if ! grep -qF -- "- Chart version $$v, app version $$v " $(CHART_DIR)/README.md; then \
+	    echo "$(CHART_DIR)/README.md: no '- Chart version $$v, app version $$v' line"; bad=1; fi; \
+	  if ! grep -qF -- "oci://ghcr.io/coder/charts/coder-k8s --version $$v" README.md; then \
+	    echo "README.md: no 'helm install ... oci://ghcr.io/coder/charts/coder-k8s --version $$v'"; bad=1; fi; \
+	  for r in $$(grep -oE -- '$(README_OCI_RE)|$(README_REF_RE)' README.md | grep -oE '[^ :]+$$' | sort -u); do \
+	    if [ "$$r" != "$$v" ]; then echo "README.md: names version $$r of the chart or image, want $$v"; bad=1; fi; done; \
+	  if [ $$bad != 0 ]; then echo "the release version is Chart.yaml's version: make set-version V=$$v"; exit 1; fi; \
+	  echo "version $$v: Chart.yaml, values.yaml and the READMEs agree"
+
 ##@ Tools (pinned, built from the Go modules under hack/tools into bin/)
 
 # Each binary depends on its helper module's go.mod and go.sum, so a second
@@ -221,7 +269,7 @@ KUBE_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
 
 CNI_PLUGINS := bridge host-local loopback portmap
 TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/kubectl-1.32 $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
-         $(BIN)/helm $(BIN)/ct $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen \
+         $(BIN)/helm $(BIN)/ct $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen $(BIN)/actionlint \
          $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy $(BIN)/pause $(CNI_PLUGINS:%=$(BIN)/cni/%)
 
 .PHONY: tools
@@ -294,6 +342,16 @@ $(BIN)/controller-gen: hack/tools/lint/go.mod hack/tools/lint/go.sum
 
 $(BIN)/openapi-gen: hack/tools/lint/go.mod hack/tools/lint/go.sum
 	cd hack/tools/lint && $(GO) build -trimpath -o $@ k8s.io/kube-openapi/cmd/openapi-gen
+
+# Its own module: actionlint's dependencies must not move the other tools'.
+# It runs shellcheck on every `run:` script when shellcheck is on PATH.
+$(BIN)/actionlint: hack/tools/actionlint/go.mod hack/tools/actionlint/go.sum
+	cd hack/tools/actionlint && $(GO) build -trimpath -o $@ github.com/rhysd/actionlint/cmd/actionlint
+
+# Pushes bin/image in the release workflow (not a test tool, so not in
+# TOOLS); hack/image's go-containerregistry, in a module of its own.
+$(BIN)/crane: hack/tools/crane/go.mod hack/tools/crane/go.sum
+	cd hack/tools/crane && $(GO) build -trimpath -o $@ github.com/google/go-containerregistry/cmd/crane
 
 # PostgreSQL and yamllint come from Debian; install them only when missing.
 .PHONY: postgresql
