@@ -1,6 +1,6 @@
 # coder-k8s — build, test and local stack.
 #
-#   make dev     the local stack (kube-apiserver, etcd, PostgreSQL, coderd) plus the operator
+#   make dev     the local stack (kube-apiserver, etcd, a node, PostgreSQL, coderd) plus the operator, installed with helm
 #   make test    every test suite, against the real components built by `make tools`
 #   make set-version V=x.y.z   the release version (the chart's) everywhere at once
 
@@ -70,8 +70,12 @@ image: ## Build the container image without Docker: an OCI image layout in bin/i
 ##@ Run
 
 .PHONY: dev
-dev: tools build build-dev ## Run the local stack (kube-apiserver, etcd, kube-controller-manager, PostgreSQL, coderd) plus coder-k8s; Ctrl-C stops it.
-	$(BIN)/dev --state-dir .dev --operator $(BIN)/coder-k8s
+# DEV_RUN=helm (default): coder-k8s installed with helm from the local OCI
+# registry onto the stack's real node; DEV_RUN=binary: the binary out of the
+# cluster, for fast iteration (no image to build).
+DEV_RUN ?= helm
+dev: tools build build-dev $(if $(filter helm,$(DEV_RUN)),image) ## Run the local stack (kube-apiserver, etcd, a node, PostgreSQL, coderd) plus coder-k8s installed with helm (DEV_RUN=binary: out of the cluster); Ctrl-C stops it.
+	$(BIN)/dev --state-dir .dev --operator $(BIN)/coder-k8s --run $(DEV_RUN)
 
 ##@ Test
 
@@ -270,7 +274,7 @@ KUBE_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
 CNI_PLUGINS := bridge host-local loopback portmap
 TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/kubectl-1.32 $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
          $(BIN)/helm $(BIN)/ct $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen $(BIN)/actionlint \
-         $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy $(BIN)/pause $(CNI_PLUGINS:%=$(BIN)/cni/%)
+         $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy $(BIN)/coredns $(BIN)/pause $(CNI_PLUGINS:%=$(BIN)/cni/%)
 
 .PHONY: tools
 tools: $(TOOLS) postgresql yamllint node-packages ## Build every pinned test binary into bin/ (cached).
@@ -286,10 +290,14 @@ $(BIN)/kube-controller-manager: hack/tools/kube/go.mod hack/tools/kube/go.sum
 	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kube-controller-manager
 
 # The test node (internal/testenv.StartNode): kubelet, kube-scheduler and
-# kube-proxy at kube-apiserver's version, the pod sandbox's pause, and the
-# CNI plugins its network configuration uses.
+# kube-proxy at kube-apiserver's version, its cluster DNS, the pod sandbox's
+# pause, and the CNI plugins its network configuration uses.
 $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy: hack/tools/kube/go.mod hack/tools/kube/go.sum
 	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+
+# The node's cluster DNS: CoreDNS with only the plugins it uses.
+$(BIN)/coredns: hack/tools/coredns/go.mod hack/tools/coredns/go.sum hack/tools/coredns/main.go
+	cd hack/tools/coredns && $(GO) build -trimpath -o $@ .
 
 $(BIN)/pause: hack/pause/main.go
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./hack/pause

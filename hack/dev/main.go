@@ -1,13 +1,18 @@
 // Command dev runs the local stack behind `make dev`: kube-apiserver + etcd,
-// kube-controller-manager (garbage collector, namespace controller),
-// PostgreSQL + coderd with a demo template and workspace, and coder-k8s in
-// all mode against them. It prints how to use the stack and stops
-// everything on Ctrl-C or SIGTERM.
+// kube-controller-manager, PostgreSQL + coderd with a demo template and
+// workspace, and coder-k8s in all mode against them. It prints how to use
+// the stack and stops everything on Ctrl-C or SIGTERM.
+//
+// coder-k8s runs the way users run it (--run helm, the default): on the
+// test stack's real node, from the image `make image` built and the chart,
+// both pushed to the node's OCI registry, installed with `helm install
+// oci://...`. --run binary runs the binary out of the cluster instead, as
+// the chart's ServiceAccount, for fast iteration.
 //
 // The GitOps engine suites (test/gitops, separate Go modules that cannot
-// import internal/testenv) run it with --demo=false --ready-file: the file
-// appears once the aggregated API serves the control plane's namespace and
-// tells them where everything is.
+// import internal/testenv) run it with --run binary --demo=false
+// --ready-file: the file appears once the aggregated API serves the control
+// plane's namespace and tells them where everything is.
 package main
 
 import (
@@ -15,6 +20,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -58,6 +64,7 @@ func main() {
 	operator := flag.String("operator", "bin/coder-k8s", "coder-k8s binary to run")
 	var o options
 	flag.BoolVar(&o.demo, "demo", true, "push a demo template and create a demo workspace in Coder")
+	flag.StringVar(&o.run, "run", "helm", "how coder-k8s runs: helm (the chart from the node's OCI registry, on a real node) or binary (out of the cluster)")
 	flag.StringVar(&o.readyFile, "ready-file", "", "once the stack serves the aggregated API, write KEY=value lines (KUBECONFIG, CODER_URL, CODER_SESSION_TOKEN_FILE, CODER_USERNAME, NAMESPACE) to this file")
 	flag.Parse()
 
@@ -71,6 +78,7 @@ func main() {
 
 type options struct {
 	demo      bool
+	run       string
 	readyFile string
 }
 
@@ -86,25 +94,52 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 		return fmt.Errorf("%s not found: run `make build`", operatorBin)
 	}
 
-	step("starting kube-apiserver and etcd")
-	kube, err := testenv.StartKubeAPI(ctx, testenv.KubeAPIOptions{})
+	if o.run != "helm" && o.run != "binary" {
+		return fmt.Errorf("--run %q: want helm or binary", o.run)
+	}
+	helm := o.run == "helm"
+	if helm {
+		step("starting kube-apiserver, etcd and a node (kubelet, containerd, kube-proxy, kube-scheduler, kube-controller-manager)")
+	} else {
+		step("starting kube-apiserver and etcd")
+	}
+	kubeOpts := testenv.KubeAPIOptions{Node: helm}
+	if helm {
+		// The chart installs the CRDs.
+		noCRDs := filepath.Join(stateDir, "no-crds")
+		if err := os.MkdirAll(noCRDs, 0o755); err != nil {
+			return err
+		}
+		kubeOpts.CRDDirs = []string{noCRDs}
+	}
+	kube, err := testenv.StartKubeAPI(ctx, kubeOpts)
 	if err != nil {
 		return err
 	}
 	defer kube.Stop()
-
-	// As in a cluster: the garbage collector deletes objects whose owner is
-	// gone (aggregated ones included), the namespace controller empties
-	// deleted namespaces.
-	step("starting kube-controller-manager (garbage collector, namespace controller)")
-	kcm, err := kube.StartControllerManager(ctx, "garbage-collector-controller", "namespace-controller")
-	if err != nil {
-		return err
+	var node *testenv.Node
+	coderOpts := testenv.CoderOptions{}
+	if helm {
+		if node, err = kube.StartNode(ctx); err != nil {
+			return err
+		}
+		defer node.Stop()
+		// Where the operator's pod reaches it.
+		coderOpts.Host = node.HostIP().String()
+	} else {
+		// As in a cluster: the garbage collector deletes objects whose
+		// owner is gone (aggregated ones included), the namespace
+		// controller empties deleted namespaces.
+		step("starting kube-controller-manager (garbage collector, namespace controller)")
+		kcm, err := kube.StartControllerManager(ctx, "garbage-collector-controller", "namespace-controller")
+		if err != nil {
+			return err
+		}
+		defer kcm.Stop(10 * time.Second)
 	}
-	defer kcm.Stop(10 * time.Second)
 
 	step("starting PostgreSQL and coderd (Terraform provisioner: OpenTofu)")
-	coder, err := testenv.StartCoder(ctx, testenv.CoderOptions{})
+	coder, err := testenv.StartCoder(ctx, coderOpts)
 	if err != nil {
 		return err
 	}
@@ -120,12 +155,20 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 		}
 	}
 
-	step("starting coder-k8s (app: all)")
-	op, err := startOperator(ctx, stateDir, operatorBin, kube, coder)
+	var op *operator
+	if helm {
+		step("installing coder-k8s with helm from the node's OCI registry (%s)", node.Registry.Host)
+		op, err = installChart(ctx, stateDir, kube, node)
+	} else {
+		step("starting coder-k8s (app: all)")
+		op, err = startOperator(ctx, stateDir, operatorBin, kube, coder)
+	}
 	if err != nil {
 		return err
 	}
-	defer op.proc.Stop(30 * time.Second)
+	if op.proc != nil {
+		defer op.proc.Stop(30 * time.Second)
+	}
 
 	step("adopting the dev coderd: CoderControlPlane %s/%s (externalURL)", serviceNamespace, controlPlaneName)
 	if err := adoptCoderd(ctx, kube, coder); err != nil {
@@ -136,8 +179,10 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 	if err := copyFile(kube.KubeconfigPath, kubeconfig); err != nil {
 		return err
 	}
-	if err := claimForRelease(ctx, kube); err != nil {
-		return err
+	if !helm {
+		if err := claimForRelease(ctx, kube); err != nil {
+			return err
+		}
 	}
 
 	step("creating ServiceAccount %s/%s for MCP clients", serviceNamespace, mcpAgent)
@@ -157,10 +202,10 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 	if o.readyFile != "" {
 		step("waiting for the aggregated API to serve namespace %s", serviceNamespace)
 		if err := waitServed(ctx, kube); err != nil {
-			return fmt.Errorf("%w (coder-k8s log: %s)", err, op.proc.LogPath)
+			return fmt.Errorf("%w (coder-k8s log: %s)", err, op.log)
 		}
 		ready := fmt.Sprintf("KUBECONFIG=%s\nCODER_URL=%s\nCODER_SESSION_TOKEN_FILE=%s\nCODER_USERNAME=%s\nNAMESPACE=%s\nOPERATOR_LOG=%s\n",
-			kubeconfig, coder.URL, tokenFile, coder.Username, serviceNamespace, op.proc.LogPath)
+			kubeconfig, coder.URL, tokenFile, coder.Username, serviceNamespace, op.log)
 		if err := writeFileAtomic(o.readyFile, []byte(ready)); err != nil {
 			return err
 		}
@@ -174,7 +219,7 @@ coder-k8s dev stack is up. In another shell:
   kubectl get lease -n %s                   # the controller's leader lease
   kubectl get coder -A                          # CoderControlPlane %s adopting the dev coderd
   kubectl get cws -A -o wide                    # Coder workspaces through the aggregated API
-  bin/helm install --dry-run coder-k8s charts/coder-k8s -n %s   # the chart against this stack
+  %s
   kubectl explain codertemplate.spec.files
   kubectl patch cws coder.%s.%s -n %s --type merge -p '{"spec":{"running":false}}'
   kubectl get cws -n %s -w                      # then, in a third shell, start it with the coder CLI:
@@ -185,7 +230,7 @@ Coder:        %s
   token:      %s
   workspace:  %s (template %s)
 coder-k8s:
-  health:     %s/readyz
+  health:     %s
   metrics:    %s/metrics
   MCP:        %s/mcp   (bearer token of ServiceAccount %s/%s: %s)
   aggregated: %s  (%s)
@@ -198,11 +243,11 @@ An MCP tool call (stateless: no session needed), for example:
     -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"list_workspaces","arguments":{}}}'
 
 Ctrl-C stops everything.
-`, kubeconfig, serviceNamespace, controlPlaneName, serviceNamespace,
+`, kubeconfig, serviceNamespace, controlPlaneName, op.chartHint,
 		coder.Username, demoWorkspace, serviceNamespace, serviceNamespace, coder.URL, tokenFile, coder.Username, demoWorkspace,
 		coder.URL, coder.Email, coder.Password, tokenFile,
 		demoWorkspace, demoTemplate, op.health, op.metrics, op.mcp, serviceNamespace, mcpAgent, mcpTokenFile,
-		op.aggregated, op.apiService, op.identity, op.proc.LogPath, op.mcp, mcpTokenFile)
+		op.aggregated, op.apiService, op.identity, op.log, op.mcp, mcpTokenFile)
 
 	select {
 	case <-ctx.Done():
@@ -214,15 +259,26 @@ Ctrl-C stops everything.
 	}
 }
 
+// operator is where the running coder-k8s answers, for the summary.
 type operator struct {
+	// proc is the out-of-cluster process (--run binary), else nil.
 	proc                                         *testenv.Process
 	health, metrics, mcp, aggregated, apiService string
 	// identity is the ServiceAccount coder-k8s authenticates as.
 	identity string
+	// log is its log file, or the command that shows it.
+	log string
+	// chartHint is a helm command to try against the stack.
+	chartHint string
 }
 
+// exited is closed when the out-of-cluster process ends; never for pods,
+// which the kubelet restarts.
 func (o *operator) exited() <-chan struct{} {
 	c := make(chan struct{})
+	if o.proc == nil {
+		return c
+	}
 	go func() {
 		for {
 			if done, _ := o.proc.Exited(); done {
@@ -302,7 +358,10 @@ config:
 		metrics:    "http://127.0.0.1:" + strconv.Itoa(ports["metrics"]),
 		mcp:        "http://127.0.0.1:" + strconv.Itoa(ports["mcp"]),
 		aggregated: "https://127.0.0.1:" + strconv.Itoa(ports["aggregated"]),
+		log:        proc.LogPath,
+		chartHint:  "bin/helm install --dry-run coder-k8s charts/coder-k8s -n " + serviceNamespace + "   # the chart against this stack",
 	}
+	op.health += "/readyz"
 	err = proc.WaitReady(ctx, time.Minute, func(ctx context.Context) error {
 		return httpOK(ctx, op.health+"/readyz")
 	})
@@ -539,4 +598,112 @@ func copyFile(from, to string) error {
 
 func step(format string, args ...any) {
 	fmt.Printf("==> "+format+"\n", args...)
+}
+
+// installChart installs coder-k8s the way users do: the image `make image`
+// built and the chart packaged from charts/coder-k8s go to the node's OCI
+// registry, then `helm install oci://...` runs with the values a user sets
+// for a private registry, and waits until the pods are Ready and the
+// aggregated API is served through them.
+func installChart(ctx context.Context, stateDir string, kube *testenv.KubeAPI, node *testenv.Node) (*operator, error) {
+	idx, err := testenv.ShippedImage()
+	if err != nil {
+		return nil, err
+	}
+	const imageTag = "dev"
+	if _, err := node.Registry.PushIndex(ctx, "coder-k8s:"+imageTag, idx); err != nil {
+		return nil, err
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	chartDir := filepath.Join(root, "charts", "coder-k8s")
+	var meta struct {
+		Version string `json:"version"`
+	}
+	if b, err := os.ReadFile(filepath.Join(chartDir, "Chart.yaml")); err != nil {
+		return nil, err
+	} else if err := yaml.Unmarshal(b, &meta); err != nil {
+		return nil, fmt.Errorf("%s/Chart.yaml: %w", chartDir, err)
+	}
+	helm, err := newHelm(stateDir, kube)
+	if err != nil {
+		return nil, err
+	}
+	pkgDir := filepath.Join(stateDir, "chart")
+	if err := os.MkdirAll(pkgDir, 0o755); err != nil {
+		return nil, err
+	}
+	if _, err := helm(ctx, "package", chartDir, "--destination", pkgDir); err != nil {
+		return nil, err
+	}
+	registry := "oci://" + node.Registry.Host + "/charts"
+	if _, err := helm(ctx, "push", filepath.Join(pkgDir, "coder-k8s-"+meta.Version+".tgz"), registry, "--plain-http"); err != nil {
+		return nil, err
+	}
+	values := fmt.Sprintf(`image: {registry: %q, repository: coder-k8s, tag: %s}
+config:
+  logging: {level: info, format: console}
+`, node.Registry.Host, imageTag)
+	valuesPath := filepath.Join(stateDir, "values.yaml")
+	if err := os.WriteFile(valuesPath, []byte(values), 0o600); err != nil {
+		return nil, fmt.Errorf("write %s: %w", valuesPath, err)
+	}
+	chartRef := registry + "/coder-k8s"
+	if _, err := helm(ctx, "install", releaseName, chartRef, "--version", meta.Version, "--plain-http",
+		"-n", serviceNamespace, "--create-namespace", "-f", valuesPath, "--wait", "--timeout", "5m"); err != nil {
+		return nil, err
+	}
+	if err := kube.WaitForDiscovery(ctx, aggregatedGroup+"/"+aggregatedVer, time.Minute); err != nil {
+		return nil, err
+	}
+	clusterURL := func(service string) (string, error) {
+		svc, err := kube.Clientset.CoreV1().Services(serviceNamespace).Get(ctx, service, metav1.GetOptions{})
+		if err != nil {
+			return "", fmt.Errorf("the chart's Service %s: %w", service, err)
+		}
+		return "http://" + net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port))), nil
+	}
+	op := &operator{
+		health:     "probed by the kubelet: kubectl get pods -n " + serviceNamespace,
+		aggregated: "Service " + serviceNamespace + "/" + serviceName,
+		apiService: "APIService v1alpha1.aggregation.coder.com",
+		identity:   "system:serviceaccount:" + serviceNamespace + ":" + releaseName,
+		log:        "kubectl logs -n " + serviceNamespace + " deploy/" + releaseName,
+		chartHint: fmt.Sprintf("bin/helm upgrade %s %s --version %s --plain-http -n %s --reuse-values --set replicas=2   # the release",
+			releaseName, chartRef, meta.Version, serviceNamespace),
+	}
+	// Service addresses: this machine routes them to the node, where
+	// kube-proxy forwards them to the pods, as for a client in the cluster.
+	if op.mcp, err = clusterURL(releaseName + "-mcp"); err != nil {
+		return nil, err
+	}
+	if op.metrics, err = clusterURL(releaseName + "-metrics"); err != nil {
+		return nil, err
+	}
+	return op, nil
+}
+
+// newHelm returns a runner of bin/helm against kube, with Helm's
+// configuration, cache and data under stateDir (the user's are left
+// alone).
+func newHelm(stateDir string, kube *testenv.KubeAPI) (func(ctx context.Context, args ...string) (string, error), error) {
+	bin, err := testenv.Binary("helm")
+	if err != nil {
+		return nil, err
+	}
+	home := filepath.Join(stateDir, "helm")
+	env := append(os.Environ(), "KUBECONFIG="+kube.KubeconfigPath,
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"))
+	return func(ctx context.Context, args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return string(out), fmt.Errorf("helm %s: %w\n%s", args[0], err, out)
+		}
+		return string(out), nil
+	}, nil
 }

@@ -39,9 +39,12 @@ type CoderOptions struct {
 	// server is started and no database created (for a database managed
 	// elsewhere). It takes precedence over Postgres.
 	PostgresURL string
-	// HTTPPort is the loopback port coderd listens on; 0 picks a free
-	// one. `make dev` sets it to get a stable URL.
+	// HTTPPort is the port coderd listens on; 0 picks a free one.
 	HTTPPort int
+	// Host is the address coderd listens on, which its URL and access
+	// URL name; empty means 127.0.0.1. `make dev` gives the host's end of
+	// its node's network (Node.HostIP), which pods reach too.
+	Host string
 	// StartTimeout bounds the wait for coderd to become ready; 0 means one
 	// minute. coderd itself retries an unreachable database for 30s.
 	StartTimeout time.Duration
@@ -106,6 +109,7 @@ type Coder struct {
 	// What StartServer needs to run coderd again as it ran first.
 	coderBin     string
 	env          []string
+	host         string
 	args         []string
 	startTimeout time.Duration
 }
@@ -175,12 +179,16 @@ func (c *Coder) start(ctx context.Context, opts CoderOptions, coderBin, binDir s
 		timeout = defaultCoderStartTimeout
 	}
 	c.coderBin, c.env, c.args, c.startTimeout = coderBin, env, opts.serverArgs(), timeout
+	c.host = opts.Host
+	if c.host == "" {
+		c.host = "127.0.0.1"
+	}
 	// FreePort leaves a window in which another process can take the port;
 	// on that (rare) race, try again with a new one.
 	for attempt := 1; ; attempt++ {
 		port := opts.HTTPPort
 		if port == 0 {
-			if port, err = FreePort(); err != nil {
+			if port, err = freePortOn(c.host); err != nil {
 				return err
 			}
 		}
@@ -232,7 +240,7 @@ func (c *Coder) environment(binDir string) ([]string, error) {
 // startServer runs `coder server` on port and waits until it is the one
 // answering there.
 func (c *Coder) startServer(ctx context.Context, coderBin string, env []string, port int, timeout time.Duration) error {
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	addr := net.JoinHostPort(c.host, strconv.Itoa(port))
 	c.URL = &url.URL{Scheme: "http", Host: addr}
 	cmd := exec.Command(coderBin, "server",
 		"--postgres-url", c.DatabaseURL,

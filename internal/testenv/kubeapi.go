@@ -141,6 +141,7 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 	api := k.env.ControlPlane.GetAPIServer()
 	api.CertDir = certDir
 	args := api.Configure()
+	// 10.0.0.1: the kubernetes Service in envtest's service range.
 	servingIPs := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv4(10, 0, 0, 1)}
 	if opts.Node {
 		if k.network, err = newNodeNetwork(ctx); err != nil {
@@ -154,7 +155,8 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 			return nil, err
 		}
 		api.SecureServing.Address, api.SecureServing.Port = host, strconv.Itoa(port)
-		servingIPs = append(servingIPs, k.network.HostIP)
+		servingIPs = []net.IP{net.IPv4(127, 0, 0, 1), k.network.KubernetesServiceIP, k.network.HostIP}
+		args.Set("service-cluster-ip-range", k.network.ServiceCIDR)
 		args.Set("advertise-address", host)
 		args.Set("enable-aggregator-routing", "true")
 		args.Set("kubelet-preferred-address-types", "InternalIP")

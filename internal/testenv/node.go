@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,17 +23,6 @@ const NodeName = "coder-k8s-node"
 // nodeStartTimeout bounds the wait for the node to become Ready.
 const nodeStartTimeout = 2 * time.Minute
 
-// nodeControllers are the kube-controller-manager controllers that pods,
-// Deployments and Services need on a real node.
-var nodeControllers = []string{
-	"deployment-controller", "replicaset-controller", "disruption-controller",
-	"endpoints-controller", "endpointslice-controller",
-	"serviceaccount-controller", "root-ca-certificate-publisher-controller",
-	"garbage-collector-controller", "namespace-controller", "pod-garbage-collector-controller",
-	// Removes the not-ready taint the kubelet registers the node with.
-	"node-lifecycle-controller",
-}
-
 // cniPlugins are the CNI plugins the node's network configuration uses,
 // built into bin/cni by make tools.
 var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
@@ -40,8 +30,7 @@ var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
 // Node is a real Kubernetes node for a KubeAPI started with
 // KubeAPIOptions.Node: the kubelet, containerd (with runc, from Debian),
 // kube-proxy and a CNI bridge run in the node's own network namespace;
-// kube-scheduler and the kube-controller-manager controllers pods need run
-// beside kube-apiserver. Its images come from Registry, which the node
+// kube-scheduler and kube-controller-manager run beside kube-apiserver. Its images come from Registry, which the node
 // reaches as a mirror of the registry's loopback name.
 type Node struct {
 	Name     string
@@ -61,7 +50,7 @@ func (k *KubeAPI) StartNode(ctx context.Context) (n *Node, err error) {
 		return nil, errors.New("start node: the KubeAPI was not started with KubeAPIOptions.Node")
 	}
 	bins := map[string]string{}
-	for _, name := range []string{"kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager", "pause"} {
+	for _, name := range []string{"kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager", "coredns", "pause"} {
 		if bins[name], err = Binary(name); err != nil {
 			return nil, err
 		}
@@ -102,10 +91,16 @@ func (k *KubeAPI) StartNode(ctx context.Context) (n *Node, err error) {
 	if err := n.startKubeProxy(bins["kube-proxy"]); err != nil {
 		return nil, err
 	}
+	if err := n.startClusterDNS(bins["coredns"]); err != nil {
+		return nil, err
+	}
 	if err := n.startKubelet(bins["kubelet"]); err != nil {
 		return nil, err
 	}
-	kcm, err := k.StartControllerManager(ctx, nodeControllers...)
+	// Every controller a cluster runs by default: Deployments, Services'
+	// endpoints, ServiceAccounts, the root CA, role aggregation, the node
+	// lifecycle (which lifts the not-ready taint) and the rest.
+	kcm, err := k.StartControllerManager(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -125,6 +120,11 @@ func (k *KubeAPI) StartNode(ctx context.Context) (n *Node, err error) {
 	}
 	return n, nil
 }
+
+// HostIP is the address at which the node and its pods reach this machine:
+// kube-apiserver and the registry listen there, and a coderd started with
+// CoderOptions.Host set to it is reachable from pods.
+func (n *Node) HostIP() net.IP { return n.k.network.HostIP }
 
 // NewNode starts a node for a test (see StartNode) and stops it when the
 // test ends, before the KubeAPI.
@@ -285,6 +285,40 @@ conntrack:
 	return err
 }
 
+// clusterDomain is the test cluster's DNS domain, as in most clusters.
+const clusterDomain = "cluster.local"
+
+// startClusterDNS runs CoreDNS with its kubernetes plugin in the node's
+// network namespace (port 53 of the node's address is what the kubelet
+// gives pods as their name server): Service and pod names under
+// cluster.local resolve as in a cluster, nothing else does (no route off
+// the machine, no forwarding).
+func (n *Node) startClusterDNS(bin string) error {
+	corefile := fmt.Sprintf(`%s:53 in-addr.arpa:53 {
+    errors
+    kubernetes %s in-addr.arpa {
+        kubeconfig %s
+        pods insecure
+    }
+}
+`, clusterDomain, clusterDomain, n.k.KubeconfigPath)
+	path := filepath.Join(n.dir, "Corefile")
+	if err := os.WriteFile(path, []byte(corefile), 0o644); err != nil {
+		return err
+	}
+	p, err := n.start("coredns", bin, "-conf", path)
+	if err != nil {
+		return err
+	}
+	// It serves once the kubernetes plugin has synced its caches.
+	return p.WaitReady(context.Background(), time.Minute, func(context.Context) error {
+		if log, _ := os.ReadFile(p.LogPath); !strings.Contains(string(log), "CoreDNS-") {
+			return errors.New("CoreDNS is not serving yet")
+		}
+		return nil
+	})
+}
+
 // startKubelet runs the kubelet in the node's network namespace. The
 // configuration suits this machine (cgroup v1, no swap accounting, no
 // resolv.conf for pods) and the test stack (the admin's credentials, any
@@ -309,6 +343,8 @@ resolvConf: ""
 evictionHard: {}
 localStorageCapacityIsolation: false
 serializeImagePulls: false
+clusterDomain: %s
+clusterDNS: [%q]
 containerRuntimeEndpoint: %q
 authentication:
   anonymous:
@@ -317,7 +353,7 @@ authentication:
     enabled: false
 authorization:
   mode: AlwaysAllow
-`, n.k.network.NodeIP.String(), "unix://"+n.containerdSocket())
+`, n.k.network.NodeIP.String(), clusterDomain, n.k.network.NodeIP.String(), "unix://"+n.containerdSocket())
 	configPath := filepath.Join(n.dir, "kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		return err

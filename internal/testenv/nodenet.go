@@ -23,16 +23,13 @@ const netnsDir = "/var/run/netns"
 // creates: ck8s-<owner pid>-<index>, so Sweep can tell whose it is.
 const nodeNetnsPrefix = "ck8s-"
 
-// serviceCIDR is kube-apiserver's --service-cluster-ip-range in the test
-// stack (envtest's), so the kubernetes Service is 10.0.0.1.
-const serviceCIDR = "10.0.0.0/24"
-
 // nodeNetwork is the private network of a test node: a network namespace
 // holding the node's end of a veth pair, whose host end carries the address
 // kube-apiserver and the registry listen on. Pods live on a bridge inside
-// the node's namespace; the host routes their subnet to the node and
-// nothing else: the node has no default route, so pod traffic stays on
-// this machine.
+// the node's namespace; the host routes their subnet and the Service
+// subnet to the node (where kube-proxy translates Service addresses), so
+// tests on the host reach Services as a pod would. The node has no
+// default route, so pod traffic stays on this machine.
 type nodeNetwork struct {
 	// Netns names the node's network namespace under /var/run/netns.
 	Netns string
@@ -43,6 +40,12 @@ type nodeNetwork struct {
 	NodeIP net.IP
 	// PodCIDR is the subnet of the node's pod bridge.
 	PodCIDR string
+	// ServiceCIDR is kube-apiserver's --service-cluster-ip-range, one per
+	// node so that the host's routes to several stacks' Services differ.
+	ServiceCIDR string
+	// KubernetesServiceIP is the kubernetes Service's address: the first
+	// of ServiceCIDR.
+	KubernetesServiceIP net.IP
 }
 
 // newNodeNetwork creates a node network with the first free index: the
@@ -64,10 +67,12 @@ func newNodeNetwork(ctx context.Context) (*nodeNetwork, error) {
 			return nil, fmt.Errorf("node network: %w", err)
 		}
 		n := &nodeNetwork{
-			Netns:   fmt.Sprintf("%s%d-%d", nodeNetnsPrefix, os.Getpid(), i),
-			HostIP:  net.IPv4(10, 251, byte(i), 1),
-			NodeIP:  net.IPv4(10, 251, byte(i), 2),
-			PodCIDR: fmt.Sprintf("10.252.%d.0/24", i),
+			Netns:               fmt.Sprintf("%s%d-%d", nodeNetnsPrefix, os.Getpid(), i),
+			HostIP:              net.IPv4(10, 251, byte(i), 1),
+			NodeIP:              net.IPv4(10, 251, byte(i), 2),
+			PodCIDR:             fmt.Sprintf("10.252.%d.0/24", i),
+			ServiceCIDR:         fmt.Sprintf("10.253.%d.0/24", i),
+			KubernetesServiceIP: net.IPv4(10, 253, byte(i), 1),
 		}
 		steps := [][]string{
 			{"ip", "netns", "add", n.Netns},
@@ -77,10 +82,12 @@ func newNodeNetwork(ctx context.Context) (*nodeNetwork, error) {
 			{"ip", "-n", n.Netns, "link", "set", "lo", "up"},
 			{"ip", "-n", n.Netns, "addr", "add", n.NodeIP.String() + "/30", "dev", nodeLink},
 			{"ip", "-n", n.Netns, "link", "set", nodeLink, "up"},
-			// Services resolve to kube-apiserver on the host; the node
-			// itself (host-network pods) routes them there.
-			{"ip", "-n", n.Netns, "route", "add", serviceCIDR, "via", n.HostIP.String()},
+			// Connections the node itself opens to a Service (host-network
+			// pods) need a route before kube-proxy's DNAT picks the
+			// endpoint.
+			{"ip", "-n", n.Netns, "route", "add", n.ServiceCIDR, "via", n.HostIP.String()},
 			{"ip", "route", "add", n.PodCIDR, "via", n.NodeIP.String(), "dev", hostLink},
+			{"ip", "route", "add", n.ServiceCIDR, "via", n.NodeIP.String(), "dev", hostLink},
 			// The node routes between its link and the pod bridge.
 			n.exec("sysctl", "-q", "-w", "net.ipv4.ip_forward=1"),
 		}

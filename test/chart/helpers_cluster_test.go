@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/releaseutil"
@@ -59,6 +60,36 @@ type cluster struct {
 // CRDs (the chart under test installs them) and connects to it.
 func newCluster(t *testing.T) *cluster {
 	return newClusterWith(t, testenv.KubeAPIOptions{})
+}
+
+// onNode is a cluster with the test stack's real node, whose registry
+// holds the image `make image` built.
+type onNode struct {
+	*cluster
+	node *testenv.Node
+	// idx is the image index pushed; image its name in the registry.
+	idx   v1.ImageIndex
+	image string
+}
+
+// newOnNode starts a cluster with a node and pushes the image `make image`
+// built to the node's registry as coder-k8s:imageTag.
+func newOnNode(t *testing.T, imageTag string) *onNode {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs the test stack's node, kube-apiserver, etcd and helm from bin/, and bin/image from make image")
+	}
+	idx, err := testenv.ShippedImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterWith(t, testenv.KubeAPIOptions{Node: true})
+	node := c.k.NewNode(t)
+	image, err := node.Registry.PushIndex(t.Context(), "coder-k8s:"+imageTag, idx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &onNode{cluster: c, node: node, idx: idx, image: image}
 }
 
 // newClusterWith is newCluster with options, for example a real node.

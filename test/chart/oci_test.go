@@ -1,24 +1,15 @@
 package chart
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,22 +27,13 @@ import (
 // pulls the image from that registry and becomes Ready, the APIService
 // becomes Available through it, and kubectl reads the aggregated API.
 func TestInstallFromOCIRegistry(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs the test stack's node, kube-apiserver, etcd and helm from bin/, and bin/image from make image")
-	}
-	idx := shippedImage(t)
-	c := newClusterWith(t, testenv.KubeAPIOptions{Node: true})
-	node := c.k.NewNode(t)
+	// The image, as a release pushes it.
+	const imageTag = "oci-test"
+	on := newOnNode(t, imageTag)
+	c, node, idx, pushedImage := on.cluster, on.node, on.idx, on.image
 	reg := node.Registry
 	host := reg.Host
 	ctx := context.Background()
-
-	// The image, as a release pushes it.
-	const imageTag = "oci-test"
-	pushedImage, err := reg.PushIndex(ctx, "coder-k8s:"+imageTag, idx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ref, err := reg.Tag("coder-k8s:" + imageTag)
 	if err != nil {
 		t.Fatal(err)
@@ -210,87 +192,5 @@ func waitAPIServiceAvailable(t *testing.T, c *cluster, name string, timeout time
 			t.Fatalf("APIService %s not Available after %s: %v", name, timeout, err)
 		}
 		time.Sleep(250 * time.Millisecond)
-	}
-}
-
-// shippedImage is the image in bin/image (`make image`) holding, for this
-// machine's platform, the binary `make build` ships from the sources as
-// they are.
-func shippedImage(t *testing.T) v1.ImageIndex {
-	t.Helper()
-	dir, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, err := testenv.ShippedBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := layout.FromPath(filepath.Join(dir, "image"))
-	if errors.Is(err, fs.ErrNotExist) {
-		t.Fatalf("%s not found: run `make image` (make test builds it)", filepath.Join(dir, "image"))
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	top, err := p.ImageIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := top.IndexManifest()
-	if err != nil || len(m.Manifests) != 1 {
-		t.Fatalf("bin/image: %v, %d entries, want the one `make image` writes", err, len(m.Manifests))
-	}
-	idx, err := top.ImageIndex(m.Manifests[0].Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range im.Manifests {
-		if d.Platform == nil || d.Platform.OS != runtime.GOOS || d.Platform.Architecture != runtime.GOARCH {
-			continue
-		}
-		img, err := idx.Image(d.Digest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		inImage := fileInImage(t, img, "coder-k8s")
-		shipped, err := os.ReadFile(bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(inImage, shipped) {
-			t.Fatalf("bin/image's /coder-k8s (%d bytes) is not %s (%d bytes): run `make image`", len(inImage), bin, len(shipped))
-		}
-		return idx
-	}
-	t.Fatalf("bin/image has no image for %s/%s: run `make image`", runtime.GOOS, runtime.GOARCH)
-	return nil
-}
-
-// fileInImage returns the content of path in img's file system.
-func fileInImage(t *testing.T, img v1.Image, path string) []byte {
-	t.Helper()
-	rc := mutate.Extract(img)
-	defer rc.Close()
-	tr := tar.NewReader(rc)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			t.Fatalf("the image has no %s", path)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.TrimPrefix(h.Name, "/") == path {
-			b, err := io.ReadAll(tr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		}
 	}
 }

@@ -77,7 +77,7 @@ func Start(ctx context.Context) (*Stack, error) {
 	}
 	ready := filepath.Join(dir, "ready.env")
 	s.cmd = exec.Command(filepath.Join(binDir, "dev"), "--state-dir", filepath.Join(dir, "state"),
-		"--operator", filepath.Join(binDir, "coder-k8s"), "--demo=false", "--ready-file", ready)
+		"--operator", filepath.Join(binDir, "coder-k8s"), "--run", "binary", "--demo=false", "--ready-file", ready)
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 	if err := s.cmd.Start(); err != nil {
 		logFile.Close()
