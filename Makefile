@@ -324,12 +324,14 @@ $(BIN)/kubectl-1.32: hack/tools/kubectl-old/go.mod hack/tools/kubectl-old/go.sum
 $(BIN)/etcd: hack/tools/etcd/go.mod hack/tools/etcd/go.sum hack/tools/etcd/main.go
 	cd hack/tools/etcd && $(GO) build -trimpath -o $@ .
 
+# Static, like Coder's and OpenTofu's releases: the test node runs them in
+# an image without a C library (testenv.CoderImage).
 $(BIN)/coder: hack/tools/coder/go.mod hack/tools/coder/go.sum hack/tools/coder/main.go
-	cd hack/tools/coder && $(GO) build -trimpath -ldflags "-X github.com/coder/coder/v2/buildinfo.tag=$(CODER_VERSION:v%=%)" -o $@ .
+	cd hack/tools/coder && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X github.com/coder/coder/v2/buildinfo.tag=$(CODER_VERSION:v%=%)" -o $@ .
 
 # OpenTofu, installed under the name coderd's provisioner looks for.
 $(BIN)/terraform: hack/tools/tofu/go.mod hack/tools/tofu/go.sum
-	cd hack/tools/tofu && $(GO) build -trimpath -o $@ github.com/opentofu/opentofu/cmd/tofu
+	cd hack/tools/tofu && CGO_ENABLED=0 $(GO) build -trimpath -o $@ github.com/opentofu/opentofu/cmd/tofu
 
 # Like helm's own release build: the Kubernetes version it assumes without a
 # cluster (helm template, lint) is the one of the client-go it is built with.

@@ -158,7 +158,7 @@ func (c *Coder) start(ctx context.Context, opts CoderOptions, coderBin, binDir s
 		}
 		c.DatabaseURL = db
 	default:
-		pg, err := StartPostgres(ctx)
+		pg, err := StartPostgres(ctx, PostgresOptions{})
 		if err != nil {
 			return fmt.Errorf("start coderd: %w", err)
 		}

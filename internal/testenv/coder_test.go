@@ -286,7 +286,7 @@ func TestCoderPostgres(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	start := time.Now()
-	pg, err := StartPostgres(ctx)
+	pg, err := StartPostgres(ctx, PostgresOptions{})
 	if err != nil {
 		t.Fatalf("start postgres: %v", err)
 	}

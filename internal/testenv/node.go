@@ -126,6 +126,9 @@ func (k *KubeAPI) StartNode(ctx context.Context) (n *Node, err error) {
 // CoderOptions.Host set to it is reachable from pods.
 func (n *Node) HostIP() net.IP { return n.k.network.HostIP }
 
+// PodCIDR is the subnet of the node's pods.
+func (n *Node) PodCIDR() string { return n.k.network.PodCIDR }
+
 // NewNode starts a node for a test (see StartNode) and stops it when the
 // test ends, before the KubeAPI.
 func (k *KubeAPI) NewNode(t testing.TB) *Node {

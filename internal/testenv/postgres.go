@@ -23,6 +23,14 @@ import (
 // connections; it normally takes well under a second.
 const postgresStartTimeout = 30 * time.Second
 
+// PostgresOptions tunes StartPostgres.
+type PostgresOptions struct {
+	// Node makes the server reachable from the node's pods too: it also
+	// listens on the node's HostIP and trusts the node's pod subnet (see
+	// NodeURL).
+	Node *Node
+}
+
 // Postgres is a private PostgreSQL server for one test or dev stack.
 type Postgres struct {
 	// URL connects to the server's default database "postgres", e.g.
@@ -35,6 +43,7 @@ type Postgres struct {
 
 	binDir string
 	cred   *syscall.Credential // nil unless we run as root
+	node   *Node
 
 	mu      sync.Mutex
 	stopped bool
@@ -42,7 +51,7 @@ type Postgres struct {
 
 // StartPostgres initialises a new cluster in a private directory and runs
 // postgres on a free loopback port, trusting every local connection.
-func StartPostgres(ctx context.Context) (*Postgres, error) {
+func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error) {
 	Sweep()
 	binDir, err := postgresBinDir()
 	if err != nil {
@@ -52,7 +61,7 @@ func StartPostgres(ctx context.Context) (*Postgres, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Postgres{DataDir: dir, binDir: binDir}
+	p := &Postgres{DataDir: dir, binDir: binDir, node: opts.Node}
 	if err := p.init(ctx); err != nil {
 		p.Stop()
 		return nil, err
@@ -121,7 +130,21 @@ func (p *Postgres) init(ctx context.Context) error {
 	// -N skips fsync: a test cluster need not survive a power cut.
 	cmd := p.command("initdb", "-D", p.pgdata(), "-A", "trust", "-U", "postgres",
 		"-E", "UTF8", "--locale=C", "-N", "--no-instructions")
-	return runToCompletion(ctx, "initdb", cmd, filepath.Join(p.DataDir, "initdb.log"))
+	if err := runToCompletion(ctx, "initdb", cmd, filepath.Join(p.DataDir, "initdb.log")); err != nil {
+		return err
+	}
+	if p.node == nil {
+		return nil
+	}
+	hba, err := os.OpenFile(filepath.Join(p.pgdata(), "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer hba.Close()
+	if _, err := fmt.Fprintf(hba, "host all all %s trust\n", p.node.PodCIDR()); err != nil {
+		return fmt.Errorf("postgres: pg_hba.conf: %w", err)
+	}
+	return nil
 }
 
 // start runs the server on a new free port and waits until it is the one
@@ -136,8 +159,12 @@ func (p *Postgres) start(ctx context.Context) error {
 	// Run postgres itself rather than `pg_ctl start`: pg_ctl daemonizes
 	// the server, which would escape Pdeathsig and the process group Stop
 	// signals. Durability settings are off because test data is disposable.
+	listen := "127.0.0.1"
+	if p.node != nil {
+		listen += "," + p.node.HostIP().String()
+	}
 	cmd := p.command("postgres", "-D", p.pgdata(), "-p", strconv.Itoa(port),
-		"-c", "listen_addresses=127.0.0.1",
+		"-c", "listen_addresses="+listen,
 		"-c", "unix_socket_directories="+p.pgdata(),
 		"-c", "fsync=off",
 		"-c", "synchronous_commit=off",
@@ -174,11 +201,17 @@ func (p *Postgres) start(ctx context.Context) error {
 	return nil
 }
 
-func (p *Postgres) databaseURL(db string) string {
+func (p *Postgres) databaseURL(db string) string { return p.urlOn("127.0.0.1", db) }
+
+// NodeURL is the URL of database db for the node's pods, when the server
+// was started with PostgresOptions.Node.
+func (p *Postgres) NodeURL(db string) string { return p.urlOn(p.node.HostIP().String(), db) }
+
+func (p *Postgres) urlOn(host, db string) string {
 	u := url.URL{
 		Scheme:   "postgres",
 		User:     url.User("postgres"),
-		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(p.Port)),
+		Host:     net.JoinHostPort(host, strconv.Itoa(p.Port)),
 		Path:     "/" + db,
 		RawQuery: "sslmode=disable",
 	}

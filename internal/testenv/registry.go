@@ -105,31 +105,83 @@ func (r *Registry) PushImage(ctx context.Context, repoTag string, img v1.Image) 
 }
 
 // binaryImage is an image of one static binary at /name, its entrypoint,
-// for this machine's platform, running as user. containerd ignores images
-// without a platform.
+// for this machine's platform, running as user.
 func binaryImage(path, name string, user int) (v1.Image, error) {
-	b, err := os.ReadFile(path)
+	return newImage([]imageFile{{path: name, src: path, mode: 0o755}},
+		v1.Config{Entrypoint: []string{"/" + name}, User: strconv.Itoa(user)})
+}
+
+// CoderImage is coderd's image laid out as Coder's release image is: the
+// coder binary the stack runs (bin/coder, static) at /opt/coder, the
+// entrypoint, and OpenTofu (bin/terraform) as terraform on PATH, running
+// as user 1000 with a writable /tmp as HOME. Its Terraform CLI
+// configuration is an empty file (see Coder.environment), so templates
+// without providers build with no network.
+func CoderImage() (v1.Image, error) {
+	coder, err := Binary("coder")
 	if err != nil {
-		return nil, fmt.Errorf("image of %s: %w", path, err)
+		return nil, err
 	}
+	tofu, err := Binary("terraform")
+	if err != nil {
+		return nil, err
+	}
+	return newImage([]imageFile{
+		{path: "opt/coder", src: coder, mode: 0o755},
+		{path: "usr/local/bin/terraform", src: tofu, mode: 0o755},
+		{path: "etc/terraform.rc", mode: 0o644},
+		{path: "tmp", dir: true, mode: 0o1777},
+	}, v1.Config{
+		Entrypoint: []string{"/opt/coder"},
+		User:       "1000",
+		Env:        []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "TF_CLI_CONFIG_FILE=/etc/terraform.rc"},
+	})
+}
+
+// imageFile is one entry of an image newImage builds: a directory, a copy
+// of a file on this machine (src), or an empty file.
+type imageFile struct {
+	path, src string
+	mode      int64
+	dir       bool
+}
+
+// newImage is a one-layer image of files with config cfg, for this
+// machine's platform (containerd ignores images without one).
+func newImage(files []imageFile, cfg v1.Config) (v1.Image, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
-		return nil, err
-	}
-	if _, err := tw.Write(b); err != nil {
-		return nil, err
+	for _, f := range files {
+		h := &tar.Header{Name: f.path, Mode: f.mode, Typeflag: tar.TypeReg}
+		var content []byte
+		switch {
+		case f.dir:
+			h.Typeflag, h.Name = tar.TypeDir, f.path+"/"
+		case f.src != "":
+			b, err := os.ReadFile(f.src)
+			if err != nil {
+				return nil, fmt.Errorf("image: %w", err)
+			}
+			content = b
+		}
+		h.Size = int64(len(content))
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(content); err != nil {
+			return nil, err
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return nil, err
 	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
 	if err != nil {
-		return nil, fmt.Errorf("image of %s: %w", path, err)
+		return nil, fmt.Errorf("image: %w", err)
 	}
 	img, err := mutate.AppendLayers(empty.Image, layer)
 	if err != nil {
-		return nil, fmt.Errorf("image of %s: %w", path, err)
+		return nil, fmt.Errorf("image: %w", err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
@@ -137,11 +189,10 @@ func binaryImage(path, name string, user int) (v1.Image, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = runtime.GOOS, runtime.GOARCH
-	cf.Config.Entrypoint = []string{"/" + name}
-	cf.Config.User = strconv.Itoa(user)
+	cf.Config = cfg
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("image of %s", path), err)
+		return nil, errors.Join(errors.New("image"), err)
 	}
 	return img, nil
 }
