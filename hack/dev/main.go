@@ -354,16 +354,15 @@ config:
 	op := &operator{
 		proc:       proc,
 		identity:   id.Username,
-		health:     "http://127.0.0.1:" + strconv.Itoa(ports["health"]),
+		health:     "http://127.0.0.1:" + strconv.Itoa(ports["health"]) + "/readyz",
 		metrics:    "http://127.0.0.1:" + strconv.Itoa(ports["metrics"]),
 		mcp:        "http://127.0.0.1:" + strconv.Itoa(ports["mcp"]),
 		aggregated: "https://127.0.0.1:" + strconv.Itoa(ports["aggregated"]),
 		log:        proc.LogPath,
 		chartHint:  "bin/helm install --dry-run coder-k8s charts/coder-k8s -n " + serviceNamespace + "   # the chart against this stack",
 	}
-	op.health += "/readyz"
 	err = proc.WaitReady(ctx, time.Minute, func(ctx context.Context) error {
-		return httpOK(ctx, op.health+"/readyz")
+		return httpOK(ctx, op.health)
 	})
 	if err != nil {
 		proc.Stop(10 * time.Second)
