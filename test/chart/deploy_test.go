@@ -115,9 +115,10 @@ spec:
 	var info struct {
 		Version string `json:"version"`
 	}
-	if err := getJSON(ctx, "http://"+net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port)))+"/api/v2/buildinfo", &info); err != nil {
-		t.Fatalf("coderd through its Service: %v", err)
-	}
+	// kube-proxy programs a new Service's endpoints asynchronously.
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		return getJSON(ctx, "http://"+net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port)))+"/api/v2/buildinfo", &info)
+	})
 	if !strings.HasPrefix(info.Version, "v2.30.0") {
 		t.Errorf("coderd reports version %q, want v2.30.0", info.Version)
 	}
