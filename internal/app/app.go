@@ -78,6 +78,7 @@ var modes = map[config.AppMode]runFunc{
 			Config: cfg.MCP,
 			// No cache in this mode: every read asks kube-apiserver.
 			Kube:  mcpserver.Kube{Cached: direct, Direct: direct, Clientset: cs},
+			REST:  kube.rest,
 			Ready: apiReachable(kube.rest),
 			Log:   log,
 		})
@@ -170,9 +171,12 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 		}
 		mcpSrv, err := mcpserver.New(mcpserver.Options{
 			Config: cfg.MCP,
-			Kube:   mcpserver.Kube{Cached: mgr.GetClient(), Direct: direct, Clientset: cs},
-			Ready:  cacheSynced,
-			Log:    log,
+			// The cache serves the tools only with mcp.auth none; callers'
+			// own clients read kube-apiserver directly.
+			Kube:  mcpserver.Kube{Cached: mgr.GetClient(), Direct: direct, Clientset: cs},
+			REST:  kube.rest,
+			Ready: cacheSynced,
+			Log:   log,
 		})
 		if err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -379,7 +380,7 @@ func TestMCPAuthNoneOnlyOnLoopback(t *testing.T) {
 		}
 		assertEqual(t, "mcp.auth", cfg.MCP.Auth, MCPAuthNone)
 	}
-	for _, addr := range []string{":8090", "0.0.0.0:8090", "[::]:8090", "10.0.0.7:8090", "[::ffff:10.0.0.7]:8090", "coder-k8s.example.com:8090", "127.0.0.1.example.com:8090"} {
+	for _, addr := range []string{"", ":8090", "0.0.0.0:8090", "[::]:8090", "10.0.0.7:8090", "[::ffff:10.0.0.7]:8090", "coder-k8s.example.com:8090", "127.0.0.1.example.com:8090", "localhost.example.com:8090"} {
 		_, err := Load(Source{File: writeFile(t, envelope+"mcp: {auth: none, bindAddress: \""+addr+"\"}\n"), Environ: []string{}})
 		want := `mcp.auth: Invalid value: "none": allowed only when mcp.bindAddress is a loopback address (127.0.0.0/8, ::1 or localhost), and it is "` + addr + `"`
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -393,6 +394,44 @@ func TestMCPAuthNoneOnlyOnLoopback(t *testing.T) {
 	// Kubernetes authentication may listen anywhere.
 	if _, err := Load(Source{File: writeFile(t, envelope+"mcp: {auth: kubernetes, bindAddress: \":8090\"}\n"), Environ: []string{}}); err != nil {
 		t.Errorf("auth kubernetes on all interfaces: %v", err)
+	}
+}
+
+// mcp.audiences and mcp.oauth: the metadata's URLs are checked where
+// they are written, with their field paths.
+func TestMCPOAuthValidation(t *testing.T) {
+	good := envelope + `mcp:
+  audiences: [coder-k8s-mcp]
+  oauth:
+    resource: https://mcp.example.com/mcp
+    authorizationServers: [https://issuer.example.com, https://login.example.com/realms/k8s]
+    scopes: [openid, groups]
+`
+	cfg, err := Load(Source{File: writeFile(t, good), Environ: []string{}})
+	if err != nil {
+		t.Fatalf("valid OAuth settings: %v", err)
+	}
+	if !slices.Equal(cfg.MCP.Audiences, []string{"coder-k8s-mcp"}) || cfg.MCP.OAuth.Resource != "https://mcp.example.com/mcp" ||
+		len(cfg.MCP.OAuth.AuthorizationServers) != 2 || !slices.Equal(cfg.MCP.OAuth.Scopes, []string{"openid", "groups"}) {
+		t.Errorf("loaded: %+v", cfg.MCP)
+	}
+	// http is fine on loopback, as clients reach a port-forward.
+	if _, err := Load(Source{File: writeFile(t, envelope+"mcp: {oauth: {resource: \"http://localhost:8090/mcp\"}}\n"), Environ: []string{}}); err != nil {
+		t.Errorf("http resource on localhost: %v", err)
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{`{audiences: [""]}`, `mcp.audiences[0]: Invalid value: "": must not be empty`},
+		{`{oauth: {resource: "mcp.example.com/mcp"}}`, `mcp.oauth.resource: Invalid value: "mcp.example.com/mcp": must be an absolute URL such as https://mcp.example.com/mcp`},
+		{`{oauth: {resource: "http://mcp.example.com/mcp"}}`, `mcp.oauth.resource: Invalid value: "http://mcp.example.com/mcp": must use https (http only on a loopback host)`},
+		{`{oauth: {resource: "https://mcp.example.com/mcp#x"}}`, `mcp.oauth.resource: Invalid value: "https://mcp.example.com/mcp#x": must not have a query or fragment`},
+		{`{oauth: {authorizationServers: ["http://issuer.example.com"]}}`, `mcp.oauth.authorizationServers[0]: Invalid value: "http://issuer.example.com": must be an issuer URL: https, with no query or fragment, such as https://issuer.example.com`},
+		{`{oauth: {authorizationServers: ["https://issuer.example.com", "https://issuer.example.com?x=1"]}}`, `mcp.oauth.authorizationServers[1]: Invalid value: "https://issuer.example.com?x=1": must be an issuer URL`},
+		{`{oauth: {scopes: ["open id"]}}`, `mcp.oauth.scopes[0]: Invalid value: "open id": must be a scope token: not empty, no spaces or quotes`},
+	} {
+		_, err := Load(Source{File: writeFile(t, envelope+"mcp: "+tc.yaml+"\n"), Environ: []string{}})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("mcp: %s: %v, want an error saying %q", tc.yaml, err, tc.want)
+		}
 	}
 }
 

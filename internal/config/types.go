@@ -258,12 +258,21 @@ type MCP struct {
 	// BindAddress serves /mcp, /healthz and /readyz.
 	BindAddress string `json:"bindAddress"`
 	// Auth is how agents authenticate: "kubernetes" (a bearer token checked
-	// with a TokenReview; every tool call is authorized with a
-	// SubjectAccessReview for the equivalent Kubernetes request) or "none"
-	// (no authentication, tools act with the operator's own rights: local
-	// development only, logged as a warning, and refused unless bindAddress
-	// is a loopback address: 127.0.0.0/8, ::1 or localhost).
+	// with a TokenReview; tools call kube-apiserver with that same token, so
+	// the caller's RBAC, admission and audit apply) or "none" (no
+	// authentication, tools act with the operator's own rights, which
+	// include nothing only the tools need: local development only, logged
+	// as a warning, and refused unless bindAddress is a loopback address:
+	// 127.0.0.0/8, ::1 or localhost).
 	Auth MCPAuth `json:"auth"`
+	// Audiences, when set, are sent with every TokenReview: a token must be
+	// valid for one of them. The tools forward the token to kube-apiserver,
+	// so it must be valid for kube-apiserver's audience too. Empty means
+	// kube-apiserver's own audiences.
+	Audiences []string `json:"audiences"`
+	// OAuth describes /mcp as an OAuth 2.0 protected resource (RFC 9728),
+	// so MCP clients can sign in with the cluster's identity provider.
+	OAuth MCPOAuth `json:"oauth"`
 	// ReadOnly registers no tool that changes anything.
 	ReadOnly bool `json:"readOnly"`
 	// AllowDestructiveTools registers tools that delete (delete_workspace).
@@ -280,6 +289,24 @@ type MCP struct {
 	// ToolTimeout bounds one tool call, including a bounded wait for a
 	// workspace build.
 	ToolTimeout Duration `json:"toolTimeout"`
+}
+
+// MCPOAuth is the protected resource metadata served at
+// /.well-known/oauth-protected-resource (with auth "kubernetes").
+type MCPOAuth struct {
+	// Resource is the URL of the /mcp endpoint as clients reach it (https,
+	// or http on a loopback host). Empty means the URL each request
+	// reached, scheme from the connection (X-Forwarded-Proto is not
+	// trusted): set it behind a TLS-terminating proxy.
+	Resource string `json:"resource"`
+	// AuthorizationServers are the issuer URLs (https) of the identity
+	// providers whose tokens kube-apiserver accepts, such as the cluster's
+	// OIDC issuer. Empty: the metadata names none and clients need a token
+	// handed to them.
+	AuthorizationServers []string `json:"authorizationServers"`
+	// Scopes are the OAuth scopes clients should ask for (scopes_supported),
+	// for example openid and the scope that puts groups in the token.
+	Scopes []string `json:"scopes"`
 }
 
 // MCPAuth selects how MCP callers authenticate.

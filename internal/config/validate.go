@@ -223,6 +223,43 @@ func validateMCP(m *MCP, p *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(p.Child("allowTools").Index(i), name, "is also in denyTools"))
 		}
 	}
+	for i, a := range m.Audiences {
+		if strings.TrimSpace(a) == "" {
+			errs = append(errs, field.Invalid(p.Child("audiences").Index(i), a, "must not be empty"))
+		}
+	}
+	errs = append(errs, validateMCPOAuth(&m.OAuth, p.Child("oauth"))...)
+	return errs
+}
+
+// validateMCPOAuth checks the protected resource metadata's URLs: the
+// resource is what clients compare the metadata with, the authorization
+// servers are issuer identifiers (RFC 8414: https, no query or fragment).
+func validateMCPOAuth(o *MCPOAuth, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if o.Resource != "" {
+		u, err := url.Parse(o.Resource)
+		switch {
+		case err != nil || !u.IsAbs() || u.Host == "" || u.User != nil:
+			errs = append(errs, field.Invalid(p.Child("resource"), o.Resource, "must be an absolute URL such as https://mcp.example.com/mcp"))
+		case u.Scheme != "https" && !(u.Scheme == "http" && loopbackHost(u.Hostname())):
+			errs = append(errs, field.Invalid(p.Child("resource"), o.Resource, "must use https (http only on a loopback host)"))
+		case u.Fragment != "" || u.RawQuery != "":
+			errs = append(errs, field.Invalid(p.Child("resource"), o.Resource, "must not have a query or fragment"))
+		}
+	}
+	for i, s := range o.AuthorizationServers {
+		u, err := url.Parse(s)
+		if err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			errs = append(errs, field.Invalid(p.Child("authorizationServers").Index(i), s,
+				"must be an issuer URL: https, with no query or fragment, such as https://issuer.example.com"))
+		}
+	}
+	for i, s := range o.Scopes {
+		if s == "" || strings.ContainsAny(s, " \"\\") {
+			errs = append(errs, field.Invalid(p.Child("scopes").Index(i), s, "must be a scope token: not empty, no spaces or quotes"))
+		}
+	}
 	return errs
 }
 
@@ -233,6 +270,11 @@ func loopbackAddress(addr string) bool {
 	if err != nil {
 		return false
 	}
+	return loopbackHost(host)
+}
+
+// loopbackHost reports whether host names this machine only.
+func loopbackHost(host string) bool {
 	if strings.EqualFold(host, "localhost") {
 		return true
 	}

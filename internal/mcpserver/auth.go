@@ -3,10 +3,11 @@ package mcpserver
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,14 +15,19 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sync/singleflight"
 	authenticationv1 "k8s.io/api/authentication/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
 
-// tokenCacheTTL is how long a TokenReview answer is reused: agents call
-// tools in bursts, and a revoked token stops working within this time.
+// tokenCacheTTL is how long a TokenReview answer, and the clients built
+// for the caller it names, are reused: agents call tools in bursts, and a
+// revoked token stops working within this time.
 const tokenCacheTTL = 10 * time.Second
+
+// maxCachedCallers bounds the authenticated callers remembered at once;
+// each holds its own Kubernetes clients. One evicted early costs a
+// TokenReview and new clients, nothing else.
+const maxCachedCallers = 1000
 
 // Rejected tokens are remembered briefly too, so that a caller repeating a
 // bad token (a misconfigured agent, or someone probing) cannot make every
@@ -32,22 +38,47 @@ const (
 	maxCachedFailure = 10000
 )
 
-// identityKey holds the caller's Kubernetes identity in auth.TokenInfo.Extra.
-const identityKey = "kubernetes.identity"
+// callerKey holds the *caller in auth.TokenInfo.Extra.
+const callerKey = "kubernetes.caller"
 
 // identity is who an agent is in Kubernetes, from a TokenReview.
 type identity struct {
 	User   string
 	UID    string
 	Groups []string
-	Extra  map[string]authorizationv1.ExtraValue
+}
+
+// caller is an authenticated agent: who it is, and the Kubernetes clients
+// that act as it (its own bearer token), built on its first tool call.
+type caller struct {
+	id *identity
+
+	once  sync.Once
+	build func() (Kube, error)
+	kube  Kube
+	err   error
+}
+
+// clients returns the clients that send the caller's token.
+func (c *caller) clients() (Kube, error) {
+	c.once.Do(func() {
+		c.kube, c.err = c.build()
+		c.build = nil // drops the closure holding the token
+	})
+	return c.kube, c.err
 }
 
 // tokenReviewer checks bearer tokens with kube-apiserver's TokenReview.
-// Its caches are keyed by a SHA-256 of the token; tokens are never kept.
+// Its caches are keyed by a SHA-256 of the token; the token itself is kept
+// only inside the clients built for its caller, which must send it.
 type tokenReviewer struct {
 	kube kubernetes.Interface
-	now  func() time.Time
+	// audiences, when set, are sent with every review and the token must
+	// be valid for one of them.
+	audiences []string
+	// clientsFor builds the clients that act with token.
+	clientsFor func(token string) (Kube, error)
+	now        func() time.Time
 	// inflight makes concurrent checks of one token share one TokenReview.
 	inflight singleflight.Group
 
@@ -57,7 +88,7 @@ type tokenReviewer struct {
 }
 
 type cachedReview struct {
-	id      *identity
+	caller  *caller
 	expires time.Time
 }
 
@@ -67,8 +98,8 @@ type failedReview struct {
 	expires time.Time
 }
 
-func newTokenReviewer(kube kubernetes.Interface) *tokenReviewer {
-	return &tokenReviewer{kube: kube, now: time.Now,
+func newTokenReviewer(kube kubernetes.Interface, audiences []string, clientsFor func(string) (Kube, error)) *tokenReviewer {
+	return &tokenReviewer{kube: kube, audiences: audiences, clientsFor: clientsFor, now: time.Now,
 		cache: map[[sha256.Size]byte]cachedReview{}, failures: map[[sha256.Size]byte]failedReview{}}
 }
 
@@ -94,16 +125,16 @@ func (r *tokenReviewer) verify(ctx context.Context, token string, _ *http.Reques
 			c, msg = res.Val.(reviewed).ok, res.Val.(reviewed).rejected
 		}
 	}
-	if c.id == nil {
+	if c.caller == nil {
 		return nil, fmt.Errorf("%s: %w", msg, auth.ErrInvalidToken)
 	}
-	return &auth.TokenInfo{UserID: c.id.User, Expiration: c.expires, Extra: map[string]any{identityKey: c.id}}, nil
+	return &auth.TokenInfo{UserID: c.caller.id.User, Expiration: c.expires, Extra: map[string]any{callerKey: c.caller}}, nil
 }
 
 // tokenReviewTimeout bounds one TokenReview.
 const tokenReviewTimeout = 10 * time.Second
 
-// reviewed is a TokenReview's outcome: ok.id set, or why the token was
+// reviewed is a TokenReview's outcome: ok.caller set, or why the token was
 // rejected.
 type reviewed struct {
 	ok       cachedReview
@@ -111,7 +142,7 @@ type reviewed struct {
 }
 
 // cached returns the remembered outcome for the token hashed to key:
-// c.id set when it was authenticated, msg when it was rejected.
+// c.caller set when it was authenticated, msg when it was rejected.
 func (r *tokenReviewer) cached(key [sha256.Size]byte) (c cachedReview, msg string, ok bool) {
 	now := r.now()
 	r.mu.Lock()
@@ -134,7 +165,7 @@ func (r *tokenReviewer) cached(key [sha256.Size]byte) (c cachedReview, msg strin
 // review asks kube-apiserver about token and remembers the answer.
 func (r *tokenReviewer) review(ctx context.Context, key [sha256.Size]byte, token string) (reviewed, error) {
 	review, err := r.kube.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
-		Spec: authenticationv1.TokenReviewSpec{Token: token},
+		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: r.audiences},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		// Not the caller's fault, and not remembered: a 500 says so,
@@ -142,39 +173,57 @@ func (r *tokenReviewer) review(ctx context.Context, key [sha256.Size]byte, token
 		return reviewed{}, fmt.Errorf("check the token with kube-apiserver: %w", err)
 	}
 	now := r.now()
+	if msg := r.rejection(review); msg != "" {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		remember(r.failures, key, failedReview{msg: msg, expires: now.Add(failureCacheTTL)}, maxCachedFailure, now,
+			func(f failedReview) time.Time { return f.expires })
+		return reviewed{rejected: msg}, nil
+	}
+	u := review.Status.User
+	c := cachedReview{expires: now.Add(tokenCacheTTL), caller: &caller{
+		id:    &identity{User: u.Username, UID: u.UID, Groups: u.Groups},
+		build: func() (Kube, error) { return r.clientsFor(token) },
+	}}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	remember(r.cache, key, c, maxCachedCallers, now, func(c cachedReview) time.Time { return c.expires })
+	return reviewed{ok: c}, nil
+}
+
+// rejection says why review does not authenticate its token for this
+// server, or "" when it does.
+func (r *tokenReviewer) rejection(review *authenticationv1.TokenReview) string {
 	if !review.Status.Authenticated {
 		msg := "the bearer token is not valid for this cluster"
 		if review.Status.Error != "" {
 			msg += ": " + review.Status.Error
 		}
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if len(r.failures) >= maxCachedFailure {
-			pruneExpired(r.failures, now, func(f failedReview) time.Time { return f.expires })
-		}
-		// Still full of live entries: drop some at random (map order).
-		for k := range r.failures {
-			if len(r.failures) < maxCachedFailure {
-				break
-			}
-			delete(r.failures, k)
-		}
-		r.failures[key] = failedReview{msg: msg, expires: now.Add(failureCacheTTL)}
-		return reviewed{rejected: msg}, nil
+		return msg
 	}
-	u := review.Status.User
-	id := &identity{User: u.Username, UID: u.UID, Groups: u.Groups, Extra: map[string]authorizationv1.ExtraValue{}}
-	for k, v := range u.Extra {
-		id.Extra[k] = authorizationv1.ExtraValue(v)
+	// An authenticator that ignores audiences answers with none of those
+	// asked for; the token is then not known to be meant for this server
+	// (the TokenReview API's own advice).
+	if len(r.audiences) > 0 && !slices.ContainsFunc(review.Status.Audiences, func(a string) bool { return slices.Contains(r.audiences, a) }) {
+		return fmt.Sprintf("the bearer token is not meant for this server: its audiences %q include none of mcp.audiences %q",
+			review.Status.Audiences, r.audiences)
 	}
-	c := cachedReview{id: id, expires: now.Add(tokenCacheTTL)}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	// Drop expired entries so the cache stays as small as the set of
-	// active tokens.
-	pruneExpired(r.cache, now, func(c cachedReview) time.Time { return c.expires })
-	r.cache[key] = c
-	return reviewed{ok: c}, nil
+	return ""
+}
+
+// remember stores v under key in m, keeping m at most bound entries:
+// expired ones go first, then others at random (map order).
+func remember[V any](m map[[sha256.Size]byte]V, key [sha256.Size]byte, v V, bound int, now time.Time, expires func(V) time.Time) {
+	if len(m) >= bound {
+		pruneExpired(m, now, expires)
+	}
+	for k := range m {
+		if len(m) < bound {
+			break
+		}
+		delete(m, k)
+	}
+	m[key] = v
 }
 
 // pruneExpired deletes the entries of m that expired before now.
@@ -186,145 +235,33 @@ func pruneExpired[V any](m map[[sha256.Size]byte]V, now time.Time, expires func(
 	}
 }
 
-// errForbidden marks a tool call the caller's RBAC does not allow.
-var errForbidden = errors.New("forbidden")
+// errNoCaller is a tool call that reached a handler without an
+// authenticated caller: a bug, since the HTTP layer requires one.
+var errNoCaller = errors.New("no authenticated caller")
 
-// Allowed SubjectAccessReviews are remembered for accessCacheTTL: agents
-// call tools in bursts, and each review is a request to kube-apiserver,
-// rate limited with all of coder-k8s's others. A permission revoked keeps
-// working for at most that long, as a revoked token does (tokenCacheTTL);
-// denials are not remembered, so a permission just granted works at once.
-// The bound keeps the memory of many callers and objects small.
-const (
-	accessCacheTTL  = 10 * time.Second
-	maxCachedAccess = 10000
-)
-
-// authorizer checks tool calls against the caller's RBAC.
-type authorizer struct {
-	kube kubernetes.Interface
-	// none means auth "none": every call is allowed (local development).
-	none bool
-	now  func() time.Time
-
-	mu sync.Mutex
-	// allowed maps a hash of (identity, access) to when the allowance
-	// expires.
-	allowed map[[sha256.Size]byte]time.Time
-}
-
-func newAuthorizer(kube kubernetes.Interface, none bool) *authorizer {
-	return &authorizer{kube: kube, none: none, now: time.Now, allowed: map[[sha256.Size]byte]time.Time{}}
-}
-
-// access is the Kubernetes request a tool call amounts to.
-type access struct {
-	Verb, Group, Resource, Subresource, Namespace, Name string
-}
-
-func (a access) String() string {
-	r := a.Resource
-	if a.Group != "" {
-		r += "." + a.Group
-	}
-	if a.Subresource != "" {
-		r += "/" + a.Subresource
-	}
-	s := a.Verb + " " + r
-	if a.Name != "" {
-		s += " " + a.Name
-	}
-	if a.Namespace != "" {
-		return s + " in namespace " + a.Namespace
-	}
-	return s + " in all namespaces"
-}
-
-// authorize asks kube-apiserver whether the caller of req may do a.
-func (a *authorizer) authorize(ctx context.Context, req *mcp.CallToolRequest, acc access) error {
-	if a.none {
-		return nil
-	}
-	id := identityOf(req)
-	if id == nil {
-		return fmt.Errorf("no authenticated caller: %w", errForbidden)
-	}
-	key, err := accessKey(id, acc)
-	if err != nil {
-		return err
-	}
-	if a.wasAllowed(key) {
-		return nil
-	}
-	sar, err := a.kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
-		Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: id.User, UID: id.UID, Groups: id.Groups, Extra: id.Extra,
-			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Verb: acc.Verb, Group: acc.Group, Resource: acc.Resource, Subresource: acc.Subresource,
-				Namespace: acc.Namespace, Name: acc.Name,
-			},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("check %q's permission to %s with kube-apiserver: %w", id.User, acc, err)
-	}
-	if !sar.Status.Allowed {
-		msg := fmt.Sprintf("%q may not %s (the same RBAC as kubectl applies; ask for a Role granting it)", id.User, acc)
-		if sar.Status.Reason != "" {
-			msg += ": " + sar.Status.Reason
-		}
-		return fmt.Errorf("%s: %w", msg, errForbidden)
-	}
-	a.remember(key)
-	return nil
-}
-
-// accessKey hashes everything a SubjectAccessReview is asked about.
-func accessKey(id *identity, acc access) ([sha256.Size]byte, error) {
-	// JSON orders map keys, so equal identities give equal bytes.
-	b, err := json.Marshal(struct {
-		ID  *identity
-		Acc access
-	}{id, acc})
-	if err != nil {
-		return [sha256.Size]byte{}, fmt.Errorf("authorization cache key: %w", err)
-	}
-	return sha256.Sum256(b), nil
-}
-
-func (a *authorizer) wasAllowed(key [sha256.Size]byte) bool {
-	now := a.now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	exp, ok := a.allowed[key]
-	if ok && !now.Before(exp) {
-		delete(a.allowed, key)
-		return false
-	}
-	return ok
-}
-
-func (a *authorizer) remember(key [sha256.Size]byte) {
-	now := a.now()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.allowed) >= maxCachedAccess {
-		pruneExpired(a.allowed, now, func(exp time.Time) time.Time { return exp })
-	}
-	// Still full of live entries: drop some at random (map order).
-	for k := range a.allowed {
-		if len(a.allowed) < maxCachedAccess {
-			break
-		}
-		delete(a.allowed, k)
-	}
-	a.allowed[key] = now.Add(accessCacheTTL)
-}
-
-func identityOf(req *mcp.CallToolRequest) *identity {
+func callerOf(req *mcp.CallToolRequest) *caller {
 	if req == nil || req.Extra == nil || req.Extra.TokenInfo == nil {
 		return nil
 	}
-	id, _ := req.Extra.TokenInfo.Extra[identityKey].(*identity)
-	return id
+	c, _ := req.Extra.TokenInfo.Extra[callerKey].(*caller)
+	return c
+}
+
+func identityOf(req *mcp.CallToolRequest) *identity {
+	if c := callerOf(req); c != nil {
+		return c.id
+	}
+	return nil
+}
+
+// challenge is the WWW-Authenticate value of a 401 from /mcp (RFC 9728
+// §5.1, RFC 6750 §3): where the protected resource metadata is, and
+// invalid_token when a token was sent but not accepted. A request without
+// one gets no error code, as RFC 6750 §3.1 asks.
+func challenge(metadataURL string, r *http.Request) string {
+	v := fmt.Sprintf("Bearer resource_metadata=%q", metadataURL)
+	if f := strings.Fields(r.Header.Get("Authorization")); len(f) == 2 && strings.EqualFold(f[0], "bearer") {
+		v += `, error="invalid_token"`
+	}
+	return v
 }

@@ -158,15 +158,11 @@ type SetRunningResult struct {
 	WaitedSecs float64         `json:"waitedSeconds"`
 }
 
-var (
-	workspacesResource = access{Group: aggv1.GroupName, Resource: "coderworkspaces"}
-	templatesResource  = access{Group: aggv1.GroupName, Resource: "codertemplates"}
+// The aggregated resources the tools read and write.
+const (
+	workspacesResource = "coderworkspaces"
+	templatesResource  = "codertemplates"
 )
-
-func (a access) with(verb, namespace, name string) access {
-	a.Verb, a.Namespace, a.Name = verb, namespace, name
-	return a
-}
 
 func (s *Server) templateTools() []tool {
 	return []tool{
@@ -184,11 +180,8 @@ func (s *Server) templateTools() []tool {
 }
 
 func listTemplates(ctx context.Context, c *call, in ListInput) (TemplateList, error) {
-	if err := c.authorize(ctx, templatesResource.with("list", in.Namespace, "")); err != nil {
-		return TemplateList{}, err
-	}
 	var list partialList[templateRowSource]
-	if err := c.listPartial(ctx, templatesResource.Resource, in.Namespace, listQuery(in.Continue), &list); err != nil {
+	if err := c.listPartial(ctx, templatesResource, in.Namespace, listQuery(in.Continue), &list); err != nil {
 		return TemplateList{}, fmt.Errorf("list codertemplates: %w", err)
 	}
 	if err := sortListed(ctx, c, in.Namespace, list.Items, errNoNamespace); err != nil {
@@ -225,7 +218,7 @@ func (t *templateRowSource) row() TemplateRow {
 }
 
 func getTemplate(ctx context.Context, c *call, in GetTemplateInput) (TemplateDetail, error) {
-	if err := c.authorizeObject(ctx, in.Namespace, in.Name, templatesResource.with("get", in.Namespace, in.Name)); err != nil {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
 		return TemplateDetail{}, err
 	}
 	var t aggv1.CoderTemplate
@@ -305,9 +298,6 @@ func (s *Server) workspaceTools() []tool {
 }
 
 func listWorkspaces(ctx context.Context, c *call, in WorkspaceListInput) (WorkspaceList, error) {
-	if err := c.authorize(ctx, workspacesResource.with("list", in.Namespace, "")); err != nil {
-		return WorkspaceList{}, err
-	}
 	q := listQuery(in.Continue)
 	labels := map[string]string{}
 	if in.Owner != "" {
@@ -323,7 +313,7 @@ func listWorkspaces(ctx context.Context, c *call, in WorkspaceListInput) (Worksp
 		q.Set("fieldSelector", fields.OneTermEqualSelector("spec.running", strconv.FormatBool(*in.Running)).String())
 	}
 	var list partialList[workspaceRowSource]
-	if err := c.listPartial(ctx, workspacesResource.Resource, in.Namespace, q, &list); err != nil {
+	if err := c.listPartial(ctx, workspacesResource, in.Namespace, q, &list); err != nil {
 		return WorkspaceList{}, fmt.Errorf("list coderworkspaces: %w", err)
 	}
 	if err := sortListed(ctx, c, in.Namespace, list.Items, errNoNamespace); err != nil {
@@ -367,7 +357,7 @@ func (w *workspaceRowSource) row() WorkspaceRow {
 }
 
 func getWorkspace(ctx context.Context, c *call, in ObjectInput) (WorkspaceDetail, error) {
-	if err := c.authorizeObject(ctx, in.Namespace, in.Name, workspacesResource.with("get", in.Namespace, in.Name)); err != nil {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
 		return WorkspaceDetail{}, err
 	}
 	w, err := c.getWorkspace(ctx, in.Namespace, in.Name)
@@ -391,11 +381,6 @@ func setWorkspaceRunning(ctx context.Context, c *call, in SetRunningInput) (SetR
 	}
 	if in.WaitSeconds < 0 || in.WaitSeconds > maxWaitSeconds {
 		return SetRunningResult{}, fmt.Errorf("waitSeconds must be between 0 and %d, got %d", maxWaitSeconds, in.WaitSeconds)
-	}
-	// The same verb as the request sent below, so the caller needs what
-	// kubectl patch would need.
-	if err := c.authorize(ctx, workspacesResource.with("patch", in.Namespace, in.Name)); err != nil {
-		return SetRunningResult{}, err
 	}
 	w, err := c.getWorkspace(ctx, in.Namespace, in.Name)
 	if err != nil {
@@ -425,7 +410,7 @@ func setWorkspaceRunning(ctx context.Context, c *call, in SetRunningInput) (SetR
 }
 
 func deleteWorkspace(ctx context.Context, c *call, in ObjectInput) (WorkspaceDetail, error) {
-	if err := c.authorizeObject(ctx, in.Namespace, in.Name, workspacesResource.with("delete", in.Namespace, in.Name)); err != nil {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
 		return WorkspaceDetail{}, err
 	}
 	w, err := c.getWorkspace(ctx, in.Namespace, in.Name)
@@ -496,20 +481,6 @@ func requireNamed(namespace, arg, name string) error {
 		return fmt.Errorf("namespace is required")
 	case name == "":
 		return fmt.Errorf("%s is required", arg)
-	}
-	return nil
-}
-
-// authorizeObject checks a tool's input names an object, then that the
-// caller may do each of need, before anything is read.
-func (c *call) authorizeObject(ctx context.Context, namespace, name string, need ...access) error {
-	if err := requireObject(namespace, name); err != nil {
-		return err
-	}
-	for _, a := range need {
-		if err := c.authorize(ctx, a); err != nil {
-			return err
-		}
 	}
 	return nil
 }

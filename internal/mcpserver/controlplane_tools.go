@@ -26,16 +26,6 @@ import (
 // object does not flood a row.
 const maxMessageChars = 300
 
-// The Kubernetes requests the control plane tools amount to. A control
-// plane's Deployment and Service share its name and namespace (see
-// internal/controller/controlplane).
-var (
-	controlPlanesResource   = access{Group: coderv1alpha1.GroupVersion.Group, Resource: "codercontrolplanes"}
-	controlPlanePods        = access{Resource: "pods"}
-	controlPlaneDeployments = access{Group: appsv1.GroupName, Resource: "deployments"}
-	controlPlaneServices    = access{Resource: "services"}
-)
-
 // ControlPlaneInput names one CoderControlPlane.
 type ControlPlaneInput struct {
 	Namespace string `json:"namespace" jsonschema:"Kubernetes namespace of the CoderControlPlane"`
@@ -213,9 +203,6 @@ func (s *Server) controlPlaneTools() []tool {
 }
 
 func listControlPlanes(ctx context.Context, c *call, in ListInput) (ControlPlaneList, error) {
-	if err := c.authorize(ctx, controlPlanesResource.with("list", in.Namespace, "")); err != nil {
-		return ControlPlaneList{}, err
-	}
 	var list coderv1alpha1.CoderControlPlaneList
 	if err := c.kube.Cached.List(ctx, &list, client.InNamespace(in.Namespace)); err != nil {
 		return ControlPlaneList{}, fmt.Errorf("list codercontrolplanes: %w", err)
@@ -238,7 +225,7 @@ func listControlPlanes(ctx context.Context, c *call, in ListInput) (ControlPlane
 }
 
 func getControlPlane(ctx context.Context, c *call, in ControlPlaneInput) (ControlPlaneDetail, error) {
-	if err := c.authorizeObject(ctx, in.Namespace, in.Name, controlPlanesResource.with("get", in.Namespace, in.Name)); err != nil {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
 		return ControlPlaneDetail{}, err
 	}
 	cp, err := c.controlPlane(ctx, in.Namespace, in.Name)
@@ -274,7 +261,7 @@ func getControlPlane(ctx context.Context, c *call, in ControlPlaneInput) (Contro
 }
 
 func listControlPlanePods(ctx context.Context, c *call, in ControlPlanePodsInput) (ControlPlanePods, error) {
-	if err := c.authorizeObject(ctx, in.Namespace, in.Name, controlPlanesResource.with("get", in.Namespace, in.Name), controlPlanePods.with("list", in.Namespace, "")); err != nil {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
 		return ControlPlanePods{}, err
 	}
 	cp, err := c.controlPlane(ctx, in.Namespace, in.Name)
@@ -316,7 +303,7 @@ func listControlPlanePods(ctx context.Context, c *call, in ControlPlanePodsInput
 }
 
 func getControlPlaneRollout(ctx context.Context, c *call, in ControlPlaneInput) (ControlPlaneRollout, error) {
-	if err := c.authorizeObject(ctx, in.Namespace, in.Name, controlPlanesResource.with("get", in.Namespace, in.Name), controlPlaneDeployments.with("get", in.Namespace, in.Name)); err != nil {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
 		return ControlPlaneRollout{}, err
 	}
 	cp, err := c.controlPlane(ctx, in.Namespace, in.Name)
@@ -375,7 +362,7 @@ func rolloutStatus(d *appsv1.Deployment) (string, bool) {
 }
 
 func getControlPlaneService(ctx context.Context, c *call, in ControlPlaneInput) (ControlPlaneService, error) {
-	if err := c.authorizeObject(ctx, in.Namespace, in.Name, controlPlanesResource.with("get", in.Namespace, in.Name), controlPlaneServices.with("get", in.Namespace, in.Name)); err != nil {
+	if err := requireObject(in.Namespace, in.Name); err != nil {
 		return ControlPlaneService{}, err
 	}
 	cp, err := c.controlPlane(ctx, in.Namespace, in.Name)
@@ -423,8 +410,8 @@ func getControlPlaneService(ctx context.Context, c *call, in ControlPlaneInput) 
 	return out, nil
 }
 
-// controlPlane reads a control plane from the cache, with an error that
-// says what to do when it does not exist.
+// controlPlane reads a control plane, with an error that says what to do
+// when it does not exist.
 func (c *call) controlPlane(ctx context.Context, namespace, name string) (*coderv1alpha1.CoderControlPlane, error) {
 	var cp coderv1alpha1.CoderControlPlane
 	if err := c.kube.Cached.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &cp); err != nil {
@@ -440,7 +427,7 @@ func (c *call) controlPlane(ctx context.Context, namespace, name string) (*coder
 }
 
 // controlPlaneDeployment reads the coderd Deployment of a deployed control
-// plane from the cache.
+// plane, which shares its name and namespace (internal/controller/controlplane).
 func (c *call) controlPlaneDeployment(ctx context.Context, cp *coderv1alpha1.CoderControlPlane) (*appsv1.Deployment, error) {
 	var dep appsv1.Deployment
 	if err := c.kube.Cached.Get(ctx, types.NamespacedName{Namespace: cp.Namespace, Name: cp.Name}, &dep); err != nil {
@@ -453,7 +440,7 @@ func (c *call) controlPlaneDeployment(ctx context.Context, cp *coderv1alpha1.Cod
 }
 
 // namespaceMissing reports whether namespace surely does not exist. Other
-// failures (for example coder-k8s may not read namespaces) say nothing.
+// failures (for example the caller may not read namespaces) say nothing.
 func (c *call) namespaceMissing(ctx context.Context, namespace string) bool {
 	err := c.kube.Direct.Get(ctx, types.NamespacedName{Name: namespace}, &corev1.Namespace{})
 	return apierrors.IsNotFound(err)

@@ -24,12 +24,14 @@ import (
 // output may contain it.
 const operatorTokenValue = "operator-token-7c1e9a0b5d2f-SECRET"
 
-// controlPlaneReadRules are what the control plane tools need.
+// controlPlaneReadRules are what the control plane tools need; reading
+// namespaces lets them tell a misspelt namespace from an empty one.
 var controlPlaneReadRules = []rbacv1.PolicyRule{
 	{APIGroups: []string{"coder.com"}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list"}},
 	{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
 	{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get"}},
 	{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"get"}},
+	{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get"}},
 }
 
 // recorder calls tools and keeps everything they returned, to check later
@@ -468,14 +470,15 @@ func TestControlPlaneTools(t *testing.T) {
 
 	t.Run("without RBAC every tool names the missing permission", func(t *testing.T) {
 		nobody := &recorder{s: h.connect(t, h.serviceAccountToken(t, "agents", "nobody"))}
-		who := `"system:serviceaccount:agents:nobody" may not `
+		// kube-apiserver's refusal, as kubectl would show it.
+		who := `User "system:serviceaccount:agents:nobody" cannot `
 		for tool, want := range map[string]string{
-			"list_control_planes":       "list codercontrolplanes.coder.com in all namespaces",
-			"get_control_plane":         "get codercontrolplanes.coder.com alpha in namespace coder",
-			"list_control_plane_pods":   "get codercontrolplanes.coder.com alpha in namespace coder",
-			"get_control_plane_rollout": "get codercontrolplanes.coder.com alpha in namespace coder",
-			"get_control_plane_service": "get codercontrolplanes.coder.com alpha in namespace coder",
-			"health":                    "list codercontrolplanes.coder.com in all namespaces",
+			"list_control_planes":       `list resource "codercontrolplanes" in API group "coder.com" at the cluster scope`,
+			"get_control_plane":         `get resource "codercontrolplanes" in API group "coder.com" in the namespace "coder"`,
+			"list_control_plane_pods":   `get resource "codercontrolplanes" in API group "coder.com" in the namespace "coder"`,
+			"get_control_plane_rollout": `get resource "codercontrolplanes" in API group "coder.com" in the namespace "coder"`,
+			"get_control_plane_service": `get resource "codercontrolplanes" in API group "coder.com" in the namespace "coder"`,
+			"health":                    `list resource "codercontrolplanes" in API group "coder.com" at the cluster scope`,
 		} {
 			args := map[string]any{}
 			if strings.HasPrefix(tool, "get_") || tool == "list_control_plane_pods" {
@@ -487,11 +490,12 @@ func TestControlPlaneTools(t *testing.T) {
 		// Allowed to read control planes, not their children.
 		h.grant(t, "agents", "cp-only", ns, rbacv1.PolicyRule{APIGroups: []string{"coder.com"}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list"}})
 		cpOnly := &recorder{s: h.connect(t, h.serviceAccountToken(t, "agents", "cp-only"))}
-		who = `"system:serviceaccount:agents:cp-only" may not `
+		who = `User "system:serviceaccount:agents:cp-only" cannot `
 		for tool, want := range map[string]string{
-			"list_control_plane_pods":   "list pods in namespace coder",
-			"get_control_plane_rollout": "get deployments.apps alpha in namespace coder",
-			"get_control_plane_service": "get services alpha in namespace coder",
+			// The pods' selector comes from the Deployment.
+			"list_control_plane_pods":   `get resource "deployments" in API group "apps" in the namespace "coder"`,
+			"get_control_plane_rollout": `get resource "deployments" in API group "apps" in the namespace "coder"`,
+			"get_control_plane_service": `get resource "services" in API group "" in the namespace "coder"`,
 		} {
 			mustFail(t, cpOnly.call(t, tool, map[string]any{"namespace": ns, "name": "alpha"}, nil), who+want)
 		}
@@ -501,9 +505,13 @@ func TestControlPlaneTools(t *testing.T) {
 		if len(l.Items) != 3 {
 			t.Errorf("rows: %s", rowNames(l.Items))
 		}
-		mustFail(t, cpOnly.call(t, "list_control_planes", nil, nil), who+"list codercontrolplanes.coder.com in all namespaces")
+		mustFail(t, cpOnly.call(t, "list_control_planes", nil, nil), who+`list resource "codercontrolplanes" in API group "coder.com" at the cluster scope`)
 		mustFail(t, cpOnly.call(t, "get_control_plane", map[string]any{"namespace": otherNS, "name": "delta"}, nil),
-			who+"get codercontrolplanes.coder.com delta in namespace team-b")
+			who+`get resource "codercontrolplanes" in API group "coder.com" in the namespace "team-b"`)
+		// With deployments but not pods, the pods list is refused.
+		h.grant(t, "agents", "cp-only", ns, rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get"}})
+		mustFail(t, cpOnly.call(t, "list_control_plane_pods", map[string]any{"namespace": ns, "name": "alpha"}, nil),
+			who+`list resource "pods" in API group "" in the namespace "coder"`)
 		r.out.WriteString(nobody.out.String() + cpOnly.out.String())
 	})
 
@@ -549,7 +557,8 @@ func TestHealthTool(t *testing.T) {
 		&coderv1alpha1.CoderControlPlaneStatus{Phase: coderv1alpha1.PhaseReady, URL: coder.URL.String()})
 
 	token := h.serviceAccountToken(t, "agents", "watcher")
-	h.grant(t, "agents", "watcher", "", rbacv1.PolicyRule{APIGroups: []string{"coder.com"}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"list"}})
+	h.grant(t, "agents", "watcher", "", rbacv1.PolicyRule{APIGroups: []string{"coder.com"}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"list"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get"}})
 	s := h.connect(t, token)
 
 	t.Run("reports Kubernetes and each coderd", func(t *testing.T) {
@@ -597,7 +606,7 @@ func TestHealthTool(t *testing.T) {
 		mustFail(t, callTool(t, s, "health", map[string]any{"namespace": "no-such-ns"}, nil), `namespace "no-such-ns" does not exist`)
 		nobody := h.connect(t, h.serviceAccountToken(t, "agents", "nobody"))
 		mustFail(t, callTool(t, nobody, "health", map[string]any{"namespace": ns}, nil),
-			`"system:serviceaccount:agents:nobody" may not list codercontrolplanes.coder.com in namespace health`)
+			`User "system:serviceaccount:agents:nobody" cannot list resource "codercontrolplanes" in API group "coder.com" in the namespace "health"`)
 	})
 }
 

@@ -193,13 +193,13 @@ func TestListEvents(t *testing.T) {
 
 	t.Run("RBAC: list events is needed in that namespace", func(t *testing.T) {
 		res := callTool(t, s, "list_events", map[string]any{"namespace": "elsewhere"}, nil)
-		if !res.IsError || !strings.Contains(resultText(res), `"system:serviceaccount:agents:event-reader" may not list events in namespace elsewhere`) {
+		if !res.IsError || !strings.Contains(resultText(res), `events is forbidden: User "system:serviceaccount:agents:event-reader" cannot list resource "events" in API group "" in the namespace "elsewhere"`) {
 			t.Fatalf("isError %v: %s", res.IsError, resultText(res))
 		}
 		other := h.connect(t, h.serviceAccountToken(t, "agents", "pod-reader"))
 		h.grant(t, "agents", "pod-reader", "team", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "get"}})
 		res = callTool(t, other, "list_events", map[string]any{"namespace": "team"}, nil)
-		if !res.IsError || !strings.Contains(resultText(res), `"system:serviceaccount:agents:pod-reader" may not list events in namespace team`) {
+		if !res.IsError || !strings.Contains(resultText(res), `events is forbidden: User "system:serviceaccount:agents:pod-reader" cannot list resource "events" in API group "" in the namespace "team"`) {
 			t.Fatalf("isError %v: %s", res.IsError, resultText(res))
 		}
 	})
@@ -261,9 +261,10 @@ func TestGetPodLogs(t *testing.T) {
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "coder", Image: "coder"}}},
 	}, nil, nil)
 
-	// The agent may read logs and nothing else about pods.
+	// The agent may read pods (to pick the container) and their logs, as
+	// kubectl logs needs.
 	token := h.serviceAccountToken(t, "agents", "log-reader")
-	h.grant(t, "agents", "log-reader", "team", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}})
+	h.grant(t, "agents", "log-reader", "team", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods", "pods/log"}, Verbs: []string{"get"}})
 	s := h.connect(t, token)
 
 	logs := func(t *testing.T, args map[string]any) (PodLogs, url.Values) {
@@ -428,14 +429,14 @@ func TestGetPodLogs(t *testing.T) {
 		h.grant(t, "agents", "pod-getter", "team", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}})
 		before := kubelet.requestCount()
 		res := callTool(t, h.connect(t, token), "get_pod_logs", map[string]any{"namespace": "team", "pod": "coder-0"}, nil)
-		if !res.IsError || !strings.Contains(resultText(res), `"system:serviceaccount:agents:pod-getter" may not get pods/log coder-0 in namespace team`) {
+		if !res.IsError || !strings.Contains(resultText(res), `pods "coder-0" is forbidden: User "system:serviceaccount:agents:pod-getter" cannot get resource "pods/log" in API group "" in the namespace "team"`) {
 			t.Fatalf("isError %v: %s", res.IsError, resultText(res))
 		}
 		if strings.Contains(resultText(res), "line ") || kubelet.requestCount() != before {
 			t.Fatalf("a denied call reached the kubelet: %s", resultText(res))
 		}
 		res = callTool(t, s, "get_pod_logs", map[string]any{"namespace": "elsewhere", "pod": "coder-0"}, nil)
-		if !res.IsError || !strings.Contains(resultText(res), "may not get pods/log coder-0 in namespace elsewhere") {
+		if !res.IsError || !strings.Contains(resultText(res), `User "system:serviceaccount:agents:log-reader" cannot get resource "pods" in API group "" in the namespace "elsewhere"`) {
 			t.Fatalf("another namespace: isError %v: %s", res.IsError, resultText(res))
 		}
 	})

@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/coder/coder-k8s/internal/config"
@@ -35,13 +36,33 @@ type harness struct {
 }
 
 // newHarness starts kube-apiserver and an MCP server configured by cfg
-// (defaults when nil) whose tools read it directly.
+// (defaults when nil) whose tools read it directly; coder-k8s is the
+// admin.
 func newHarness(t *testing.T, k *testenv.KubeAPI, mutate func(*config.MCP)) *harness {
+	t.Helper()
+	return newHarnessAs(t, k, nil, mutate)
+}
+
+// newHarnessAs is newHarness with coder-k8s's own client configuration
+// operator (the admin's when nil); h.c and h.cs stay the admin's, for
+// setting tests up.
+func newHarnessAs(t *testing.T, k *testenv.KubeAPI, operator *rest.Config, mutate func(*config.MCP)) *harness {
 	t.Helper()
 	if k == nil {
 		k = testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
 	}
 	c, err := client.New(k.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if operator == nil {
+		operator = k.Config
+	}
+	oc, err := client.New(operator, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ocs, err := kubernetes.NewForConfig(operator)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +72,8 @@ func newHarness(t *testing.T, k *testenv.KubeAPI, mutate func(*config.MCP)) *har
 	}
 	srv, err := New(Options{
 		Config: cfg,
-		Kube:   Kube{Cached: c, Direct: c, Clientset: k.Clientset},
+		Kube:   Kube{Cached: oc, Direct: oc, Clientset: ocs},
+		REST:   operator,
 		Ready:  func(*http.Request) error { return nil },
 		Log:    testr.New(t),
 	})
@@ -64,8 +86,9 @@ func newHarness(t *testing.T, k *testenv.KubeAPI, mutate func(*config.MCP)) *har
 }
 
 // serviceAccountToken creates ServiceAccount name in namespace and returns
-// a token for it from the TokenRequest API, as an agent would get one.
-func (h *harness) serviceAccountToken(t *testing.T, namespace, name string) string {
+// a token for it from the TokenRequest API, as an agent would get one:
+// for audiences, or kube-apiserver's own when none are given.
+func (h *harness) serviceAccountToken(t *testing.T, namespace, name string, audiences ...string) string {
 	t.Helper()
 	ctx := context.Background()
 	if err := h.k.EnsureNamespace(ctx, namespace); err != nil {
@@ -76,7 +99,7 @@ func (h *harness) serviceAccountToken(t *testing.T, namespace, name string) stri
 		t.Fatal(err)
 	}
 	tr, err := h.cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))},
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600)), Audiences: audiences},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("token for %s/%s: %v", namespace, name, err)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/version"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -75,17 +76,14 @@ func (s *Server) healthTools() []tool {
 
 func health(ctx context.Context, c *call, in HealthInput) (HealthReport, error) {
 	out := HealthReport{Kubernetes: c.kubernetesHealth(ctx), ControlPlanes: []ControlPlaneHealth{}}
-	if err := c.authorize(ctx, controlPlanesResource.with("list", in.Namespace, "")); err != nil {
-		if errors.Is(err, errForbidden) || out.Kubernetes.Reachable {
-			return HealthReport{}, err
-		}
-		// Permission checks need kube-apiserver: report what is known.
-		out.Message = "control planes not checked: the caller's permission to list them could not be checked while Kubernetes is unreachable (" + err.Error() + ")"
-		return out, nil
-	}
 	var list coderv1alpha1.CoderControlPlaneList
 	if err := c.kube.Cached.List(ctx, &list, client.InNamespace(in.Namespace)); err != nil {
-		return HealthReport{}, fmt.Errorf("list codercontrolplanes: %w", err)
+		if out.Kubernetes.Reachable || apierrors.IsForbidden(err) {
+			return HealthReport{}, fmt.Errorf("list codercontrolplanes: %w", err)
+		}
+		// Kubernetes is down: report what is known.
+		out.Message = "control planes not checked: they could not be listed while Kubernetes is unreachable (" + err.Error() + ")"
+		return out, nil
 	}
 	if err := sortListed(ctx, c, in.Namespace, list.Items, func(ns string) error {
 		return fmt.Errorf("namespace %q does not exist; call health without a namespace to check every control plane", ns)
@@ -158,7 +156,9 @@ func (c *call) kubernetesHealth(ctx context.Context) KubernetesHealth {
 	return h
 }
 
-// probeCoderd asks cp's coderd for its build info; it needs no token.
+// probeCoderd asks cp's coderd for its build info. It sends no token,
+// neither the caller's nor coder-k8s's: buildinfo is public and reads no
+// user data.
 func probeCoderd(ctx context.Context, cp *coderv1alpha1.CoderControlPlane) ControlPlaneHealth {
 	h := ControlPlaneHealth{Namespace: cp.Namespace, Name: cp.Name, Phase: string(cp.Status.Phase), URL: redactURL(cp.Status.URL)}
 	if cp.Status.URL == "" {

@@ -126,7 +126,8 @@ func toolOutcome(rec *toolCallRecord, res mcp.Result, err error) (outcome, detai
 	switch {
 	case rec.ran && rec.err != nil:
 		switch {
-		case errors.Is(rec.err, errForbidden):
+		case apierrors.IsForbidden(rec.err), apierrors.IsUnauthorized(rec.err), errors.Is(rec.err, errNoCaller):
+			// kube-apiserver refused the caller.
 			return metrics.ToolDenied, rec.err.Error()
 		case apierrors.IsBadRequest(rec.err), apierrors.IsInvalid(rec.err):
 			return metrics.ToolInvalid, rec.err.Error()

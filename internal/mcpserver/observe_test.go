@@ -100,6 +100,7 @@ func TestToolCallMetricsAndRequestIDs(t *testing.T) {
 	srv, err := New(Options{
 		Config: config.Default().MCP,
 		Kube:   Kube{Cached: h.c, Direct: h.c, Clientset: k.Clientset},
+		REST:   k.Config,
 		Ready:  func(*http.Request) error { return nil },
 		Log:    funcr.New(logs.write, funcr.Options{Verbosity: 1}),
 	})

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	"github.com/coder/coder-k8s/internal/config"
@@ -28,16 +28,27 @@ type Server struct {
 	cfg   config.MCP
 	log   logr.Logger
 	ready healthz.Checker
-	kube  Kube
-	authz *authorizer
-	mcp   http.Handler
-	tools map[string]*mcp.Tool
+	// kube is coder-k8s's own access: TokenReviews, and with auth "none"
+	// what the tools do.
+	kube Kube
+	// reviewer checks callers' tokens and holds the clients that act as
+	// them (auth "kubernetes").
+	reviewer *tokenReviewer
+	resource protectedResource
+	mcp      http.Handler
+	tools    map[string]*mcp.Tool
 }
 
 // Options are what the server is built from.
 type Options struct {
 	Config config.MCP
-	Kube   Kube
+	// Kube is coder-k8s's own access. With auth "kubernetes" it only
+	// reviews tokens (Clientset) and lends its scheme and REST mapper
+	// (Direct) to the callers' clients.
+	Kube Kube
+	// REST is coder-k8s's client configuration; with auth "kubernetes" the
+	// callers' clients are built from it without its credentials.
+	REST *rest.Config
 	// Ready reports whether the server's dependencies (Kubernetes client,
 	// caches) are usable; /readyz serves it.
 	Ready healthz.Checker
@@ -47,7 +58,7 @@ type Options struct {
 // New returns a server for o with the tools its configuration allows.
 func New(o Options) (*Server, error) {
 	s := &Server{cfg: o.Config, ready: o.Ready, kube: o.Kube, log: o.Log.WithName("mcp"),
-		authz: newAuthorizer(o.Kube.Clientset, o.Config.Auth == config.MCPAuthNone)}
+		resource: protectedResource{cfg: o.Config.OAuth}}
 	ms := mcp.NewServer(&mcp.Implementation{Name: "coder-k8s", Title: "Coder on Kubernetes", Version: version.Get().Version}, &mcp.ServerOptions{
 		Instructions: instructions,
 	})
@@ -66,9 +77,17 @@ func New(o Options) (*Server, error) {
 	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return ms },
 		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
 	if s.cfg.Auth == config.MCPAuthNone {
-		s.log.Info("WARNING: MCP authentication is off (mcp.auth: none): every caller acts with coder-k8s's own permissions; use it only for local development")
+		s.log.Info("WARNING: MCP authentication is off (mcp.auth: none): every caller acts with coder-k8s's own permissions, which include none of what only the MCP tools need (those tools answer 403); use it only for local development")
 	} else {
-		h = auth.RequireBearerToken(newTokenReviewer(o.Kube.Clientset).verify, &auth.RequireBearerTokenOptions{})(h)
+		if o.REST == nil || o.Kube.Direct == nil || o.Kube.Clientset == nil {
+			return nil, errors.New("mcp: auth kubernetes needs coder-k8s's client configuration (Options.REST), a client (Kube.Direct) and a clientset (Kube.Clientset)")
+		}
+		cc, err := newCallerClients(o.REST, o.Kube.Direct.Scheme(), o.Kube.Direct.RESTMapper())
+		if err != nil {
+			return nil, err
+		}
+		s.reviewer = newTokenReviewer(o.Kube.Clientset, s.cfg.Audiences, cc.forToken)
+		h = s.resource.requireToken(s.reviewer.verify, h)
 	}
 	s.mcp = withRequestID(http.MaxBytesHandler(h, s.cfg.MaxRequestBytes), s.log)
 	return s, nil
@@ -80,7 +99,7 @@ func (s *Server) Tools() []string { return sortedToolNames(s.tools) }
 // instructions tell an agent what the server is for.
 const instructions = `Operate Coder (cloud development environments) on Kubernetes.
 Control planes are CoderControlPlane objects (coderd deployments); templates and workspaces are Coder objects seen as Kubernetes objects (kind CoderTemplate, CoderWorkspace; names <org>.<template> and <org>.<owner>.<workspace>) in the namespace of their control plane.
-Lists return a few compact rows and a continue token; pass it back for more. Every call runs with your Kubernetes RBAC.`
+Lists return a few compact rows and a continue token; pass it back for more. Every call reaches Kubernetes with your own token: your RBAC applies, as with kubectl.`
 
 // NeedLeaderElection is false: every replica serves agents.
 func (s *Server) NeedLeaderElection() bool { return false }
@@ -130,7 +149,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // Handler routes /mcp and the health endpoints.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", s.mcp)
+	mux.Handle(mcpPath, s.mcp)
+	if s.cfg.Auth != config.MCPAuthNone {
+		// Both forms: MCP clients try the endpoint's path first.
+		md := s.resource.metadata()
+		mux.Handle(wellKnownPath, md)
+		mux.Handle(wellKnownPath+mcpPath, md)
+	}
 	// healthz.Handler serves its checks below the prefix it is mounted at
 	// (/readyz, /readyz/dependencies), like controller-runtime's probes.
 	for prefix, checks := range map[string]map[string]healthz.Checker{

@@ -15,10 +15,9 @@ import (
 )
 
 // workspaceStandInCRD serves coderworkspaces.aggregation.coder.com from
-// kube-apiserver itself. The aggregated API would need a coderd; what this
-// test is about, the caller's RBAC and the request the tool sends, is the
-// same for a CRD: kube-apiserver checks coder-k8s's own rights for the
-// patch, the tool checks the caller's first.
+// kube-apiserver itself. The aggregated API would need a coderd; what these
+// tests are about, the caller's RBAC and the requests the tools send, is
+// the same for a CRD: kube-apiserver checks the caller's rights.
 const workspaceStandInCRD = `apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
@@ -36,8 +35,8 @@ spec:
 `
 
 // TestSetWorkspaceRunningNeedsPatch checks set_workspace_running against
-// the caller's RBAC for the request it sends, a patch: update alone is
-// refused (and changes nothing), patch alone is enough.
+// the caller's RBAC for the requests it sends, a get and a patch: update
+// is refused (and changes nothing), patch is enough.
 func TestSetWorkspaceRunningNeedsPatch(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "coderworkspaces.yaml"), []byte(workspaceStandInCRD), 0o600); err != nil {
@@ -55,14 +54,7 @@ func TestSetWorkspaceRunningNeedsPatch(t *testing.T) {
 	if err := h.c.Create(ctx, ws); err != nil {
 		t.Fatalf("create the workspace: %v", err)
 	}
-	running := func() bool {
-		t.Helper()
-		var got aggv1.CoderWorkspace
-		if err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &got); err != nil {
-			t.Fatal(err)
-		}
-		return got.Spec.Running
-	}
+	running := func() bool { return h.workspaceRunning(t, ns, name) }
 	rule := func(verb string) rbacv1.PolicyRule {
 		return rbacv1.PolicyRule{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderworkspaces"}, Verbs: []string{verb}}
 	}
@@ -72,7 +64,7 @@ func TestSetWorkspaceRunningNeedsPatch(t *testing.T) {
 		token := h.serviceAccountToken(t, "agents", "updater")
 		h.grant(t, "agents", "updater", ns, rule("update"), rule("get"))
 		res := callTool(t, h.connect(t, token), "set_workspace_running", args, nil)
-		want := `"system:serviceaccount:agents:updater" may not patch coderworkspaces.aggregation.coder.com acme.alice.dev in namespace team`
+		want := `User "system:serviceaccount:agents:updater" cannot patch resource "coderworkspaces" in API group "aggregation.coder.com" in the namespace "team"`
 		if !res.IsError || !strings.Contains(resultText(res), want) {
 			t.Fatalf("result (error %v): %s\nwant an error saying %s", res.IsError, resultText(res), want)
 		}
@@ -83,7 +75,7 @@ func TestSetWorkspaceRunningNeedsPatch(t *testing.T) {
 
 	t.Run("patch without update is allowed", func(t *testing.T) {
 		token := h.serviceAccountToken(t, "agents", "patcher")
-		h.grant(t, "agents", "patcher", ns, rule("patch"))
+		h.grant(t, "agents", "patcher", ns, rule("patch"), rule("get"))
 		var out SetRunningResult
 		res := callTool(t, h.connect(t, token), "set_workspace_running", args, &out)
 		if res.IsError {
@@ -93,4 +85,14 @@ func TestSetWorkspaceRunningNeedsPatch(t *testing.T) {
 			t.Fatalf("changed=%v, spec.running now %v; want the workspace started", out.Changed, running())
 		}
 	})
+}
+
+// workspaceRunning reads a workspace's spec.running as the admin.
+func (h *harness) workspaceRunning(t *testing.T, namespace, name string) bool {
+	t.Helper()
+	var got aggv1.CoderWorkspace
+	if err := h.c.Get(t.Context(), types.NamespacedName{Namespace: namespace, Name: name}, &got); err != nil {
+		t.Fatal(err)
+	}
+	return got.Spec.Running
 }

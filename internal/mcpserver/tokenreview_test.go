@@ -33,17 +33,8 @@ func (h *harness) requests(t *testing.T, group, resource string) float64 {
 // postWithToken sends an MCP request with token and returns the status.
 func (h *harness) postWithToken(t *testing.T, token string) int {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, h.url, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Error(err)
-		return 0
-	}
-	resp.Body.Close()
-	return resp.StatusCode
+	status, _, _ := h.post(t, token)
+	return status
 }
 
 // TestRejectedTokensAreRemembered sends the same bad token again and
@@ -89,7 +80,7 @@ func TestRejectedTokensAreRemembered(t *testing.T) {
 
 	// Bounded: with the failure cache full of live entries, a new
 	// rejection still gets in and the cache stays at its bound.
-	r := newTokenReviewer(h.cs)
+	r := newTokenReviewer(h.cs, nil, nil)
 	expires := time.Now().Add(time.Hour)
 	for i := range maxCachedFailure {
 		r.failures[sha256.Sum256([]byte(fmt.Sprint("filler-", i)))] = failedReview{msg: "filler", expires: expires}

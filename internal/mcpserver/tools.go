@@ -14,24 +14,27 @@ import (
 	"strings"
 
 	"github.com/google/jsonschema-go/jsonschema"
+
+	"github.com/coder/coder-k8s/internal/config"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// Kube is how tools reach Kubernetes. Reads and writes of Coder objects go
-// through kube-apiserver's aggregated API, so agents and kubectl see the
-// same data.
+// Kube is how tools reach Kubernetes: with auth "kubernetes" as the
+// caller (clients built per caller, sending its token), with auth "none"
+// as coder-k8s. Reads and writes of Coder objects go through
+// kube-apiserver's aggregated API, so agents and kubectl see the same data.
 type Kube struct {
-	// Cached serves CoderControlPlanes, Deployments and Services: the
-	// shared manager cache in all mode, where controllers keep them fresh.
+	// Cached serves CoderControlPlanes, Deployments and Services. Only
+	// coder-k8s's own (auth "none") may be a cache: the shared manager
+	// cache in all mode, where controllers keep them fresh.
 	Cached client.Reader
 	// Direct reads what no controller caches (Pods, Events) and reads and
 	// writes aggregation.coder.com objects; its scheme must know them.
 	Direct client.Client
-	// Clientset reads pod logs and asks TokenReviews and
-	// SubjectAccessReviews.
+	// Clientset reads pod logs; coder-k8s's own also asks TokenReviews.
 	Clientset kubernetes.Interface
 }
 
@@ -66,18 +69,24 @@ type tool struct {
 	add  func(s *mcp.Server, t *mcp.Tool)
 }
 
-// call is one tool invocation: the request and what the handler needs to
-// authorize it and reach Kubernetes.
+// call is one tool invocation: the request and the clients it reaches
+// Kubernetes with.
 type call struct {
 	req  *mcp.CallToolRequest
-	srv  *Server
 	kube Kube
 }
 
-// authorize checks the caller's RBAC for the Kubernetes request the call
-// amounts to.
-func (c *call) authorize(ctx context.Context, a access) error {
-	return c.srv.authz.authorize(ctx, c.req, a)
+// kubeFor is what a call reaches Kubernetes with: the caller's own
+// clients, or coder-k8s's with auth "none".
+func (s *Server) kubeFor(req *mcp.CallToolRequest) (Kube, error) {
+	if s.cfg.Auth == config.MCPAuthNone {
+		return s.kube, nil
+	}
+	c := callerOf(req)
+	if c == nil {
+		return Kube{}, errNoCaller
+	}
+	return c.clients()
 }
 
 // handler is a typed tool implementation.
@@ -117,9 +126,13 @@ func define[In, Out any](s *Server, name string, meta toolMeta, h handler[In, Ou
 					res, err = nil, fmt.Errorf("internal error in tool %s; the server log has details", name)
 				}
 			}()
-			out, err := h(ctx, &call{req: req, srv: s, kube: s.kube}, in)
+			kube, err := s.kubeFor(req)
 			if err != nil {
-				return nil, nil, explain(err)
+				return nil, nil, err
+			}
+			out, err := h(ctx, &call{req: req, kube: kube}, in)
+			if err != nil {
+				return nil, nil, explain(err, s.cfg.Auth)
 			}
 			raw, err := json.Marshal(out)
 			if err != nil {
@@ -148,11 +161,9 @@ func (t tool) mcpTool() *mcp.Tool {
 }
 
 // explain turns an error into a message an agent can act on.
-func explain(err error) error {
+func explain(err error, mode config.MCPAuth) error {
 	var se apierrors.APIStatus
 	switch {
-	case errors.Is(err, errForbidden):
-		return err
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("the call took longer than the tool timeout: %w", err)
 	case errors.As(err, &se):
@@ -160,11 +171,16 @@ func explain(err error) error {
 		// ns/name: ...") in front of kube-apiserver's message.
 		switch {
 		case apierrors.IsNotFound(err):
-			return fmt.Errorf("%s (check the namespace and the name; the list tools show what exists)", err)
+			return fmt.Errorf("%w (check the namespace and the name; the list tools show what exists)", err)
+		case apierrors.IsForbidden(err) && mode == config.MCPAuthNone:
+			return fmt.Errorf("%w (with mcp.auth none the tools act with coder-k8s's own permissions, which include none of what only the tools need; use mcp.auth kubernetes)", err)
 		case apierrors.IsForbidden(err):
-			return fmt.Errorf("%s (coder-k8s's own permissions are missing: check its ClusterRole)", err)
+			// kube-apiserver's message names the user, verb and resource.
+			return fmt.Errorf("%w (the tools act with your own Kubernetes RBAC, as kubectl would; ask for a Role granting it)", err)
+		case apierrors.IsUnauthorized(err):
+			return fmt.Errorf("%w (kube-apiserver did not accept your bearer token: with mcp.audiences set, the token must also be valid for kube-apiserver's own audience)", err)
 		case apierrors.IsServiceUnavailable(err):
-			return fmt.Errorf("%s (retry later; the tool health reports what is unreachable)", err)
+			return fmt.Errorf("%w (retry later; the tool health reports what is unreachable)", err)
 		}
 	}
 	return err
