@@ -130,6 +130,10 @@ bench-mcp: tools build ## list_workspaces over MCP vs a LIST ?resourceVersion=0 
 bench-metadata: tools build ## kubectl apply --server-side of a template vs a ConfigMap of the same files; a label change to an open watch (p50/p99); list ratio with stored metadata vs without (300 workspaces).
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Metadata$$' -benchtime 1x -timeout 40m
 
+.PHONY: bench-identity
+bench-identity: tools build ## Mapped mode, 300 workspaces: a member's LIST of their 10 vs coderd's list with the member's token; coderd list requests per poll with 1 vs 50 different users watching.
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Identity$$' -benchtime 1x -timeout 40m
+
 .PHONY: bench-scale
 bench-scale: tools build ## 10,000 workspaces (BENCH_SCALE_WORKSPACES; output in bin/bench/scale.txt, table in bin/bench/scale-table.md) seeded with coderd's echo provisioner: seeding time, list ratio, RSS, coderd requests and CPU per poll with 1 and 50 watchers, watch latency after the poll.
 	@mkdir -p $(BIN)/bench

@@ -63,9 +63,63 @@ type CoderControlPlaneSpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	OperatorAccess OperatorAccessSpec `json:"operatorAccess,omitempty"`
+	// Identity says whose Coder identity the aggregated API and MCP act
+	// with: each caller's own (Mapped, the default) or the operator's.
+	// +kubebuilder:default={}
+	// +optional
+	Identity IdentitySpec `json:"identity,omitempty"`
 	// License uploads a Coder license from a Secret.
 	// +optional
 	License *LicenseSpec `json:"license,omitempty"`
+}
+
+// IdentitySpec maps Kubernetes users onto Coder users. In Mapped mode a
+// request to coderworkspaces or codertemplates is made in Coder as the
+// caller's Coder user, with a short-lived token the operator mints for
+// that user, so Coder decides what the caller may read and do and Coder's
+// audit log names them; a caller with no Coder user is refused (403).
+type IdentitySpec struct {
+	// Mode is Mapped (each caller acts as their Coder user) or Operator
+	// (every caller acts as the operator's own owner user: whoever may use
+	// the resources in this namespace may do anything an owner may).
+	// +kubebuilder:validation:Enum=Mapped;Operator
+	// +kubebuilder:default=Mapped
+	// +optional
+	Mode string `json:"mode,omitempty"`
+	// UsernamePrefix is removed from a Kubernetes username before it is
+	// matched (for example "oidc:", kube-apiserver's OIDC username
+	// prefix). A username without it is matched as it is.
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	UsernamePrefix string `json:"usernamePrefix,omitempty"`
+	// MatchBy is the Coder user field the rest of the username must equal,
+	// ignoring case: Email or Username. Only active (or dormant) users
+	// match; a suspended user is refused.
+	// +kubebuilder:validation:Enum=Email;Username
+	// +kubebuilder:default=Email
+	// +optional
+	MatchBy string `json:"matchBy,omitempty"`
+	// Mappings name the Coder user of given Kubernetes users, before the
+	// rule above applies. They are the only way to map system: users,
+	// such as ServiceAccounts.
+	// +listType=map
+	// +listMapKey=kubernetesUser
+	// +kubebuilder:validation:MaxItems=1000
+	// +optional
+	Mappings []IdentityMapping `json:"mappings,omitempty"`
+}
+
+// IdentityMapping maps one Kubernetes user onto one Coder user.
+type IdentityMapping struct {
+	// KubernetesUser is the username as kube-apiserver authenticates it,
+	// for example system:serviceaccount:argocd:argocd-application-controller.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	KubernetesUser string `json:"kubernetesUser"`
+	// CoderUser is a Coder username, or an email address (with an @).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=320
+	CoderUser string `json:"coderUser"`
 }
 
 // ServiceAccountSpec configures the service account coderd runs as.

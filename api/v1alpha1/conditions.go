@@ -34,6 +34,10 @@ const (
 	// claim coderd by creating its first user. Absent for an adopted
 	// coderd (spec.externalURL).
 	ConditionInitialized = "Initialized"
+	// ConditionIdentityMapped: callers of the aggregated API and MCP act
+	// in this coderd as their own Coder users (spec.identity.mode Mapped);
+	// False, reason OperatorIdentity, when they all act as the operator.
+	ConditionIdentityMapped = "IdentityMapped"
 )
 
 // Reasons every kind may report.
@@ -55,6 +59,10 @@ const (
 
 // Reasons of a CoderControlPlane's conditions.
 const (
+	// IdentityMapped.
+	ReasonMapped           = "Mapped"
+	ReasonOperatorIdentity = "OperatorIdentity"
+
 	// Reconciled.
 	ReasonApplied        = "Applied"
 	ReasonSecretNotFound = "SecretNotFound"

@@ -57,6 +57,7 @@ func Default() Configuration {
 			},
 			Coder: Coder{
 				RequestTimeout: D(30 * time.Second),
+				StaticBackend:  StaticBackend{Identity: Identity{Mode: "Mapped", MatchBy: "Email"}},
 			},
 		},
 		MCP: MCP{

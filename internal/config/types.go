@@ -244,10 +244,37 @@ type StaticBackend struct {
 	SessionTokenFile string `json:"sessionTokenFile"`
 	// Namespace is the Kubernetes namespace the backend's objects appear in.
 	Namespace string `json:"namespace"`
+	// Identity says whose Coder identity callers act with, as a
+	// CoderControlPlane's spec.identity does. The session token must then
+	// be an owner's, which mints tokens for the mapped users.
+	Identity Identity `json:"identity"`
 
 	// SessionToken comes only from the --coder-session-token flag; it is
 	// never read from or written to a configuration file.
 	SessionToken string `json:"-"`
+}
+
+// Identity maps Kubernetes users onto Coder users (see
+// CoderControlPlane spec.identity).
+type Identity struct {
+	// Mode is Mapped (each caller acts as their own Coder user) or
+	// Operator (every caller acts as the session token's user).
+	Mode string `json:"mode"`
+	// UsernamePrefix is removed from a Kubernetes username before it is
+	// matched (for example "oidc:").
+	UsernamePrefix string `json:"usernamePrefix"`
+	// MatchBy is Email or Username: the Coder user field the username
+	// must equal, ignoring case.
+	MatchBy string `json:"matchBy"`
+	// Mappings name the Coder user (username, or email with an @) of given
+	// Kubernetes users; the only way to map system: users.
+	Mappings []IdentityMapping `json:"mappings"`
+}
+
+// IdentityMapping maps one Kubernetes user onto one Coder user.
+type IdentityMapping struct {
+	KubernetesUser string `json:"kubernetesUser"`
+	CoderUser      string `json:"coderUser"`
 }
 
 // Enabled reports whether a static backend is configured.

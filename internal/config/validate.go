@@ -191,11 +191,37 @@ func validateAggregated(cfg *Configuration, p *field.Path) field.ErrorList {
 		case s.SessionTokenFile != "" && s.SessionToken != "":
 			errs = append(errs, field.Forbidden(sp.Child("sessionTokenFile"), "may not be combined with the --coder-session-token flag"))
 		}
+		errs = append(errs, validateIdentity(&s.Identity, sp.Child("identity"))...)
 	case cfg.App == AppAggregatedAPIServer:
 		errs = append(errs, field.Required(sp.Child("url"),
 			"aggregated-apiserver mode has no CoderControlPlane discovery and needs a static backend (or the --coder-url flag)"))
 	case s.Namespace != "" || s.SessionTokenFile != "" || s.SessionToken != "":
 		errs = append(errs, field.Required(sp.Child("url"), "namespace and session token are set but the URL is not"))
+	}
+	return errs
+}
+
+func validateIdentity(id *Identity, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if id.Mode != "Mapped" && id.Mode != "Operator" {
+		errs = append(errs, field.NotSupported(p.Child("mode"), id.Mode, []string{"Mapped", "Operator"}))
+	}
+	if id.MatchBy != "Email" && id.MatchBy != "Username" {
+		errs = append(errs, field.NotSupported(p.Child("matchBy"), id.MatchBy, []string{"Email", "Username"}))
+	}
+	seen := map[string]bool{}
+	for i, m := range id.Mappings {
+		mp := p.Child("mappings").Index(i)
+		switch {
+		case m.KubernetesUser == "":
+			errs = append(errs, field.Required(mp.Child("kubernetesUser"), ""))
+		case seen[m.KubernetesUser]:
+			errs = append(errs, field.Duplicate(mp.Child("kubernetesUser"), m.KubernetesUser))
+		}
+		seen[m.KubernetesUser] = true
+		if m.CoderUser == "" {
+			errs = append(errs, field.Required(mp.Child("coderUser"), ""))
+		}
 	}
 	return errs
 }

@@ -84,6 +84,8 @@ metadata:
 spec:
   image: %s
   replicas: 1
+  # kubectl acts as the Kubernetes user admin, which has no Coder user.
+  identity: {mode: Operator}
   env:
     - name: CODER_PG_CONNECTION_URL
       valueFrom:

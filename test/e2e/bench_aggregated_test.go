@@ -89,6 +89,8 @@ func BenchmarkWorkspaces(b *testing.B) {
 	b.Run("MCP", func(b *testing.B) { benchMCP(b, st, n, qps) })
 	b.Run("Metadata", func(b *testing.B) { st.benchMetadata(b, n) })
 	b.Run("Startup", st.benchStartup)
+	// Last: it switches the control plane to Mapped mode and back.
+	b.Run("Identity", func(b *testing.B) { st.benchIdentity(b, n) })
 }
 
 // benchAggregated measures the aggregated API on real workspaces in a
@@ -182,11 +184,16 @@ func newBenchStack(b *testing.B, kubeQPS int, extra ...stackOption) *benchStack 
 // certificate (used only by kube-apiserver, over TLS), and sets header to
 // value on requests for host only.
 func (st *benchStack) httpClient(b *testing.B, host, header, value string) *http.Client {
+	return st.httpClientFor(b, st.k.Config, host, header, value)
+}
+
+// httpClientFor is httpClient presenting cfg's client certificate.
+func (st *benchStack) httpClientFor(b *testing.B, cfg *rest.Config, host, header, value string) *http.Client {
 	b.Helper()
-	if len(st.k.Config.CertData) == 0 && st.k.Config.CertFile == "" {
-		b.Fatal("the admin configuration of kube-apiserver carries no client certificate")
+	if len(cfg.CertData) == 0 && cfg.CertFile == "" {
+		b.Fatal("the configuration of kube-apiserver carries no client certificate")
 	}
-	tlsCfg, err := rest.TLSConfigFor(st.k.Config)
+	tlsCfg, err := rest.TLSConfigFor(cfg)
 	if err != nil {
 		b.Fatalf("TLS configuration for kube-apiserver: %v", err)
 	}
@@ -357,28 +364,7 @@ func (st *benchStack) listBreakdown(b *testing.B, agg, coderd string, n int) {
 // medians.
 func (st *benchStack) alternate(b *testing.B, a, c string) (time.Duration, time.Duration) {
 	b.Helper()
-	var as, cs []time.Duration
-	for i := range benchListWarmup + benchListPairs {
-		order := []string{a, c}
-		if i%2 == 1 {
-			order = []string{c, a}
-		}
-		for _, u := range order {
-			d, _, _, err := st.fetch(u)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if i < benchListWarmup {
-				continue
-			}
-			if u == a {
-				as = append(as, d)
-			} else {
-				cs = append(cs, d)
-			}
-		}
-	}
-	return percentile(as, 50), percentile(cs, 50)
+	return alternateWith(b, st.hc, a, c)
 }
 
 // fetch GETs url as JSON with the measurement client; see timedGet.

@@ -396,7 +396,7 @@ func checkStandaloneMetrics(t *testing.T, s *aggStack, token, wsName string) map
 	writeTokenFile(t, tokenFile, s.coder.SessionToken)
 	proxy := testenv.NewCountingProxy(t, s.coder.URL)
 	agg := StartOperator(t, OperatorOptions{Mode: "aggregated-apiserver", Kubeconfig: s.k.KubeconfigPath,
-		Aggregated: fmt.Sprintf(`coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s}}`, proxy.URL.String(), tokenFile, s.ns)})
+		Aggregated: fmt.Sprintf(`coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s, identity: {mode: Operator}}}`, proxy.URL.String(), tokenFile, s.ns)})
 	mcpOnly := StartOperator(t, OperatorOptions{Mode: "mcp-http", Kubeconfig: s.k.KubeconfigPath})
 	agg.WaitOK(t, agg.Aggregated+"/readyz")
 	mcpOnly.WaitOK(t, mcpOnly.MCP+"/readyz")

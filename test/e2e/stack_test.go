@@ -237,7 +237,7 @@ func (s *aggStack) startOperator(t testing.TB, extra OperatorOptions) *Operator 
 	aggregated := fmt.Sprintf("certDir: %q, watchPollInterval: %s", s.certDir, s.watchPollInterval())
 	if s.cfg.staticTokenFile != "" {
 		o.Mode = "aggregated-apiserver"
-		aggregated += fmt.Sprintf(", coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s}}",
+		aggregated += fmt.Sprintf(", coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s, identity: {mode: Operator}}}",
 			s.coder.URL.String(), s.cfg.staticTokenFile, s.ns)
 	}
 	if o.Aggregated != "" {
@@ -365,7 +365,9 @@ func createAdoptingControlPlane(t testing.TB, s *aggStack, ns, name, coderURL, o
 	}
 	ccp := &coderv1alpha1.CoderControlPlane{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec:       coderv1alpha1.CoderControlPlaneSpec{ExternalURL: coderURL},
+		// The suites test the storage as the operator; identity mapping
+		// has tests of its own (identity_test.go).
+		Spec: coderv1alpha1.CoderControlPlaneSpec{ExternalURL: coderURL, Identity: coderv1alpha1.IdentitySpec{Mode: "Operator"}},
 	}
 	if ownerToken != "" {
 		secret := &corev1.Secret{

@@ -75,9 +75,15 @@ type CoderWorkspaceStatus struct {
 	// Owner is the owner's Coder username.
 	// +optional
 	Owner string `json:"owner,omitempty"`
+	// OwnerID is the owner's Coder user ID.
+	// +optional
+	OwnerID string `json:"ownerID,omitempty"`
 	// Organization is the Coder organization name.
 	// +optional
 	Organization string `json:"organization,omitempty"`
+	// OrganizationID is the Coder organization ID.
+	// +optional
+	OrganizationID string `json:"organizationID,omitempty"`
 	// Template is the template name.
 	// +optional
 	Template string `json:"template,omitempty"`

@@ -560,9 +560,23 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceStatus(ref common.R
 							Format:      "",
 						},
 					},
+					"ownerID": {
+						SchemaProps: spec.SchemaProps{
+							Description: "OwnerID is the owner's Coder user ID.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
 					"organization": {
 						SchemaProps: spec.SchemaProps{
 							Description: "Organization is the Coder organization name.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"organizationID": {
+						SchemaProps: spec.SchemaProps{
+							Description: "OrganizationID is the Coder organization ID.",
 							Type:        []string{"string"},
 							Format:      "",
 						},

@@ -192,7 +192,8 @@ listen addresses, TLS and static backend rendered from their values.
 {{- $_ := set $coder "staticBackend" (dict
       "url" .Values.staticBackend.url
       "namespace" (.Values.staticBackend.namespace | default .Release.Namespace)
-      "sessionTokenFile" (printf "%s/token" (include "coder-k8s.coderTokenDir" .))) -}}
+      "sessionTokenFile" (printf "%s/token" (include "coder-k8s.coderTokenDir" .))
+      "identity" .Values.staticBackend.identity) -}}
 {{- end -}}
 {{- end -}}
 {{- /* MCP */ -}}

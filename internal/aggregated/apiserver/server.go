@@ -30,6 +30,7 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/storage"
 	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
 	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/identity"
 	"github.com/coder/coder-k8s/internal/version"
 )
 
@@ -54,6 +55,7 @@ type Server struct {
 	workspaces *storage.WorkspaceStorage
 	templates  *storage.TemplateStorage
 	records    *records.Store
+	identity   *identity.Service
 }
 
 // Options are what the server is built from.
@@ -107,7 +109,8 @@ func New(o Options) (*Server, error) {
 	if o.Records == nil {
 		return nil, fmt.Errorf("no records store given")
 	}
-	so := storage.Options{Backends: o.Backends, Records: o.Records, PollInterval: cfg.WatchPollInterval.Duration, Log: log}
+	ident := identity.New(log)
+	so := storage.Options{Backends: o.Backends, Records: o.Records, PollInterval: cfg.WatchPollInterval.Duration, Log: log, Identity: ident}
 	workspaces, err := storage.NewWorkspaces(so)
 	if err != nil {
 		return nil, fmt.Errorf("coderworkspaces storage: %w", err)
@@ -130,8 +133,12 @@ func New(o Options) (*Server, error) {
 		workspaces: workspaces,
 		templates:  templates,
 		records:    o.Records,
+		identity:   ident,
 	}, nil
 }
+
+// Identity holds the callers' Coder tokens (for benchmarks and metrics).
+func (s *Server) Identity() *identity.Service { return s.identity }
 
 // Workspaces is the coderworkspaces storage (for benchmarks and metrics).
 func (s *Server) Workspaces() *storage.WorkspaceStorage { return s.workspaces }
@@ -166,6 +173,12 @@ func (s *Server) Start(ctx context.Context) error {
 	defer func() { stopPolling(); pollers.Wait() }()
 	pollers.Go(func() { s.workspaces.Run(pollCtx) })
 	pollers.Go(func() { s.templates.Run(pollCtx) })
+	// The callers' tokens outlive the requests that use them: they are
+	// revoked once the server has drained (RunWithContext returned).
+	var tokens sync.WaitGroup
+	identCtx, stopIdentity := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() { stopIdentity(); tokens.Wait() }()
+	tokens.Go(func() { _ = s.identity.Run(identCtx) })
 
 	s.log.Info("serving", "address", net.JoinHostPort(s.cfg.BindAddress, fmt.Sprint(s.cfg.SecurePort)))
 	if err := gs.PrepareRun().RunWithContext(ctx); err != nil {

@@ -17,6 +17,8 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/coder/coder-k8s/internal/identity"
 )
 
 // Backend is one coderd as seen from one Kubernetes namespace.
@@ -31,6 +33,8 @@ type Backend struct {
 	// Client calls coderd as the operator. It is shared by every request
 	// until its token or URL changes; never mutate it.
 	Client *codersdk.Client
+	// Identity says whose Coder identity callers act with.
+	Identity identity.Rules
 }
 
 // Key identifies the backend: "<namespace>/<controlPlane>", and
@@ -78,6 +82,19 @@ func parseCoderURL(raw string) (*url.URL, error) {
 		return nil, fmt.Errorf("coderd URL %q has no host", raw)
 	}
 	return u, nil
+}
+
+// identityRules converts spec.identity (or the static backend's) into
+// rules; empty fields take the CRD's defaults.
+func identityRules(mode, prefix, matchBy string, mappings []identity.Mapping) identity.Rules {
+	r := identity.Rules{Mode: identity.Mode(mode), UsernamePrefix: prefix, MatchField: identity.MatchField(matchBy), Mappings: mappings}
+	if r.Mode == "" {
+		r.Mode = identity.ModeMapped
+	}
+	if r.MatchField == "" {
+		r.MatchField = identity.MatchEmail
+	}
+	return r
 }
 
 func sortBackends(bs []Backend) {

@@ -23,6 +23,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/identity"
 	"github.com/coder/coder-k8s/internal/metrics"
 )
 
@@ -293,11 +294,22 @@ func (p *ControlPlaneProvider) Backends(ctx context.Context, namespace string) (
 			ControlPlane: ccp.Name,
 			URL:          u,
 			Client:       p.client(ccp, u, &secret, token),
+			Identity:     controlPlaneIdentity(ccp),
 		})
 	}
 	p.forgetExcept(namespace, live)
 	sortBackends(out)
 	return out, nil
+}
+
+// controlPlaneIdentity reads spec.identity.
+func controlPlaneIdentity(ccp *coderv1alpha1.CoderControlPlane) identity.Rules {
+	id := ccp.Spec.Identity
+	mappings := make([]identity.Mapping, len(id.Mappings))
+	for i, m := range id.Mappings {
+		mappings[i] = identity.Mapping{KubernetesUser: m.KubernetesUser, CoderUser: m.CoderUser}
+	}
+	return identityRules(id.Mode, id.UsernamePrefix, id.MatchBy, mappings)
 }
 
 // listControlPlanes lists the control planes of namespace ("" for all)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/config"
+	"github.com/coder/coder-k8s/internal/identity"
 	"github.com/coder/coder-k8s/internal/metrics"
 )
 
@@ -44,6 +45,7 @@ type StaticProvider struct {
 	namespace string
 	url       *url.URL
 	tokenFile string // "" when the token came from the flag
+	identity  identity.Rules
 	timeout   time.Duration
 	log       logr.Logger
 
@@ -83,7 +85,16 @@ func NewStaticProvider(cfg config.StaticBackend, coderTimeout time.Duration, kub
 	if err != nil {
 		return nil, fmt.Errorf("static backend: %w", err)
 	}
+	mappings := make([]identity.Mapping, len(cfg.Identity.Mappings))
+	for i, m := range cfg.Identity.Mappings {
+		mappings[i] = identity.Mapping{KubernetesUser: m.KubernetesUser, CoderUser: m.CoderUser}
+	}
+	rules := identityRules(cfg.Identity.Mode, cfg.Identity.UsernamePrefix, cfg.Identity.MatchBy, mappings)
+	if err := rules.Validate("aggregatedAPIServer.coder.staticBackend.identity"); err != nil {
+		return nil, fmt.Errorf("static backend: %w", err)
+	}
 	p := &StaticProvider{
+		identity:  rules,
 		namespace: cfg.Namespace,
 		url:       u,
 		timeout:   coderTimeout,
@@ -104,6 +115,10 @@ func NewStaticProvider(cfg config.StaticBackend, coderTimeout time.Duration, kub
 		p.token, p.fileInfo = token, info
 	}
 	p.client = coderapi.NewClient(u, p.token, coderTimeout, staticTarget)
+	if !rules.Mapped() {
+		p.log.Info("WARNING: identity mode Operator: every caller of coderworkspaces and codertemplates in namespace " + cfg.Namespace +
+			" acts in Coder as the session token's user, so whoever Kubernetes RBAC lets read or change them there reads and changes what that user may in Coder")
+	}
 
 	// Only the one namespace is watched: its existence and deletion
 	// decide whether the backend is served, without an API call per
@@ -178,7 +193,7 @@ func (p *StaticProvider) Backends(_ context.Context, namespace string) ([]Backen
 	p.mu.RLock()
 	c := p.client
 	p.mu.RUnlock()
-	return []Backend{{Namespace: p.namespace, URL: p.url, Client: c}}, nil
+	return []Backend{{Namespace: p.namespace, URL: p.url, Client: c, Identity: p.identity}}, nil
 }
 
 // refreshToken re-reads the token file when its identity, size or

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coder/coder/v2/codersdk"
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
@@ -31,6 +32,7 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/identity"
 )
 
 // Options configures both resources' storage.
@@ -47,6 +49,10 @@ type Options struct {
 	// WorkspacePageSize is how many workspaces one list request asks
 	// coderd for; 0 means DefaultWorkspacePageSize.
 	WorkspacePageSize int
+	// Identity maps callers onto Coder users for the backends in Mapped
+	// mode. Nil: every request acts as the operator (tests of storage
+	// alone).
+	Identity *identity.Service
 }
 
 // target is a backend as one request sees it: prefixed says whether its
@@ -55,6 +61,11 @@ type Options struct {
 type target struct {
 	backend.Backend
 	prefixed bool
+	// caller is the request's Coder user when the backend maps
+	// identities; nil when the operator acts (Operator mode, the poller).
+	caller *identity.Caller
+	// operator is the operator's client once Client acts as the caller.
+	operator *codersdk.Client
 }
 
 // coderdKey identifies, for the caches of what coderd answered, the
@@ -89,7 +100,13 @@ type resource struct {
 	gr       schema.GroupResource
 	kind     string
 	backends backend.Provider
-	log      logr.Logger
+	ident    *identity.Service
+	access   access
+	// callerLists says a list that reads coderd reads it as the caller
+	// (coderd filters, and answers in proportion to what the caller
+	// sees); otherwise it reads everything as the operator and filters.
+	callerLists bool
+	log         logr.Logger
 	// fields maps Coder's JSON field names in validation errors onto the
 	// resource's field paths.
 	fields map[string]string
@@ -190,13 +207,30 @@ func (r *resource) sources(ctx context.Context) ([]watchcache.Source, error) {
 // namespace) that match its selectors, as the cache holds them (shared:
 // read only), and the list resourceVersion.
 func (r *resource) list(ctx context.Context, opts *metainternalversion.ListOptions) ([]watchcache.Listed, string, error) {
-	ts, err := r.targets(ctx, namespaceOf(ctx))
+	ns := namespaceOf(ctx)
+	ts, err := r.targets(ctx, ns)
 	if err != nil {
 		return nil, "", err
 	}
-	objs, err := listTargets(ctx, r.cache, 2*r.interval, ts, opts, r.listBackend,
+	v, ts, err := r.viewerOf(ctx, ts, ns == "")
+	if err != nil {
+		return nil, "", err
+	}
+	lts := make([]target, len(ts))
+	for i, t := range ts {
+		if r.callerLists {
+			lts[i] = t.acting()
+		} else {
+			lts[i] = t
+			lts[i].caller = nil
+		}
+	}
+	objs, err := listTargets(ctx, r.cache, 2*r.interval, lts, opts, r.listBackend,
 		func(t target, err error) error { return r.coderErr(t, err, "") })
 	if err != nil {
+		return nil, "", err
+	}
+	if objs, err = r.filterListed(ctx, v, objs); err != nil {
 		return nil, "", err
 	}
 	sel := selectorOf(opts)
@@ -219,7 +253,30 @@ func (r *resource) Watch(ctx context.Context, opts *metainternalversion.ListOpti
 	if !sel.empty() {
 		match = func(o watchcache.Object) bool { return sel.matches(r.selectable(o)) }
 	}
-	return watchFrom(ctx, r.cache, namespaceOf(ctx), opts, match)
+	ns := namespaceOf(ctx)
+	ts, err := r.targets(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	v, ts, err := r.viewerOf(ctx, ts, ns == "")
+	if err != nil {
+		return nil, err
+	}
+	backends := inNamespace(ns)
+	if len(v) > 0 {
+		// Only the backends the caller may read; refused ones are left
+		// out.
+		keys := map[string]bool{}
+		for _, t := range ts {
+			keys[t.Key()] = true
+		}
+		backends = func(key string) bool { return keys[key] }
+	}
+	w, err := watchFrom(ctx, r.cache, backends, opts, match)
+	if err != nil {
+		return nil, err
+	}
+	return r.filterWatch(ctx, v, w), nil
 }
 
 // targets returns the backends serving namespace ("" = every namespace).

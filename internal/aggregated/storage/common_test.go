@@ -32,7 +32,7 @@ func TestTargetsOf(t *testing.T) {
 		t.Fatalf("targetsOf returned %d targets for %d backends", len(got), len(bs))
 	}
 	for i, tg := range got {
-		if tg.Backend != bs[i] {
+		if tg.Key() != bs[i].Key() || tg.Client != bs[i].Client {
 			t.Errorf("target %d is %+v, want %+v (same order)", i, tg.Backend, bs[i])
 		}
 		if tg.prefixed != want[i] {

@@ -21,6 +21,9 @@ import (
 // is synced there; any other list reads coderd (and refreshes the cache
 // with what it read, so watchers see the change too).
 //
+// A target with a caller (callerLists) is listed as that caller: coderd
+// answers only what they may read.
+//
 // An error is mapped by mapErr with the target it came from.
 func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Duration, ts []target, opts *metainternalversion.ListOptions,
 	list func(context.Context, target) ([]watchcache.Object, error), mapErr func(target, error) error) ([]watchcache.Listed, error) {
@@ -42,6 +45,13 @@ func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Durat
 			objs, err := list(gctx, t)
 			var stamped []watchcache.Listed
 			switch {
+			case t.caller != nil && (err == nil || errors.Is(err, watchcache.ErrIncomplete)):
+				// What coderd showed the caller: it updates the cache
+				// (the same objects the operator would read) and deletes
+				// nothing, since the caller sees only part of coderd.
+				stamped = cache.UpsertShared(t.Key(), objs...)
+			case t.caller != nil:
+				return mapErr(t, err)
 			case errors.Is(err, watchcache.ErrIncomplete):
 				// coderd changed between pages: what was read updates the
 				// cache, and the backend's objects are answered from it,
@@ -111,12 +121,12 @@ func cachedFresh(cache *watchcache.Cache, ts []target, maxAge time.Duration) boo
 	return true
 }
 
-// watchFrom opens a watch on the cache for namespace ("" = all). A watch
+// watchFrom opens a watch on the cache for the backends given. A watch
 // that starts from "now" with the current state first reads coderd, so its
 // initial events are as fresh as a list; when coderd cannot be reached the
 // client retries.
-func watchFrom(ctx context.Context, cache *watchcache.Cache, namespace string, opts *metainternalversion.ListOptions, match func(watchcache.Object) bool) (watch.Interface, error) {
-	wo := watchcache.WatchOptions{Backend: inNamespace(namespace), Match: match}
+func watchFrom(ctx context.Context, cache *watchcache.Cache, backends func(key string) bool, opts *metainternalversion.ListOptions, match func(watchcache.Object) bool) (watch.Interface, error) {
+	wo := watchcache.WatchOptions{Backend: backends, Match: match}
 	if opts != nil {
 		wo.ResourceVersion = opts.ResourceVersion
 		wo.SendInitialEvents = opts.SendInitialEvents

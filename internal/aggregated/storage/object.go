@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/coder/coder/v2/codersdk"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -39,6 +40,7 @@ func (n templateObjectName) controlPlane() string { return n.ControlPlane }
 type objectStore[N objectName, T object] interface {
 	lookup(ctx context.Context, name string) (target, N, error)
 	read(ctx context.Context, t target, n N, name string) (T, error)
+	res() *resource
 }
 
 // lookupName parses name and finds its backend. A malformed name is
@@ -49,6 +51,10 @@ func lookupName[N objectName](ctx context.Context, r *resource, name string, par
 		return target{}, n, r.badName(name, err)
 	}
 	t, err := r.resolve(ctx, namespaceOf(ctx), n.controlPlane(), name)
+	if err != nil {
+		return t, n, err
+	}
+	t, err = r.caller(ctx, t, name)
 	return t, n, err
 }
 
@@ -60,8 +66,18 @@ func current[N objectName, T object](ctx context.Context, s objectStore[N, T], n
 		var zero T
 		return t, n, zero, err
 	}
+	// Read as the operator, so that what the request sees is what the
+	// shared cache holds, then shown as the caller may see it.
 	cur, err := s.read(ctx, t, n, name)
-	return t, n, cur, err
+	if err != nil {
+		return t, n, cur, err
+	}
+	shown, err := s.res().filterOne(ctx, t, cur)
+	if err != nil {
+		var zero T
+		return t, n, zero, err
+	}
+	return t, n, shown.(T), nil
 }
 
 // getObject serves Get.
@@ -109,7 +125,12 @@ func toCreate[N objectName, T object](ctx context.Context, r *resource, obj runt
 		}
 	}
 	t, err := r.resolve(ctx, namespaceOf(ctx), n.controlPlane(), o.GetName())
-	return o, n, t, err
+	if err != nil {
+		return o, n, t, err
+	}
+	// Created as the caller: coderd decides whether they may.
+	t, err = r.caller(ctx, t, o.GetName())
+	return o, n, t.acting(), err
 }
 
 // toDelete reads the object a delete request names and checks the
@@ -127,5 +148,6 @@ func toDelete[N objectName, T object](ctx context.Context, r *resource, s object
 			return t, n, cur, err
 		}
 	}
-	return t, n, cur, nil
+	t, err = r.mayWrite(ctx, t, cur, codersdk.ActionDelete)
+	return t, n, cur, err
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/identity"
 )
 
 // TemplateOptions adds what only templates need.
@@ -76,6 +77,8 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 			gr:       aggv1.Resource("codertemplates"),
 			kind:     "CoderTemplate",
 			backends: o.Backends,
+			ident:    o.Identity,
+			access:   templateAccess,
 			log:      o.Log.WithName("codertemplates"),
 			fields: map[string]string{
 				"name":                "metadata.name",
@@ -243,6 +246,15 @@ func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, create
 		return nil, s.invalid(tpl.Name, errs)
 	}
 	if opts != nil && isDryRun(opts.DryRun) {
+		if t.caller != nil {
+			orgID, err := s.orgs.get(ctx, t, n.Org)
+			if err != nil {
+				return nil, s.coderErr(t, err, tpl.Name)
+			}
+			if err := s.mayCreate(ctx, t, identity.Check{Resource: codersdk.ResourceTemplate, Action: codersdk.ActionCreate, OrganizationID: orgID}, tpl.Name); err != nil {
+				return nil, err
+			}
+		}
 		if err := s.previewCreate(ctx, t, dry); err != nil {
 			return nil, err
 		}
@@ -344,6 +356,9 @@ func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.
 		})
 	if created != nil || err != nil {
 		return created, err == nil, err
+	}
+	if t, err = s.mayWrite(ctx, t, cur, codersdk.ActionUpdate); err != nil {
+		return nil, false, err
 	}
 	errs := validateTemplateUpdate(next, cur, name)
 	errs = append(errs, validateMeta(next, derivedLabels(cur.Labels), cur)...)

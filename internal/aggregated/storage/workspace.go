@@ -24,6 +24,7 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/identity"
 )
 
 // WorkspaceStorage serves coderworkspaces.
@@ -61,7 +62,12 @@ func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
 			gr:       aggv1.Resource("coderworkspaces"),
 			kind:     "CoderWorkspace",
 			backends: o.Backends,
-			log:      o.Log.WithName("coderworkspaces"),
+			ident:    o.Identity,
+			access:   workspaceAccess,
+			// A member's list of their 10 workspaces among thousands costs
+			// coderd 10, as coderd's own list does.
+			callerLists: true,
+			log:         o.Log.WithName("coderworkspaces"),
 			fields: map[string]string{
 				"name":                  "metadata.name",
 				"template_id":           "spec.templateName",
@@ -154,10 +160,14 @@ func (s *WorkspaceStorage) listWorkspaces(ctx context.Context, t target) ([]watc
 		next[listed[i].hash] = e
 		return obj, e.specHash
 	}
-	if mergeErr := s.mergeListed(ctx, t, out, started, err == nil, merge); mergeErr != nil {
+	// A caller's list is part of coderd's workspaces: it deletes no
+	// record and does not replace the memo the poller keeps.
+	if mergeErr := s.mergeListed(ctx, t, out, started, err == nil && t.caller == nil, merge); mergeErr != nil {
 		return nil, mergeErr
 	}
-	s.memo.set(t, next)
+	if t.caller == nil {
+		s.memo.set(t, next)
+	}
 	return out, err
 }
 
@@ -396,6 +406,23 @@ func (s *WorkspaceStorage) Create(ctx context.Context, obj runtime.Object, creat
 	} else {
 		req.TemplateID = tpl.ID
 	}
+	if opts != nil && isDryRun(opts.DryRun) && t.caller != nil {
+		// coderd is not asked to create: ask whether it would let the
+		// caller, for the owner the name gives.
+		// Looked up as the operator: a member may not read other users,
+		// and the real create is refused for the create, not the lookup.
+		ownerName := n.Owner
+		if ownerName == codersdk.Me {
+			ownerName = t.caller.UserID.String()
+		}
+		owner, err := t.operatorClient().User(ctx, ownerName)
+		if err != nil {
+			return nil, s.coderErr(t, err, ws.Name)
+		}
+		if err := s.mayCreate(ctx, t, identity.Check{Resource: codersdk.ResourceWorkspace, Action: codersdk.ActionCreate, OrganizationID: orgID, OwnerID: owner.ID}, ws.Name); err != nil {
+			return nil, err
+		}
+	}
 	if opts != nil && isDryRun(opts.DryRun) {
 		// What the real create would show: the version it builds (the
 		// template's active one unless given). The template was checked
@@ -489,6 +516,9 @@ func (s *WorkspaceStorage) Update(ctx context.Context, name string, objInfo rest
 		})
 	if created != nil || err != nil {
 		return created, err == nil, err
+	}
+	if t, err = s.mayWrite(ctx, t, cur, codersdk.ActionUpdate); err != nil {
+		return nil, false, err
 	}
 	errs := validateWorkspaceUpdate(ws, cur, name)
 	errs = append(errs, validateMeta(ws, derivedLabels(cur.Labels), cur)...)

@@ -41,7 +41,9 @@ func toWorkspace(t target, w *codersdk.Workspace, params []aggv1.WorkspaceParame
 		Status: aggv1.CoderWorkspaceStatus{
 			ID:                  id,
 			Owner:               w.OwnerName,
+			OwnerID:             uuidString(w.OwnerID),
 			Organization:        w.OrganizationName,
+			OrganizationID:      uuidString(w.OrganizationID),
 			Template:            w.TemplateName,
 			TemplateDisplayName: w.TemplateDisplayName,
 			Phase:               string(b.Status),

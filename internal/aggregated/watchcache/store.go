@@ -315,16 +315,25 @@ type Listed struct {
 // of the object and kept with it, so that lists serve an unchanged
 // object's encoding again.
 func (l Listed) JSON() ([]byte, error) {
-	if b := l.e.json.Load(); b != nil {
-		return *b, nil
+	if l.e != nil {
+		if b := l.e.json.Load(); b != nil {
+			return *b, nil
+		}
 	}
 	data, err := json.Marshal(l.Obj)
 	if err != nil {
 		return nil, fmt.Errorf("encoding %q: %w", l.Obj.GetName(), err)
 	}
-	l.e.json.Store(&data)
+	if l.e != nil {
+		l.e.json.Store(&data)
+	}
 	return data, nil
 }
+
+// Derived lists obj, made from a stored object for one caller (fields
+// they may not see removed), in its place: it is encoded on its own,
+// never with the stored object's encoding.
+func Derived(obj Object) Listed { return Listed{Obj: obj} }
 
 func copies(es []*entry) []Object {
 	if es == nil {
@@ -432,6 +441,16 @@ func sortedNames(b *backend) []string {
 // of objs, as Replace does. It returns stamped deep copies in the order given, leaving out
 // unusable objects (logged). It does not mark the backend synced.
 func (c *Cache) Upsert(key string, objs ...Object) []Object {
+	return copies(c.upsert(key, objs))
+}
+
+// UpsertShared is Upsert returning the stored objects as a list answers
+// them, without copying them.
+func (c *Cache) UpsertShared(key string, objs ...Object) []Listed {
+	return listed(c.upsert(key, objs))
+}
+
+func (c *Cache) upsert(key string, objs []Object) []*entry {
 	ps := c.prepare(key, objs)
 	c.mu.Lock()
 	b := c.backendLocked(key)
@@ -446,7 +465,7 @@ func (c *Cache) Upsert(key string, objs ...Object) []Object {
 	}
 	c.commitLocked(batch)
 	c.mu.Unlock()
-	return copies(es)
+	return es
 }
 
 // Delete records that the named objects of a backend are gone.

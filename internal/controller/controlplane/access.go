@@ -22,6 +22,7 @@ import (
 // records its result. It returns when access should be checked again, and
 // the result.
 func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, ep operatoraccess.Endpoint) (time.Duration, operatoraccess.Result) {
+	setIdentity(ctx, ccp)
 	actx, cancel := context.WithTimeout(ctx, valueOr(r.AccessTimeout, DefaultAccessTimeout))
 	res, err := r.Access.ReconcileAt(actx, ccp.DeepCopy(), ep)
 	cancel()
@@ -93,6 +94,23 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 		return minPositive(res.RequeueAfter, missingSecretRecheck), res
 	}
 	return res.RequeueAfter, res
+}
+
+// setIdentity reports spec.identity.mode in IdentityMapped, and warns in
+// the log when a control plane turns to Operator mode.
+func setIdentity(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) {
+	if ccp.Spec.Identity.Mode == "Operator" {
+		prev := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionIdentityMapped)
+		if prev == nil || prev.Reason != coderv1alpha1.ReasonOperatorIdentity {
+			logf.FromContext(ctx).Info("WARNING: spec.identity.mode is Operator: every caller of coderworkspaces and codertemplates in this namespace acts in Coder as the operator's owner user, so whoever Kubernetes RBAC lets read or change them may read and change anything in this coderd",
+				"controlPlane", ccp.Namespace+"/"+ccp.Name)
+		}
+		setCondition(ccp, coderv1alpha1.ConditionIdentityMapped, metav1.ConditionFalse, coderv1alpha1.ReasonOperatorIdentity,
+			"spec.identity.mode is Operator: every caller of the aggregated API and MCP acts in Coder as the operator's owner user "+ccp.Status.OperatorUser)
+		return
+	}
+	setCondition(ccp, coderv1alpha1.ConditionIdentityMapped, metav1.ConditionTrue, coderv1alpha1.ReasonMapped,
+		"each caller of the aggregated API and MCP acts in Coder as the Coder user their Kubernetes user maps to")
 }
 
 // setAdoptedAvailable sets Available of an adopted control plane, which

@@ -1,0 +1,156 @@
+package identity
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/coder/coder-k8s/internal/coderapi"
+)
+
+// checkTTL is how long coderd's answer to an authorization check is
+// reused: a role or ACL changed in Coder shows within this time in lists
+// and watches (writes always ask coderd).
+const checkTTL = 10 * time.Second
+
+// coderd answers at most 10 checks naming a resource ID per request;
+// checks of a set (an owner's workspaces in an organization) are cheap
+// and batched more widely.
+const (
+	maxIDChecks  = 10
+	maxSetChecks = 100
+)
+
+// Check is one question to coderd's authorization: may the caller do
+// Action on the object (a single resource when ResourceID is set, else
+// the set of resources of that type the owner and organization name).
+type Check struct {
+	Resource       codersdk.RBACResource
+	Action         codersdk.RBACAction
+	OrganizationID uuid.UUID
+	OwnerID        uuid.UUID
+	ResourceID     uuid.UUID
+}
+
+type checkKey struct {
+	coderd string
+	user   uuid.UUID
+	check  Check
+}
+
+type checkEntry struct {
+	allowed bool
+	expires time.Time
+}
+
+// Allowed answers checks for the caller, from the service's memory where
+// it can and otherwise from coderd's authorization check, sent with the
+// caller's own token. out[i] answers checks[i].
+func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
+	s := c.svc
+	out := make([]bool, len(checks))
+	now := s.now()
+	var ask []int
+	s.mu.Lock()
+	for i, ch := range checks {
+		e, ok := s.checks[checkKey{c.token.cd.Key, c.UserID, ch}]
+		if ok && now.Before(e.expires) {
+			out[i] = e.allowed
+			continue
+		}
+		ask = append(ask, i)
+	}
+	s.mu.Unlock()
+	if len(ask) == 0 {
+		return out, nil
+	}
+
+	// Each distinct check once, in batches coderd accepts.
+	first := map[Check]int{}
+	var ids, sets [][]Check
+	var curIDs, curSets []Check
+	for _, i := range ask {
+		ch := checks[i]
+		if _, ok := first[ch]; ok {
+			continue
+		}
+		first[ch] = i
+		if ch.ResourceID != uuid.Nil {
+			if curIDs = append(curIDs, ch); len(curIDs) == maxIDChecks {
+				ids, curIDs = append(ids, curIDs), nil
+			}
+		} else if curSets = append(curSets, ch); len(curSets) == maxSetChecks {
+			sets, curSets = append(sets, curSets), nil
+		}
+	}
+	if len(curIDs) > 0 {
+		ids = append(ids, curIDs)
+	}
+	if len(curSets) > 0 {
+		sets = append(sets, curSets)
+	}
+	answers := map[Check]bool{}
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(coderapi.MaxParallel)
+	for _, batch := range append(ids, sets...) {
+		g.Go(func() error {
+			got, err := c.authCheck(gctx, batch)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for ch, ok := range got {
+				answers[ch] = ok
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	expires := s.now().Add(checkTTL)
+	s.mu.Lock()
+	for ch, ok := range answers {
+		s.checks[checkKey{c.token.cd.Key, c.UserID, ch}] = checkEntry{allowed: ok, expires: expires}
+	}
+	s.mu.Unlock()
+	for _, i := range ask {
+		out[i] = answers[checks[i]]
+	}
+	return out, nil
+}
+
+// authCheck sends one batch to coderd's POST /api/v2/authcheck.
+func (c *Caller) authCheck(ctx context.Context, batch []Check) (map[Check]bool, error) {
+	req := codersdk.AuthorizationRequest{Checks: make(map[string]codersdk.AuthorizationCheck, len(batch))}
+	for i, ch := range batch {
+		obj := codersdk.AuthorizationObject{ResourceType: ch.Resource}
+		if ch.OrganizationID != uuid.Nil {
+			obj.OrganizationID = ch.OrganizationID.String()
+		}
+		if ch.OwnerID != uuid.Nil {
+			obj.OwnerID = ch.OwnerID.String()
+		}
+		if ch.ResourceID != uuid.Nil {
+			obj.ResourceID = ch.ResourceID.String()
+		}
+		req.Checks[strconv.Itoa(i)] = codersdk.AuthorizationCheck{Object: obj, Action: ch.Action}
+	}
+	res, err := c.Client.AuthCheck(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("ask coderd what Coder user %s may do: %w", c.Username, err)
+	}
+	out := make(map[Check]bool, len(batch))
+	for i, ch := range batch {
+		out[ch] = res[strconv.Itoa(i)]
+	}
+	return out, nil
+}

@@ -1,0 +1,550 @@
+package identity
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/go-logr/logr"
+	"github.com/google/uuid"
+	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/coder/coder-k8s/internal/coderapi"
+)
+
+// Token lifetimes. coderd extends a token used after more than an hour
+// of its life has passed only when its lifetime exceeds an hour, so an
+// hour is the longest lifetime that really ends. A token is replaced once
+// less than renewBefore is left, so that no request starts with a token
+// about to expire: in steady use a user costs 60/45 tokens an hour.
+const (
+	TokenLifetime = time.Hour
+	renewBefore   = 15 * time.Minute
+	// idleAfter is how long a token unused is kept before it is revoked.
+	idleAfter = 15 * time.Minute
+	// userTTL is how long a Kubernetes user's Coder user is remembered:
+	// a user renamed in Coder is seen within this time. (coderd refuses
+	// a suspended user's token at once; that refusal also makes the
+	// mapping be looked up again.) User lookups share coderd's rate
+	// limit of GET /api/v2/users with every other caller.
+	userTTL = 2 * time.Minute
+	// refusedTTL is how long a refusal is remembered, so that a caller
+	// who is not mapped does not cost a user lookup per request, while a
+	// user just created in Coder is found quickly.
+	refusedTTL = 5 * time.Second
+	// maxTokens bounds the tokens held; the least recently used go first.
+	maxTokens = 10000
+	// revokeGrace lets requests already sent with a replaced token finish
+	// before it is revoked.
+	revokeGrace = 30 * time.Second
+	// revokeTimeout bounds each revocation.
+	revokeTimeout = 10 * time.Second
+)
+
+// Coderd is one coderd as the service sees it.
+type Coderd struct {
+	// Key identifies the coderd and the operator session calling it; it
+	// keys every cache.
+	Key string
+	// Name says, in messages, which control plane this is.
+	Name string
+	// Tag names the control plane in token names ("<namespace>_<name>",
+	// or "static").
+	Tag string
+	// Owner calls coderd as the operator's owner user.
+	Owner *codersdk.Client
+	Rules Rules
+}
+
+// Refused is why a caller may not act in a coderd; the aggregated API
+// answers it with 403 Forbidden.
+type Refused struct{ Reason string }
+
+func (e *Refused) Error() string { return e.Reason }
+
+// IsRefused reports whether err is a refusal.
+func IsRefused(err error) bool {
+	var r *Refused
+	return errors.As(err, &r)
+}
+
+// Caller is a Kubernetes user acting as their Coder user in one coderd.
+type Caller struct {
+	// KubernetesUser is the authenticated Kubernetes username.
+	KubernetesUser string
+	UserID         uuid.UUID
+	Username       string
+	// Client calls coderd as the Coder user, with a token the service
+	// keeps fresh: it is re-minted once when coderd answers 401.
+	Client *codersdk.Client
+
+	svc   *Service
+	token *tokenEntry
+}
+
+// Service maps callers and holds their tokens. Run must run for tokens to
+// be revoked when idle and at shutdown.
+type Service struct {
+	log logr.Logger
+	now func() time.Time
+
+	mu     sync.Mutex
+	users  map[userKey]*userEntry
+	tokens map[tokenKey]*tokenEntry
+	checks map[checkKey]checkEntry
+	// revoking tracks revocations so that shutdown waits for them.
+	revoking sync.WaitGroup
+	stopped  bool
+	// stop ends the grace periods of pending revocations at shutdown.
+	stop chan struct{}
+	// minted counts tokens minted, for benchmarks and metrics.
+	minted uint64
+	// grace is revokeGrace (shorter in tests).
+	grace time.Duration
+}
+
+type userKey struct{ coderd, kubernetesUser string }
+
+type userEntry struct {
+	user    codersdk.User
+	refused error
+	expires time.Time
+}
+
+type tokenKey struct {
+	coderd string
+	user   uuid.UUID
+}
+
+// tokenEntry is one Coder user's token in one coderd. mu serialises
+// minting, so concurrent requests share one new token. Lock order: an
+// entry's mu before the service's.
+type tokenEntry struct {
+	key    tokenKey
+	cd     Coderd
+	userID uuid.UUID
+	client *codersdk.Client
+	// lastUsed is in Unix nanoseconds.
+	lastUsed atomic.Int64
+
+	mu      sync.Mutex
+	token   string
+	keyID   string
+	expires time.Time
+	// evicted says the entry left the service's map; a caller still
+	// holding it puts it back when it mints again.
+	evicted bool
+}
+
+// New returns a service logging to log.
+func New(log logr.Logger) *Service {
+	return &Service{log: log.WithName("identity"), now: time.Now,
+		users: map[userKey]*userEntry{}, tokens: map[tokenKey]*tokenEntry{}, checks: map[checkKey]checkEntry{},
+		stop: make(chan struct{}), grace: revokeGrace}
+}
+
+// Run revokes idle tokens until ctx ends, then revokes every token it
+// holds and waits (bounded) for the revocations.
+func (s *Service) Run(ctx context.Context) error {
+	tick := time.NewTicker(time.Minute)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			s.shutdown()
+			return nil
+		case <-tick.C:
+			s.evictIdle()
+		}
+	}
+}
+
+// NeedLeaderElection is false: every replica serves requests.
+func (s *Service) NeedLeaderElection() bool { return false }
+
+// Minted returns how many tokens the service has minted.
+func (s *Service) Minted() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.minted
+}
+
+// Caller maps u onto its Coder user in cd and returns a client acting as
+// that user. A *Refused error says why u may not act there; any other
+// error is coderd failing to answer.
+func (s *Service) Caller(ctx context.Context, cd Coderd, u user.Info) (*Caller, error) {
+	name := ""
+	if u != nil {
+		name = u.GetName()
+	}
+	cu, err := s.coderUser(ctx, cd, name)
+	if err != nil {
+		return nil, err
+	}
+	e := s.tokenFor(cd, cu.ID)
+	return &Caller{KubernetesUser: name, UserID: cu.ID, Username: cu.Username, Client: e.client, svc: s, token: e}, nil
+}
+
+// coderUser finds (or remembers) the Coder user of Kubernetes user name.
+func (s *Service) coderUser(ctx context.Context, cd Coderd, name string) (codersdk.User, error) {
+	key := userKey{cd.Key, name}
+	now := s.now()
+	s.mu.Lock()
+	if e, ok := s.users[key]; ok && now.Before(e.expires) {
+		s.mu.Unlock()
+		return e.user, e.refused
+	}
+	s.mu.Unlock()
+
+	u, err := s.lookup(ctx, cd, name)
+	var refused *Refused
+	switch {
+	case err == nil:
+		s.remember(key, &userEntry{user: u, expires: now.Add(userTTL)})
+	case errors.As(err, &refused):
+		s.remember(key, &userEntry{refused: err, expires: now.Add(refusedTTL)})
+	}
+	return u, err
+}
+
+func (s *Service) remember(key userKey, e *userEntry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.users) >= maxTokens {
+		now := s.now()
+		for k, v := range s.users {
+			if !now.Before(v.expires) {
+				delete(s.users, k)
+			}
+		}
+	}
+	s.users[key] = e
+}
+
+// lookup asks coderd, as the operator, for the Coder user name maps to.
+func (s *Service) lookup(ctx context.Context, cd Coderd, name string) (codersdk.User, error) {
+	c, err := cd.Rules.lookupFor(name)
+	if err != nil {
+		return codersdk.User{}, &Refused{Reason: err.Error()}
+	}
+	what := fmt.Sprintf("Kubernetes user %q", name)
+	if c.explicit {
+		what += fmt.Sprintf(" (mapped explicitly to %q)", c.value)
+	}
+	var matches []codersdk.User
+	if c.field == MatchUsername {
+		u, err := cd.Owner.User(ctx, c.value)
+		switch {
+		case coderapi.IsNotFound(err) || coderapi.StatusCode(err) == http.StatusBadRequest:
+		case err != nil:
+			return codersdk.User{}, fmt.Errorf("look up Coder user %q in %s: %w", c.value, cd.Name, err)
+		case strings.EqualFold(u.Username, c.value):
+			matches = append(matches, u)
+		}
+	} else {
+		// The search matches a substring of the email or the username;
+		// only exact (case-insensitive) email matches count.
+		for offset := 0; ; {
+			res, err := cd.Owner.Users(ctx, codersdk.UsersRequest{Search: c.value, Pagination: codersdk.Pagination{Limit: 100, Offset: offset}})
+			if err != nil {
+				return codersdk.User{}, fmt.Errorf("look up Coder users by email %q in %s: %w", c.value, cd.Name, err)
+			}
+			for _, u := range res.Users {
+				if strings.EqualFold(u.Email, c.value) {
+					matches = append(matches, u)
+				}
+			}
+			offset += len(res.Users)
+			if len(res.Users) < 100 || offset >= res.Count {
+				break
+			}
+		}
+	}
+	field := "username"
+	if c.field == MatchEmail {
+		field = "email"
+	}
+	switch {
+	case len(matches) == 0:
+		return codersdk.User{}, &Refused{Reason: fmt.Sprintf("%s has no Coder user in %s: no user's %s is %q", what, cd.Name, field, c.value)}
+	case len(matches) > 1:
+		names := make([]string, len(matches))
+		for i, m := range matches {
+			names[i] = m.Username
+		}
+		return codersdk.User{}, &Refused{Reason: fmt.Sprintf("%s matches several Coder users in %s (%s whose %s is %q): map it explicitly", what, cd.Name, strings.Join(names, ", "), field, c.value)}
+	case matches[0].Status == codersdk.UserStatusSuspended:
+		return codersdk.User{}, &Refused{Reason: fmt.Sprintf("%s maps to Coder user %q in %s, which is suspended", what, matches[0].Username, cd.Name)}
+	}
+	return matches[0], nil
+}
+
+// tokenFor returns the token entry of a Coder user, creating it (without
+// a token yet: the first request mints one).
+func (s *Service) tokenFor(cd Coderd, userID uuid.UUID) *tokenEntry {
+	key := tokenKey{cd.Key, userID}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.tokens[key]; ok {
+		return e
+	}
+	if len(s.tokens) >= maxTokens {
+		s.evictLRULocked()
+	}
+	e := &tokenEntry{key: key, cd: cd, userID: userID}
+	e.lastUsed.Store(s.now().UnixNano())
+	e.client = codersdk.New(cd.Owner.URL, codersdk.WithHTTPClient(&http.Client{
+		Transport: &userTransport{svc: s, e: e, base: cd.Owner.HTTPClient.Transport},
+	}))
+	s.tokens[key] = e
+	return e
+}
+
+// current returns a token of e with at least renewBefore left, minting
+// one when needed; stale, when not "", is a token coderd refused, which
+// must be replaced even if it looks fresh.
+func (s *Service) current(ctx context.Context, e *tokenEntry, stale string) (string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := s.now()
+	e.lastUsed.Store(now.UnixNano())
+	if e.token != "" && e.token != stale && now.Add(renewBefore).Before(e.expires) {
+		return e.token, nil
+	}
+	s.mu.Lock()
+	stopped := s.stopped
+	if e.evicted && !stopped {
+		if _, ok := s.tokens[e.key]; !ok {
+			s.tokens[e.key] = e
+		}
+		e.evicted = false
+	}
+	s.mu.Unlock()
+	if stopped {
+		return "", errors.New("coder-k8s is shutting down: no new Coder tokens are minted")
+	}
+	name, err := tokenName(e.cd.Tag, now)
+	if err != nil {
+		return "", err
+	}
+	// Minted as the operator, detached from the request: other requests
+	// wait for this token too.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), revokeTimeout)
+	defer cancel()
+	res, err := e.cd.Owner.CreateToken(mctx, e.userID.String(), codersdk.CreateTokenRequest{Lifetime: TokenLifetime, TokenName: name})
+	if err != nil {
+		return "", fmt.Errorf("mint a token for Coder user %s in %s with the operator's session: %w", e.userID, e.cd.Name, err)
+	}
+	old, oldID := e.token, e.keyID
+	e.token, e.keyID, e.expires = res.Key, keyID(res.Key), now.Add(TokenLifetime)
+	s.mu.Lock()
+	s.minted++
+	s.mu.Unlock()
+	if old != "" {
+		s.revokeLater(e.cd, e.userID, oldID, s.grace)
+	}
+	return e.token, nil
+}
+
+// tokenName names a token so that an administrator listing a user's
+// tokens sees it came from coder-k8s and for which control plane; names
+// are unique per user.
+func tokenName(tag string, now time.Time) (string, error) {
+	b := make([]byte, 3)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("token name: %w", err)
+	}
+	return fmt.Sprintf("coder-k8s_%s_%s_%s", tag, now.UTC().Format("20060102T150405Z"), hex.EncodeToString(b)), nil
+}
+
+// keyID is the public half of a Coder API key ("<id>-<secret>"), which
+// names it in the revoke request.
+func keyID(token string) string {
+	id, _, _ := strings.Cut(token, "-")
+	return id
+}
+
+// revokeLater revokes a token after delay, unless the service is
+// stopping (shutdown revokes what is left at once).
+func (s *Service) revokeLater(cd Coderd, userID uuid.UUID, id string, delay time.Duration) {
+	if id == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return
+	}
+	s.revoking.Add(1)
+	go func() {
+		defer s.revoking.Done()
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-s.stop:
+				t.Stop()
+			}
+		}
+		s.revoke(cd, userID, id)
+	}()
+}
+
+func (s *Service) revoke(cd Coderd, userID uuid.UUID, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
+	defer cancel()
+	err := cd.Owner.DeleteAPIKey(ctx, userID.String(), id)
+	if err != nil && !coderapi.IsNotFound(err) {
+		s.log.Info("could not revoke a caller's token; it expires within an hour", "coderd", cd.Name, "user", userID, "keyID", id, "error", err.Error())
+	}
+}
+
+// evictIdle drops and revokes tokens nobody used for idleAfter, and
+// forgets expired checks and users.
+func (s *Service) evictIdle() {
+	now := s.now()
+	s.mu.Lock()
+	var idle []*tokenEntry
+	for _, e := range s.tokens {
+		if now.Sub(time.Unix(0, e.lastUsed.Load())) > idleAfter {
+			idle = append(idle, e)
+		}
+	}
+	for k, v := range s.checks {
+		if !now.Before(v.expires) {
+			delete(s.checks, k)
+		}
+	}
+	for k, v := range s.users {
+		if !now.Before(v.expires) {
+			delete(s.users, k)
+		}
+	}
+	s.mu.Unlock()
+	for _, e := range idle {
+		s.evict(e, 0)
+	}
+}
+
+// evict takes e out of the map and revokes its token after delay.
+func (s *Service) evict(e *tokenEntry, delay time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.mu.Lock()
+	if s.tokens[e.key] == e {
+		delete(s.tokens, e.key)
+	}
+	s.mu.Unlock()
+	e.evicted = true
+	if e.token != "" && s.now().Before(e.expires) {
+		s.revokeLater(e.cd, e.userID, e.keyID, delay)
+	}
+	e.token, e.keyID = "", ""
+}
+
+// evictLRULocked drops the least recently used tenth of the tokens; s.mu
+// is held, so the revocations run on their own.
+func (s *Service) evictLRULocked() {
+	n := len(s.tokens) / 10
+	for ; n > 0; n-- {
+		var oldest *tokenEntry
+		for _, e := range s.tokens {
+			if oldest == nil || e.lastUsed.Load() < oldest.lastUsed.Load() {
+				oldest = e
+			}
+		}
+		delete(s.tokens, oldest.key)
+		go s.evict(oldest, s.grace)
+	}
+}
+
+// shutdown revokes every token held and waits for the revocations.
+func (s *Service) shutdown() {
+	s.mu.Lock()
+	if !s.stopped {
+		close(s.stop)
+	}
+	s.stopped = true
+	tokens := s.tokens
+	s.tokens = map[tokenKey]*tokenEntry{}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, e := range tokens {
+		e.mu.Lock()
+		id, live := e.keyID, e.token != "" && s.now().Before(e.expires)
+		e.token = ""
+		e.mu.Unlock()
+		if live {
+			wg.Go(func() { s.revoke(e.cd, e.userID, id) })
+		}
+	}
+	wg.Wait()
+	s.revoking.Wait()
+}
+
+// userTransport sends a request with the Coder user's current token and,
+// when coderd answers 401 (the token was revoked or expired early),
+// mints a new one and sends the request once more.
+type userTransport struct {
+	svc  *Service
+	e    *tokenEntry
+	base http.RoundTripper
+}
+
+func (t *userTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	token, err := t.svc.current(req.Context(), t.e, "")
+	if err != nil {
+		return nil, err
+	}
+	res, err := t.send(req, token)
+	if err != nil || res.StatusCode != http.StatusUnauthorized {
+		return res, err
+	}
+	if req.Body != nil && req.GetBody == nil {
+		return res, nil
+	}
+	fresh, err := t.svc.current(req.Context(), t.e, token)
+	if err != nil || fresh == token {
+		return res, nil
+	}
+	_ = res.Body.Close()
+	retry := req.Clone(req.Context())
+	if req.GetBody != nil {
+		if retry.Body, err = req.GetBody(); err != nil {
+			return nil, fmt.Errorf("resend the request with a new token: %w", err)
+		}
+	}
+	res, err = t.send(retry, fresh)
+	if err == nil && res.StatusCode == http.StatusUnauthorized {
+		// A fresh token refused too: the user is suspended (or gone).
+		// Look the mapping up again rather than mint for every request.
+		t.svc.forgetUser(t.e.cd.Key, t.e.userID)
+	}
+	return res, err
+}
+
+// forgetUser drops what is remembered of the Kubernetes users mapped onto
+// a Coder user of a coderd.
+func (s *Service) forgetUser(coderd string, id uuid.UUID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, v := range s.users {
+		if k.coderd == coderd && v.refused == nil && v.user.ID == id {
+			delete(s.users, k)
+		}
+	}
+}
+
+func (t *userTransport) send(req *http.Request, token string) (*http.Response, error) {
+	r := req.Clone(req.Context())
+	r.Header.Set(codersdk.SessionTokenHeader, token)
+	return t.base.RoundTrip(r)
+}

@@ -1,0 +1,357 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+// TestIdentityMapped runs a control plane in Mapped mode against a real
+// coderd holding an owner, a template admin, two members and a suspended
+// user, and Kubernetes users authenticated by client certificates and a
+// ServiceAccount token. Each sees and may do exactly what coderd lets
+// their Coder user, which the test asks coderd itself with that user's
+// own token.
+func TestIdentityMapped(t *testing.T) {
+	s := newStack(t, withCoder(testenv.CoderOptions{ProvisionerTypes: []codersdk.ProvisionerType{codersdk.ProvisionerTypeTerraform, codersdk.ProvisionerTypeEcho}}))
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	owner := s.coder.Client
+
+	// Coder users, each with a session of their own to ask coderd what
+	// it shows them.
+	sessions := map[string]*codersdk.Client{"admin": owner}
+	for _, u := range []string{"tadmin", "alice", "bob", "carol"} {
+		if _, err := owner.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
+			Email: u + "@example.com", Username: u, Password: "SomeSecurePassword!1", OrganizationIDs: []uuid.UUID{s.coder.OrganizationID},
+			UserLoginType: codersdk.LoginTypePassword,
+		}); err != nil {
+			t.Fatalf("create Coder user %s: %v", u, err)
+		}
+		login, err := owner.LoginWithPassword(ctx, codersdk.LoginWithPasswordRequest{Email: u + "@example.com", Password: "SomeSecurePassword!1"})
+		if err != nil {
+			t.Fatalf("log in as %s: %v", u, err)
+		}
+		sessions[u] = codersdk.New(s.coder.URL, codersdk.WithSessionToken(login.SessionToken))
+	}
+	if _, err := owner.UpdateUserRoles(ctx, "tadmin", codersdk.UpdateRoles{Roles: []string{codersdk.RoleTemplateAdmin}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.UpdateUserStatus(ctx, "carol", codersdk.UserStatusSuspended); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.coder.PushEchoTemplate(ctx, "tpl"); err != nil {
+		t.Fatal(err)
+	}
+	tpl := s.coderTemplate(t, "tpl")
+	for owner, ws := range map[string]string{"alice": "a1", "bob": "b1", "admin": "o1"} {
+		w, err := s.coder.Client.CreateUserWorkspace(ctx, owner, codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: ws})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.coder.WaitBuild(ctx, w.LatestBuild.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Kubernetes: a Role for everyone in group devs and the deployer
+	// ServiceAccount; Mapped mode with an OIDC-style prefix and one
+	// explicit mapping.
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "coder-user", Namespace: s.ns},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderworkspaces", "codertemplates"}, Verbs: []string{"*"}}}}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "coder-users", Namespace: s.ns},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "devs"},
+			{Kind: rbacv1.ServiceAccountKind, Name: "deployer", Namespace: s.ns}, {Kind: rbacv1.ServiceAccountKind, Name: "other", Namespace: s.ns}}}
+	for _, o := range []client.Object{role, binding,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "deployer", Namespace: s.ns}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: s.ns}}} {
+		if err := s.c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patch := `{"spec":{"identity":{"mode":"Mapped","usernamePrefix":"oidc:","matchBy":"Email","mappings":[{"kubernetesUser":"system:serviceaccount:` + s.ns + `:deployer","coderUser":"bob"}]}}}`
+	ccp := &coderv1alpha1.CoderControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "coder", Namespace: s.ns}}
+	if err := s.c.Patch(ctx, ccp, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, func() error {
+		if err := s.c.Get(ctx, client.ObjectKeyFromObject(ccp), ccp); err != nil {
+			return err
+		}
+		for _, c := range ccp.Status.Conditions {
+			if c.Type == coderv1alpha1.ConditionIdentityMapped && c.Status == metav1.ConditionTrue && c.ObservedGeneration == ccp.Generation {
+				return nil
+			}
+		}
+		return fmt.Errorf("IdentityMapped is not True for generation %d: %+v", ccp.Generation, ccp.Status.Conditions)
+	})
+
+	users := map[string]dynamic.Interface{}
+	for name, k8sUser := range map[string]string{"admin": "admin@example.com", "tadmin": "oidc:TAdmin@Example.com", "alice": "alice@example.com",
+		"bob": "bob@example.com", "carol": "carol@example.com", "nobody": "nobody@example.com"} {
+		cfg, err := s.k.UserConfig(k8sUser, "devs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		users[name] = dynamicFor(t, cfg)
+	}
+	users["deployer"] = dynamicFor(t, serviceAccountConfig(t, s, "deployer"))
+	users["other"] = dynamicFor(t, serviceAccountConfig(t, s, "other"))
+
+	listNames := func(t *testing.T, who string, res string) ([]string, *unstructured.UnstructuredList) {
+		t.Helper()
+		gvr := workspacesGVR
+		if res == "codertemplates" {
+			gvr = templatesGVR
+		}
+		l, err := users[who].Resource(gvr).Namespace(s.ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatalf("%s lists %s: %v", who, res, err)
+		}
+		var out []string
+		for _, o := range l.Items {
+			out = append(out, o.GetName())
+		}
+		sort.Strings(out)
+		return out, l
+	}
+	// What coderd itself shows each user, as object names.
+	coderWorkspaces := func(t *testing.T, who string) []string {
+		t.Helper()
+		res, err := sessions[who].Workspaces(ctx, codersdk.WorkspaceFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, w := range res.Workspaces {
+			out = append(out, "coder."+w.OwnerName+"."+w.Name)
+		}
+		sort.Strings(out)
+		return out
+	}
+
+	t.Run("each user lists what coderd shows them", func(t *testing.T) {
+		for who, coderUser := range map[string]string{"admin": "admin", "tadmin": "tadmin", "alice": "alice", "bob": "bob", "deployer": "bob"} {
+			got, _ := listNames(t, who, "coderworkspaces")
+			want := coderWorkspaces(t, coderUser)
+			if !slices.Equal(got, want) {
+				t.Errorf("%s (Coder user %s) lists workspaces %v; coderd shows that user %v", who, coderUser, got, want)
+			}
+		}
+		if got, _ := listNames(t, "alice", "coderworkspaces"); !slices.Equal(got, []string{"coder.alice.a1"}) {
+			t.Errorf("alice lists %v, want exactly her own workspace", got)
+		}
+	})
+
+	t.Run("template files only for those who may update the template", func(t *testing.T) {
+		for who, wantFiles := range map[string]bool{"alice": false, "bob": false, "tadmin": true, "admin": true} {
+			_, l := listNames(t, who, "codertemplates")
+			if len(l.Items) != 1 {
+				t.Fatalf("%s lists %d templates, want 1", who, len(l.Items))
+			}
+			files, _, _ := unstructured.NestedMap(l.Items[0].Object, "spec", "files")
+			if (len(files) > 0) != wantFiles {
+				t.Errorf("%s sees %d files of the template, want files shown: %v", who, len(files), wantFiles)
+			}
+			got, err := users[who].Resource(templatesGVR).Namespace(s.ns).Get(ctx, "coder.tpl", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			files, _, _ = unstructured.NestedMap(got.Object, "spec", "files")
+			if (len(files) > 0) != wantFiles {
+				t.Errorf("%s gets %d files of the template, want files shown: %v", who, len(files), wantFiles)
+			}
+		}
+	})
+
+	t.Run("reads and writes of others' workspaces are refused as coderd refuses them", func(t *testing.T) {
+		ws := users["alice"].Resource(workspacesGVR).Namespace(s.ns)
+		if _, err := ws.Get(ctx, "coder.bob.b1", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("alice gets bob's workspace: %v, want NotFound", err)
+		}
+		if _, err := ws.Patch(ctx, "coder.bob.b1", types.MergePatchType, []byte(`{"spec":{"running":false}}`), metav1.PatchOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("alice patches bob's workspace: %v, want NotFound", err)
+		}
+		obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": aggv1.SchemeGroupVersion.String(), "kind": "CoderWorkspace",
+			"metadata": map[string]any{"name": "coder.bob.sneaky"}, "spec": map[string]any{"templateName": "tpl", "running": true}}}
+		for _, dry := range [][]string{{metav1.DryRunAll}, nil} {
+			_, err := ws.Create(ctx, obj, metav1.CreateOptions{DryRun: dry})
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("alice creates a workspace for bob (dryRun %v): %v, want Forbidden", dry, err)
+			}
+		}
+		if _, err := owner.WorkspaceByOwnerAndName(ctx, "bob", "sneaky", codersdk.WorkspaceOptions{}); err == nil {
+			t.Errorf("coderd has a workspace sneaky for bob")
+		}
+		if err := users["alice"].Resource(templatesGVR).Namespace(s.ns).Delete(ctx, "coder.tpl", metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("alice deletes the template: %v, want Forbidden", err)
+		}
+		// Kubernetes metadata alone needs what a change in Coder needs.
+		_, err := users["alice"].Resource(templatesGVR).Namespace(s.ns).Patch(ctx, "coder.tpl", types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"alice"}}}`), metav1.PatchOptions{})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `Coder user "alice" may not update`) {
+			t.Errorf("alice labels the template: %v, want Forbidden naming her Coder user", err)
+		}
+	})
+
+	t.Run("writes are made as the caller", func(t *testing.T) {
+		ws := users["alice"].Resource(workspacesGVR).Namespace(s.ns)
+		if _, err := ws.Patch(ctx, "coder.alice.a1", types.MergePatchType, []byte(`{"spec":{"running":false}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("alice stops her workspace: %v", err)
+		}
+		w, err := owner.WorkspaceByOwnerAndName(ctx, "alice", "a1", codersdk.WorkspaceOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.LatestBuild.InitiatorUsername != "alice" || w.LatestBuild.Transition != codersdk.WorkspaceTransitionStop {
+			t.Errorf("coderd's latest build of alice's workspace: %s by %q, want stop by alice", w.LatestBuild.Transition, w.LatestBuild.InitiatorUsername)
+		}
+		obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": aggv1.SchemeGroupVersion.String(), "kind": "CoderWorkspace",
+			"metadata": map[string]any{"name": "coder.bob.b2"}, "spec": map[string]any{"templateName": "tpl", "running": true}}}
+		if _, err := users["deployer"].Resource(workspacesGVR).Namespace(s.ns).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("the deployer ServiceAccount (mapped to bob) creates a workspace for bob: %v", err)
+		}
+		w, err = owner.WorkspaceByOwnerAndName(ctx, "bob", "b2", codersdk.WorkspaceOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.LatestBuild.InitiatorUsername != "bob" {
+			t.Errorf("bob's new workspace was built by %q, want bob", w.LatestBuild.InitiatorUsername)
+		}
+	})
+
+	t.Run("unmapped, suspended and system users get 403 naming why", func(t *testing.T) {
+		for who, want := range map[string]string{
+			"nobody": `Kubernetes user "nobody@example.com" has no Coder user in control plane ` + s.ns + `/coder: no user's email is "nobody@example.com"`,
+			"carol":  `Kubernetes user "carol@example.com" maps to Coder user "carol" in control plane ` + s.ns + `/coder, which is suspended`,
+			"other":  `Kubernetes user "system:serviceaccount:` + s.ns + `:other" is a system user`,
+		} {
+			_, err := users[who].Resource(workspacesGVR).Namespace(s.ns).List(ctx, metav1.ListOptions{})
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s lists workspaces: %v, want 403 containing %q", who, err, want)
+			}
+			_, err = users[who].Resource(workspacesGVR).Namespace(s.ns).Get(ctx, "coder.alice.a1", metav1.GetOptions{})
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("%s gets a workspace: %v, want 403", who, err)
+			}
+		}
+	})
+
+	t.Run("a watch shows the caller only what they may read", func(t *testing.T) {
+		w, err := users["alice"].Resource(workspacesGVR).Namespace(s.ns).Watch(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+		if _, err := owner.CreateUserWorkspace(ctx, "bob", codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: "b3"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := owner.CreateUserWorkspace(ctx, "alice", codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: "a3"}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.After(time.Minute)
+		for {
+			select {
+			case ev, ok := <-w.ResultChan():
+				if !ok {
+					t.Fatal("watch ended")
+				}
+				if ev.Type == watch.Error || ev.Type == watch.Bookmark {
+					continue
+				}
+				name := ev.Object.(*unstructured.Unstructured).GetName()
+				if !strings.HasPrefix(name, "coder.alice.") {
+					t.Fatalf("alice's watch shows %s %s", ev.Type, name)
+				}
+				if name == "coder.alice.a3" {
+					return
+				}
+			case <-deadline:
+				t.Fatal("alice's watch did not show her new workspace a3 within a minute")
+			}
+		}
+	})
+
+	t.Run("one short-lived named token per user, replaced when revoked in coderd, revoked at shutdown", func(t *testing.T) {
+		mine := func() []codersdk.APIKeyWithOwner {
+			keys, err := owner.Tokens(ctx, "alice", codersdk.TokensFilter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []codersdk.APIKeyWithOwner
+			for _, k := range keys {
+				if strings.HasPrefix(k.TokenName, "coder-k8s_"+s.ns+"_coder_") {
+					out = append(out, k)
+				}
+			}
+			return out
+		}
+		keys := mine()
+		if len(keys) != 1 || keys[0].LifetimeSeconds != 3600 {
+			t.Fatalf("alice's coder-k8s tokens: %+v, want exactly one with a lifetime of 3600 s", keys)
+		}
+		if err := owner.DeleteAPIKey(ctx, "alice", keys[0].ID); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := listNames(t, "alice", "coderworkspaces"); len(got) == 0 {
+			t.Errorf("alice lists nothing after her token was revoked")
+		}
+		if _, err := users["alice"].Resource(workspacesGVR).Namespace(s.ns).Patch(ctx, "coder.alice.a1", types.MergePatchType, []byte(`{"spec":{"running":true}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("alice starts her workspace with a revoked token in the cache: %v", err)
+		}
+		after := mine()
+		if len(after) != 1 || after[0].ID == keys[0].ID {
+			t.Fatalf("alice's coder-k8s tokens after the revocation: %+v, want one new token", after)
+		}
+		if code := s.op.Terminate(t, 30*time.Second); code != 0 {
+			t.Fatalf("operator exited with %d", code)
+		}
+		if left := mine(); len(left) != 0 {
+			t.Errorf("alice still has coder-k8s tokens after the operator stopped: %+v", left)
+		}
+	})
+}
+
+func dynamicFor(t *testing.T, cfg *rest.Config) dynamic.Interface {
+	t.Helper()
+	d, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// serviceAccountConfig authenticates as a ServiceAccount with a token
+// from the TokenRequest API.
+func serviceAccountConfig(t *testing.T, s *aggStack, name string) *rest.Config {
+	t.Helper()
+	tr, err := s.k.Clientset.CoreV1().ServiceAccounts(s.ns).CreateToken(context.Background(), name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(s.k.Config)
+	cfg.BearerToken = tr.Status.Token
+	return cfg
+}
