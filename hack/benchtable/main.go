@@ -186,6 +186,8 @@ const (
 	mcp        = "BenchmarkWorkspaces/MCP"
 	metadata   = "BenchmarkWorkspaces/Metadata"
 	startupCP  = "BenchmarkWorkspaces/Startup"
+	identity   = "BenchmarkWorkspaces/Identity"
+	tokens     = "BenchmarkTokensPerHour"
 	startup    = "BenchmarkStartup"
 	memory     = "BenchmarkMemory"
 	scale      = "BenchmarkScale"
@@ -246,6 +248,12 @@ var rows = []row{
 	{label: "aggregated list ratio, every workspace with stored metadata", bench: metadata, unit: "list-meta-ratio", shown: "×", digits: 2,
 		ref: "same run without metadata %.2f×", refUnits: []string{"list-plain-ratio"},
 		target: sameAs("list-plain-ratio", 0.1, "equal to the ratio without (±10%)")},
+	{label: "member's list of 10 workspaces among 310 (Mapped mode)", bench: identity, unit: "member-list-ratio", shown: "×", digits: 2,
+		ref: "coderd GET /api/v2/workspaces with the member's token %.1f ms", refUnits: []string{"coderd-member-list-ms"}, target: atMost(1.2, "≤ 1.2")},
+	{label: "coderd list requests per poll, 50 users watching (Mapped mode)", bench: identity, unit: "lists-per-poll-50-users", shown: "/poll", digits: 2,
+		ref: "1 user watching: %.2f", refUnits: []string{"lists-per-poll-1-user"}, target: sameAs("lists-per-poll-1-user", 0, "equal to 1 user's")},
+	{label: "tokens minted per user per hour of steady use", bench: tokens, unit: "tokens/user/h", shown: "", digits: 2,
+		ref: "6 simulated hours, a call every 5 minutes", target: atMost(2, "≤ 2")},
 	{label: "RSS idle, no control plane", bench: startup, unit: "rss-idle-MiB", shown: "MiB", digits: 1},
 	{label: "RSS idle, control plane with workspaces", bench: startupCP, unit: "rss-idle-MiB", shown: "MiB", digits: 1},
 	{label: "RSS loaded, workspaces cached", bench: aggregated, unit: "rss-MiB", shown: "MiB", digits: 1,

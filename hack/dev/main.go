@@ -30,6 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -49,6 +51,10 @@ import (
 const (
 	demoTemplate  = "demo"
 	demoWorkspace = "demo"
+	// demoMember is a Coder member (email demoMember@example.com) with a
+	// workspace of their own, and the Kubernetes user of that email.
+	demoMember          = "alice"
+	demoMemberWorkspace = "alice-ws"
 	// The Service the APIService points at; the serving certificate names it.
 	// The aggregated API's Service as the chart names it for release
 	// coder-k8s; autoTLS writes the CA into an APIService pointing at it.
@@ -170,7 +176,7 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 		defer op.proc.Stop(30 * time.Second)
 	}
 
-	step("adopting the dev coderd: CoderControlPlane %s/%s (externalURL)", serviceNamespace, controlPlaneName)
+	step("adopting the dev coderd: CoderControlPlane %s/%s (externalURL, identity Mapped)", serviceNamespace, controlPlaneName)
 	if err := adoptCoderd(ctx, kube, coder); err != nil {
 		return err
 	}
@@ -181,6 +187,15 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 	}
 	if !helm {
 		if err := claimForRelease(ctx, kube); err != nil {
+			return err
+		}
+	}
+
+	memberKubeconfig := ""
+	if o.demo {
+		memberKubeconfig = filepath.Join(stateDir, demoMember+".kubeconfig")
+		step("creating Coder member %s@example.com with workspace %q, and Kubernetes user %s@example.com (%s)", demoMember, demoMemberWorkspace, demoMember, memberKubeconfig)
+		if err := createMember(ctx, kube, coder, memberKubeconfig); err != nil {
 			return err
 		}
 	}
@@ -241,13 +256,13 @@ An MCP tool call (stateless: no session needed), for example:
   curl -s %s/mcp -H "Authorization: Bearer $(cat %s)" -H 'Content-Type: application/json' \
     -H 'Accept: application/json, text/event-stream' \
     -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"list_workspaces","arguments":{}}}'
-
+%s
 Ctrl-C stops everything.
 `, kubeconfig, serviceNamespace, controlPlaneName, op.chartHint,
 		coder.Username, demoWorkspace, serviceNamespace, serviceNamespace, coder.URL, tokenFile, coder.Username, demoWorkspace,
 		coder.URL, coder.Email, coder.Password, tokenFile,
 		demoWorkspace, demoTemplate, op.health, op.metrics, op.mcp, serviceNamespace, mcpAgent, mcpTokenFile,
-		op.aggregated, op.apiService, op.identity, op.log, op.mcp, mcpTokenFile)
+		op.aggregated, op.apiService, op.identity, op.log, op.mcp, mcpTokenFile, memberDemo(memberKubeconfig, coder.Username))
 
 	select {
 	case <-ctx.Done():
@@ -405,12 +420,83 @@ func adoptCoderd(ctx context.Context, kube *testenv.KubeAPI, coder *testenv.Code
 			OperatorAccess: coderv1alpha1.OperatorAccessSpec{
 				OwnerTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: owner.Name, Key: "token"},
 			},
+			// Everyone else maps by email (the demo member); the stack's
+			// admin and the MCP agent act as the Coder owner.
+			Identity: coderv1alpha1.IdentitySpec{Mode: "Mapped", MatchBy: "Email", Mappings: []coderv1alpha1.IdentityMapping{
+				{KubernetesUser: "admin", CoderUser: coder.Username},
+				{KubernetesUser: "system:serviceaccount:" + serviceNamespace + ":" + mcpAgent, CoderUser: coder.Username},
+			}},
 		},
 	}
 	if err := c.Create(ctx, ccp); err != nil {
 		return fmt.Errorf("create CoderControlPlane %s: %w", ccp.Name, err)
 	}
 	return nil
+}
+
+// memberDemo is the part of the summary that shows identity mapping: the
+// member's kubeconfig sees and changes only what Coder lets the member.
+func memberDemo(kubeconfig, owner string) string {
+	if kubeconfig == "" {
+		return ""
+	}
+	return fmt.Sprintf(`
+Identity mapping (spec.identity.mode Mapped): Kubernetes user %[1]s@example.com acts in Coder as
+member %[1]s; the admin kubeconfig and the MCP ServiceAccount are mapped to owner %[3]s.
+  export KUBECONFIG=%[2]s
+  kubectl get cws -n %[4]s                        # only %[1]s's workspace
+  kubectl patch cws coder.%[1]s.%[5]s -n %[4]s --type merge -p '{"spec":{"running":false}}'
+  kubectl get cws coder.%[1]s.%[5]s -n %[4]s -o jsonpath='{.status.latestBuild.initiator}'   # %[1]s
+  kubectl get cws coder.%[3]s.%[6]s -n %[4]s       # NotFound: Coder does not show it to %[1]s
+  kubectl get ctpl coder.%[7]s -n %[4]s -o jsonpath='{.spec.files}'   # empty: only template admins see files
+`, demoMember, kubeconfig, owner, serviceNamespace, demoMemberWorkspace, demoWorkspace, demoTemplate)
+}
+
+// createMember creates the demo member in Coder with a workspace, and the
+// Kubernetes user of the member's email, allowed to use the aggregated
+// resources in the control plane's namespace; it writes that user's
+// kubeconfig.
+func createMember(ctx context.Context, kube *testenv.KubeAPI, coder *testenv.Coder, kubeconfig string) error {
+	email := demoMember + "@example.com"
+	if _, err := coder.Client.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
+		Email: email, Username: demoMember, Password: coder.Password + "-" + demoMember,
+		OrganizationIDs: []uuid.UUID{coder.OrganizationID}, UserLoginType: codersdk.LoginTypePassword,
+	}); err != nil {
+		return fmt.Errorf("create Coder user %s: %w", demoMember, err)
+	}
+	tpl, err := coder.Client.TemplateByName(ctx, coder.OrganizationID, demoTemplate)
+	if err != nil {
+		return fmt.Errorf("template %s: %w", demoTemplate, err)
+	}
+	ws, err := coder.Client.CreateUserWorkspace(ctx, demoMember, codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: demoMemberWorkspace})
+	if err != nil {
+		return fmt.Errorf("create workspace %s for %s: %w", demoMemberWorkspace, demoMember, err)
+	}
+	if _, err := coder.WaitBuild(ctx, ws.LatestBuild.ID); err != nil {
+		return err
+	}
+	c, err := client.New(kube.Config, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return err
+	}
+	role := "coder-developer"
+	for _, o := range []client.Object{
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: role, Namespace: serviceNamespace}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{aggregatedGroup}, Resources: []string{"coderworkspaces", "codertemplates"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+		}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role + "-" + demoMember, Namespace: serviceNamespace},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: email}}},
+	} {
+		if err := c.Create(ctx, o); err != nil {
+			return fmt.Errorf("create %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	b, err := kube.UserKubeconfig(email)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(kubeconfig, b, 0o600)
 }
 
 // releaseName is the Helm release the local stack stands for.

@@ -335,6 +335,21 @@ func (k *KubeAPI) UserConfig(name string, groups ...string) (*rest.Config, error
 	return u.Config(), nil
 }
 
+// UserKubeconfig returns a kubeconfig file's content authenticating as
+// user name in groups (a client certificate), with no permissions beyond
+// what RBAC grants them.
+func (k *KubeAPI) UserKubeconfig(name string, groups ...string) ([]byte, error) {
+	u, err := k.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("add user %q: %w", name, err)
+	}
+	b, err := u.KubeConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig of user %q: %w", name, err)
+	}
+	return b, nil
+}
+
 // APIService describes an aggregated API server running on this machine
 // that kube-apiserver should route a group version to.
 type APIService struct {

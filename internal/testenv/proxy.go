@@ -48,6 +48,8 @@ type Request struct {
 	Endpoint string
 	// Start is when the request arrived; End when its response was done.
 	Start, End time.Time
+	// Bytes is the size of the response body.
+	Bytes int64
 }
 
 // EndpointStats is what the proxy saw of one endpoint.
@@ -57,6 +59,8 @@ type EndpointStats struct {
 	// Time is their summed duration, from the request's arrival at the
 	// proxy to the end of the response (streams count until they end).
 	Time time.Duration
+	// Bytes is the summed size of their response bodies.
+	Bytes int64
 }
 
 // StartCountingProxy starts a proxy forwarding every request to target.
@@ -98,8 +102,9 @@ func StartCountingProxy(target *url.URL) (*CountingProxy, error) {
 					return
 				}
 			}
-			rp.ServeHTTP(w, r)
-			p.record(Request{Endpoint: r.Method + " " + Endpoint(r.URL.Path), Start: start, End: time.Now()})
+			cw := &countingWriter{ResponseWriter: w}
+			rp.ServeHTTP(cw, r)
+			p.record(Request{Endpoint: r.Method + " " + Endpoint(r.URL.Path), Start: start, End: time.Now(), Bytes: cw.n})
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -119,12 +124,28 @@ func NewCountingProxy(t testing.TB, target *url.URL) *CountingProxy {
 	return p
 }
 
+// countingWriter counts the body bytes of a response; Unwrap lets the
+// reverse proxy flush and hijack (upgrades) through it.
+type countingWriter struct {
+	http.ResponseWriter
+	n int64
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(b)
+	w.n += int64(n)
+	return n, err
+}
+
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 func (p *CountingProxy) record(r Request) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.stats[r.Endpoint]
 	s.Requests++
 	s.Time += r.End.Sub(r.Start)
+	s.Bytes += r.Bytes
 	p.stats[r.Endpoint] = s
 	if len(p.recent) < recentSize {
 		p.recent = append(p.recent, r)
@@ -175,7 +196,7 @@ type ProxyStats map[string]EndpointStats
 func (s ProxyStats) Since(before ProxyStats) ProxyStats {
 	out := ProxyStats{}
 	for k, v := range s {
-		d := EndpointStats{Requests: v.Requests - before[k].Requests, Time: v.Time - before[k].Time}
+		d := EndpointStats{Requests: v.Requests - before[k].Requests, Time: v.Time - before[k].Time, Bytes: v.Bytes - before[k].Bytes}
 		if d.Requests != 0 {
 			out[k] = d
 		}

@@ -17,7 +17,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	authenticationv1 "k8s.io/api/authentication/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -365,11 +364,11 @@ func (st *mcpBench) benchLatency(b *testing.B, n int, token string) {
 }
 
 // latencyParts times, alternately, what one list_workspaces call is made
-// of: the aggregated LIST it makes (all workspaces, whatever the page),
-// and the SubjectAccessReview and TokenReview it asks for when its caches
-// (10 s per caller and request, per token) have no answer; next to one
-// call. Each is made with the measurement client as the admin, like the
-// operator makes them with its own credentials.
+// of: the aggregated LIST it makes (all workspaces, whatever the page;
+// the tool makes it with the caller's token), and the TokenReview it asks
+// for when its cache (10 s per token) has no answer; next to one call.
+// The LIST and the review are made with the measurement client as the
+// admin.
 func (st *mcpBench) latencyParts(b *testing.B, s *mcp.ClientSession, hc *http.Client, calls int, mcpMed time.Duration) {
 	ctx := context.Background()
 	review, err := st.k.Clientset.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
@@ -377,18 +376,6 @@ func (st *mcpBench) latencyParts(b *testing.B, s *mcp.ClientSession, hc *http.Cl
 	}, metav1.CreateOptions{})
 	if err != nil || !review.Status.Authenticated {
 		b.Fatalf("TokenReview: %v %+v", err, review.Status)
-	}
-	u := review.Status.User
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, v := range u.Extra {
-		extra[k] = authorizationv1.ExtraValue(v)
-	}
-	sar := &authorizationv1.SubjectAccessReview{
-		TypeMeta: metav1.TypeMeta{APIVersion: "authorization.k8s.io/v1", Kind: "SubjectAccessReview"},
-		Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: u.Username, UID: u.UID, Groups: u.Groups, Extra: extra,
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Group: aggv1.GroupName, Resource: "coderworkspaces"},
-		},
 	}
 	tokenReview := &authenticationv1.TokenReview{
 		TypeMeta: metav1.TypeMeta{APIVersion: "authentication.k8s.io/v1", Kind: "TokenReview"},
@@ -410,13 +397,6 @@ func (st *mcpBench) latencyParts(b *testing.B, s *mcp.ClientSession, hc *http.Cl
 		// watch cache's state while it is fresh.
 		{name: "aggregated LIST ?resourceVersion=0", run: func() (time.Duration, error) {
 			d, _, _, err := timedGet(hc, st.listURL+"?resourceVersion=0", "")
-			return d, err
-		}},
-		{name: "SubjectAccessReview", run: func() (time.Duration, error) {
-			d, body, err := st.post(hc, "/apis/authorization.k8s.io/v1/subjectaccessreviews", sar)
-			if err == nil && !bytes.Contains(body, []byte(`"allowed":true`)) {
-				err = fmt.Errorf("SubjectAccessReview not allowed: %.300s", body)
-			}
 			return d, err
 		}},
 		{name: "TokenReview", run: func() (time.Duration, error) {
@@ -445,11 +425,11 @@ func (st *mcpBench) latencyParts(b *testing.B, s *mcp.ClientSession, hc *http.Cl
 		med[i] = percentile(p.times, 50)
 		out = append(out, fmt.Sprintf("%s %s", p.name, med[i].Round(100*time.Microsecond)))
 	}
-	call, list, sarMed, trMed := med[0], med[1], med[2], med[3]
+	call, list, trMed := med[0], med[1], med[2]
 	fmt.Printf("mcp latency parts (medians of %d alternating rounds): %s\n", mcpBenchPartRounds, strings.Join(out, "; "))
-	fmt.Printf("mcp per call: aggregated LIST ?resourceVersion=0 = %s of %s (%.0f%%); the rest (HTTP to the MCP port, JSON-RPC, a stateless server session per request, decoding the list, encoding the rows, client-side rate limiting) %s; SubjectAccessReview %s and TokenReview %s are paid once per 10 s (cached per caller and request, per token)\n",
+	fmt.Printf("mcp per call: aggregated LIST ?resourceVersion=0 = %s of %s (%.0f%%); the rest (HTTP to the MCP port, JSON-RPC, a stateless server session per request, decoding the list, encoding the rows, client-side rate limiting) %s; a TokenReview %s is paid once per 10 s (cached per token); no SubjectAccessReview (kube-apiserver authorizes the call with the caller's token)\n",
 		list.Round(100*time.Microsecond), call.Round(100*time.Microsecond), 100*list.Seconds()/call.Seconds(),
-		(call - list).Round(100*time.Microsecond), sarMed.Round(100*time.Microsecond), trMed.Round(100*time.Microsecond))
+		(call - list).Round(100*time.Microsecond), trMed.Round(100*time.Microsecond))
 	fmt.Printf("mcp paging through all workspaces: %d calls × aggregated LIST ?resourceVersion=0 = %s of the %s median; one such LIST %s\n",
 		calls, (time.Duration(calls) * list).Round(100*time.Microsecond), mcpMed.Round(100*time.Microsecond), list.Round(100*time.Microsecond))
 }
@@ -475,8 +455,8 @@ func (st *mcpBench) agentToken(b *testing.B) string {
 // after the same idle time, the two taking turns: a request after a pause
 // finds coderd, its database and the connections as cold as the call
 // does. coderd's own list is timed right after each reference. Each cold
-// call also pays a TokenReview and a SubjectAccessReview (the MCP server
-// reuses them for 10 s), as an agent calling now and then does.
+// call also pays a TokenReview (the MCP server reuses it for 10 s), as an
+// agent calling now and then does.
 func (st *mcpBench) benchCold(b *testing.B, n int, token string) {
 	hc := st.agentClient(b, token)
 	s := st.connect(b, hc)

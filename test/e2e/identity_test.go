@@ -35,7 +35,7 @@ import (
 // their Coder user, which the test asks coderd itself with that user's
 // own token.
 func TestIdentityMapped(t *testing.T) {
-	s := newStack(t, withCoder(testenv.CoderOptions{ProvisionerTypes: []codersdk.ProvisionerType{codersdk.ProvisionerTypeTerraform, codersdk.ProvisionerTypeEcho}}))
+	s := newStack(t, withCoderdProxy(true), withCoder(testenv.CoderOptions{ProvisionerTypes: []codersdk.ProvisionerType{codersdk.ProvisionerTypeTerraform, codersdk.ProvisionerTypeEcho}}))
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	owner := s.coder.Client
@@ -166,6 +166,30 @@ func TestIdentityMapped(t *testing.T) {
 		}
 	})
 
+	t.Run("a member's list costs coderd the member's own list", func(t *testing.T) {
+		listNames(t, "alice", "coderworkspaces") // maps alice, mints her token, asks coderd's authorization once
+		before := s.proxy.Stats()
+		start := time.Now()
+		got, _ := listNames(t, "alice", "coderworkspaces")
+		took := time.Since(start)
+		cost := s.proxy.Stats().Since(before)
+		if len(got) != 1 || len(cost) != 1 || cost["GET /api/v2/workspaces"].Requests != 1 {
+			t.Errorf("alice's LIST (%v) cost coderd %+v, want exactly one GET /api/v2/workspaces", got, cost)
+		}
+		// Made with alice's token: coderd answered what it answers her
+		// (her one workspace), not every workspace.
+		before = s.proxy.Stats()
+		own := codersdk.New(s.proxy.URL, codersdk.WithSessionToken(sessions["alice"].SessionToken()))
+		if _, err := own.Workspaces(ctx, codersdk.WorkspaceFilter{}); err != nil {
+			t.Fatal(err)
+		}
+		ref := s.proxy.Stats().Since(before)["GET /api/v2/workspaces"].Bytes
+		if b := cost["GET /api/v2/workspaces"].Bytes; b > ref+ref/10 {
+			t.Errorf("coderd answered alice's LIST with %d bytes, her own list with %d: the LIST was not made as alice", b, ref)
+		}
+		t.Logf("alice's LIST took %s, coderd's list %s (%d bytes; her own list %d bytes)", took, cost["GET /api/v2/workspaces"].Time, cost["GET /api/v2/workspaces"].Bytes, ref)
+	})
+
 	t.Run("template files only for those who may update the template", func(t *testing.T) {
 		for who, wantFiles := range map[string]bool{"alice": false, "bob": false, "tadmin": true, "admin": true} {
 			_, l := listNames(t, who, "codertemplates")
@@ -286,6 +310,20 @@ func TestIdentityMapped(t *testing.T) {
 					t.Fatalf("alice's watch shows %s %s", ev.Type, name)
 				}
 				if name == "coder.alice.a3" {
+					// An informer's LIST, from the watch cache the poller
+					// keeps while the watch is open.
+					l, err := users["alice"].Resource(workspacesGVR).Namespace(s.ns).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, o := range l.Items {
+						if !strings.HasPrefix(o.GetName(), "coder.alice.") {
+							t.Errorf("alice's LIST ?resourceVersion=0 shows %s", o.GetName())
+						}
+					}
+					if len(l.Items) != 2 {
+						t.Errorf("alice's LIST ?resourceVersion=0 shows %d workspaces, want her 2", len(l.Items))
+					}
 					return
 				}
 			case <-deadline:

@@ -132,6 +132,8 @@ func newMCPEnv(t *testing.T) *mcpEnv {
 		{APIGroups: []string{coderv1alpha1.GroupVersion.Group}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"events", "pods", "pods/log", "services"}, Verbs: []string{"get", "list"}},
 		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get", "list"}},
+		// The tools check namespaces as the caller.
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get"}},
 	}...)
 	e2eMCPGrant(t, s, "reader", s.ns, rbacv1.PolicyRule{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderworkspaces"}, Verbs: []string{"get", "list"}})
 
@@ -263,17 +265,20 @@ func testMCPAuthentication(t *testing.T, env *mcpEnv) {
 func testMCPAuthorization(t *testing.T, env *mcpEnv) {
 	s, rec, nobodyToken, readerToken, wsName := env.s, env.rec, env.nobodyToken, env.readerToken, env.s.workspaceName
 	nobody := rec.connect(t, s.op.MCP, nobodyToken)
-	const who = `"system:serviceaccount:` + e2eMCPAgentNamespace + `:nobody"`
+	// kube-apiserver's own refusals: the tools call it with the caller's
+	// token.
+	const who = `User "system:serviceaccount:` + e2eMCPAgentNamespace + `:nobody"`
+	inNS := ` in the namespace "` + s.ns + `"`
 	for _, c := range []struct {
 		tool string
 		args map[string]any
 		want string
 	}{
-		{"list_workspaces", map[string]any{"namespace": s.ns}, who + " may not list coderworkspaces.aggregation.coder.com in namespace " + s.ns},
-		{"list_templates", nil, who + " may not list codertemplates.aggregation.coder.com in all namespaces"},
-		{"get_control_plane", map[string]any{"namespace": s.ns, "name": "coder"}, who + " may not get codercontrolplanes.coder.com coder in namespace " + s.ns},
-		{"list_events", map[string]any{"namespace": s.ns}, who + " may not list events in namespace " + s.ns},
-		{"health", nil, who + " may not list codercontrolplanes.coder.com in all namespaces"},
+		{"list_workspaces", map[string]any{"namespace": s.ns}, who + ` cannot list resource "coderworkspaces" in API group "aggregation.coder.com"` + inNS},
+		{"list_templates", nil, who + ` cannot list resource "codertemplates" in API group "aggregation.coder.com" at the cluster scope`},
+		{"get_control_plane", map[string]any{"namespace": s.ns, "name": "coder"}, who + ` cannot get resource "codercontrolplanes" in API group "coder.com"` + inNS},
+		{"list_events", map[string]any{"namespace": s.ns}, who + ` cannot list resource "events" in API group ""` + inNS},
+		{"health", nil, who + ` cannot list resource "codercontrolplanes" in API group "coder.com" at the cluster scope`},
 	} {
 		res := nobody.call(t, c.tool, c.args, nil)
 		if text := e2eMCPText(res); !res.IsError || !strings.Contains(text, c.want) || !strings.Contains(text, "Role") {
@@ -295,7 +300,7 @@ func testMCPAuthorization(t *testing.T, env *mcpEnv) {
 	}
 	before := s.coderWorkspace(t, "ws-run")
 	res := reader.call(t, "set_workspace_running", map[string]any{"namespace": s.ns, "name": wsName("ws-run"), "running": false}, nil)
-	want := `"system:serviceaccount:` + e2eMCPAgentNamespace + `:reader" may not patch coderworkspaces.aggregation.coder.com ` + wsName("ws-run") + " in namespace " + s.ns
+	want := `User "system:serviceaccount:` + e2eMCPAgentNamespace + `:reader" cannot patch resource "coderworkspaces" in API group "aggregation.coder.com" in the namespace "` + s.ns + `"`
 	if text := e2eMCPText(res); !res.IsError || !strings.Contains(text, want) {
 		t.Errorf("set_workspace_running by a reader: isError %v %q, want %q", res.IsError, text, want)
 	}
@@ -303,7 +308,7 @@ func testMCPAuthorization(t *testing.T, env *mcpEnv) {
 		t.Errorf("a refused call started build %d in coderd", after.LatestBuild.BuildNumber)
 	}
 	res = reader.call(t, "list_workspaces", nil, nil)
-	if text := e2eMCPText(res); !res.IsError || !strings.Contains(text, "may not list coderworkspaces.aggregation.coder.com in all namespaces") {
+	if text := e2eMCPText(res); !res.IsError || !strings.Contains(text, `cannot list resource "coderworkspaces" in API group "aggregation.coder.com" at the cluster scope`) {
 		t.Errorf("list_workspaces in every namespace with a namespaced Role: isError %v %q", res.IsError, text)
 	}
 

@@ -148,7 +148,7 @@ func (r *resource) viewerOf(ctx context.Context, ts []target, allNamespaces bool
 		if mt.caller != nil {
 			v[t.Key()] = mt.caller
 		}
-		out = append(out, t)
+		out = append(out, mt)
 	}
 	if len(out) == 0 && refused != nil {
 		return nil, nil, refused
