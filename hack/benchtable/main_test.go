@@ -38,7 +38,7 @@ func TestParseRealOutput(t *testing.T) {
 	for n := range res {
 		names = append(names, n)
 	}
-	want := []string{"BenchmarkController", "BenchmarkMemory", "BenchmarkStartup", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Metadata", "BenchmarkWorkspaces/Startup"}
+	want := []string{"BenchmarkController", "BenchmarkMemory", "BenchmarkStartup", "BenchmarkTokensPerHour", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/Identity", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Metadata", "BenchmarkWorkspaces/Startup"}
 	if len(names) != len(want) {
 		t.Fatalf("parsed benchmarks %v, want %v", names, want)
 	}

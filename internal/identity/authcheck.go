@@ -19,6 +19,9 @@ import (
 // and watches (writes always ask coderd).
 const checkTTL = 10 * time.Second
 
+// maxChecks bounds the answers remembered (about 100 bytes each).
+const maxChecks = 100_000
+
 // coderd answers at most 10 checks naming a resource ID per request;
 // checks of a set (an owner's workspaces in an organization) are cheap
 // and batched more widely.
@@ -116,8 +119,21 @@ func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	expires := s.now().Add(checkTTL)
+	now = s.now()
+	expires := now.Add(checkTTL)
 	s.mu.Lock()
+	if len(s.checks)+len(answers) > maxChecks {
+		// Many callers over many owners: drop what expired, and if that
+		// is not enough, everything (it is asked again when needed).
+		for k, v := range s.checks {
+			if !now.Before(v.expires) {
+				delete(s.checks, k)
+			}
+		}
+		if len(s.checks)+len(answers) > maxChecks {
+			clear(s.checks)
+		}
+	}
 	for ch, ok := range answers {
 		s.checks[checkKey{c.token.cd.Key, c.UserID, ch}] = checkEntry{allowed: ok, expires: expires}
 	}

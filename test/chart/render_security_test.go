@@ -449,13 +449,15 @@ func (r *rendered) checkComponentRoles(t *testing.T) {
 		group, resource string
 		verbs           []string // any verb when empty
 	}
-	var forbidden []grant
+	// The MCP tools act with their callers' own tokens, so no mode holds
+	// what only they needed.
+	forbidden := []grant{{group: "authorization.k8s.io", resource: "subjectaccessreviews"},
+		{group: "aggregation.coder.com", resource: "coderworkspaces"}, {group: "aggregation.coder.com", resource: "codertemplates"},
+		{resource: "pods/log"}, {resource: "events", verbs: []string{"get", "list", "watch"}}}
 	if !r.runsMCP() {
-		forbidden = append(forbidden, grant{group: "authentication.k8s.io", resource: "tokenreviews"}, grant{group: "authorization.k8s.io", resource: "subjectaccessreviews"},
-			grant{group: "aggregation.coder.com", resource: "coderworkspaces"}, grant{group: "aggregation.coder.com", resource: "codertemplates"},
-			grant{resource: "pods/log"}, grant{resource: "events", verbs: []string{"get", "list", "watch"}})
+		forbidden = append(forbidden, grant{group: "authentication.k8s.io", resource: "tokenreviews"})
 	}
-	if !r.runsAggregated() && !r.runsMCP() {
+	if !r.runsAggregated() {
 		forbidden = append(forbidden, grant{resource: "namespaces"})
 	}
 	if !r.runsAggregated() || tls != "auto" {
