@@ -3,6 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -20,11 +23,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/mcpserver"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -263,6 +269,65 @@ func TestIdentityMapped(t *testing.T) {
 		}
 		if w.LatestBuild.InitiatorUsername != "bob" {
 			t.Errorf("bob's new workspace was built by %q, want bob", w.LatestBuild.InitiatorUsername)
+		}
+	})
+
+	t.Run("kubectl, a client-go informer and MCP see as the caller", func(t *testing.T) {
+		want := coderWorkspaces(t, "alice")
+		kubeconfig, err := s.k.UserKubeconfig("alice@example.com", "devs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), "alice.kubeconfig")
+		if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.CommandContext(ctx, s.kubectl, "--kubeconfig", path, "get", "cws", "-n", s.ns, "-o", "name").CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl as alice: %v\n%s", err, out)
+		}
+		var got []string
+		for _, l := range strings.Fields(string(out)) {
+			got = append(got, strings.TrimPrefix(l, "coderworkspace.aggregation.coder.com/"))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("kubectl get cws as alice: %v, want %v", got, want)
+		}
+
+		f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(users["alice"], 0, s.ns, nil)
+		inf := f.ForResource(workspacesGVR).Informer()
+		stop := make(chan struct{})
+		defer close(stop)
+		f.Start(stop)
+		if !cache.WaitForCacheSync(stop, inf.HasSynced) {
+			t.Fatal("alice's informer did not sync")
+		}
+		keys := inf.GetStore().ListKeys()
+		sort.Strings(keys)
+		for i, k := range keys {
+			keys[i] = strings.TrimPrefix(k, s.ns+"/")
+		}
+		if !slices.Equal(keys, want) {
+			t.Errorf("alice's informer holds %v, want %v", keys, want)
+		}
+
+		// The deployer ServiceAccount, mapped to bob, through MCP: the
+		// tool lists with the agent's own token.
+		rec := &e2eMCPRecorder{}
+		agent := rec.connect(t, s.op.MCP, serviceAccountConfig(t, s, "deployer").BearerToken)
+		var l mcpserver.WorkspaceList
+		e2eMCPMust(t, agent.call(t, "list_workspaces", map[string]any{"namespace": s.ns}, &l))
+		var rows []string
+		for _, r := range l.Items {
+			rows = append(rows, r.Name)
+		}
+		sort.Strings(rows)
+		if wantBob := coderWorkspaces(t, "bob"); !slices.Equal(rows, wantBob) {
+			t.Errorf("list_workspaces as the deployer ServiceAccount (bob): %v, want %v", rows, wantBob)
+		}
+		res := agent.call(t, "set_workspace_running", map[string]any{"namespace": s.ns, "name": "coder.alice.a1", "running": false}, nil)
+		if text := e2eMCPText(res); !res.IsError || !strings.Contains(text, "not found") {
+			t.Errorf("set_workspace_running on alice's workspace as bob: isError %v %q, want not found", res.IsError, text)
 		}
 	})
 
