@@ -98,7 +98,7 @@ type candidate struct {
 }
 
 // lookupFor returns what Kubernetes user name is looked up as, or why it
-// cannot be mapped.
+// cannot be mapped (a *Refused).
 func (r Rules) lookupFor(name string) (candidate, error) {
 	for _, m := range r.Mappings {
 		if m.KubernetesUser == name {
@@ -110,14 +110,14 @@ func (r Rules) lookupFor(name string) (candidate, error) {
 		}
 	}
 	if name == "" {
-		return candidate{}, fmt.Errorf("the request has no authenticated user")
+		return candidate{}, &Refused{Reason: "the request has no authenticated user"}
 	}
 	if strings.HasPrefix(name, "system:") {
-		return candidate{}, fmt.Errorf("Kubernetes user %q is a system user, which maps to a Coder user only through an explicit mapping (spec.identity.mappings)", name)
+		return candidate{}, &Refused{Reason: fmt.Sprintf("Kubernetes user %q is a system user, which maps to a Coder user only through an explicit mapping (spec.identity.mappings)", name)}
 	}
 	v := strings.TrimPrefix(name, r.UsernamePrefix)
 	if v == "" {
-		return candidate{}, fmt.Errorf("Kubernetes user %q is empty once the prefix %q is stripped", name, r.UsernamePrefix)
+		return candidate{}, &Refused{Reason: fmt.Sprintf("Kubernetes user %q is empty once the prefix %q is stripped", name, r.UsernamePrefix)}
 	}
 	return candidate{value: v, field: r.MatchField}, nil
 }

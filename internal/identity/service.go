@@ -233,7 +233,7 @@ func (s *Service) remember(key userKey, e *userEntry) {
 func (s *Service) lookup(ctx context.Context, cd Coderd, name string) (codersdk.User, error) {
 	c, err := cd.Rules.lookupFor(name)
 	if err != nil {
-		return codersdk.User{}, &Refused{Reason: err.Error()}
+		return codersdk.User{}, err
 	}
 	what := fmt.Sprintf("Kubernetes user %q", name)
 	if c.explicit {

@@ -365,7 +365,7 @@ func (r *resource) mayWrite(ctx context.Context, t target, cur watchcache.Object
 		return t, r.coderErr(t, err, cur.GetName())
 	}
 	if !got[0] {
-		return t, apierrors.NewForbidden(r.gr, cur.GetName(), fmt.Errorf("Coder user %q may not %s it in %s", t.caller.Username, action, t.coderd().Name))
+		return t, apierrors.NewForbidden(r.gr, cur.GetName(), &identity.Refused{Reason: fmt.Sprintf("Coder user %q may not %s it in %s", t.caller.Username, action, t.coderd().Name)})
 	}
 	return t.acting(), nil
 }
@@ -384,7 +384,7 @@ func (r *resource) mayCreate(ctx context.Context, t target, c identity.Check, na
 		return r.coderErr(t, err, name)
 	}
 	if !got[0] {
-		return apierrors.NewForbidden(r.gr, name, fmt.Errorf("Coder user %q may not create it in %s", t.caller.Username, t.coderd().Name))
+		return apierrors.NewForbidden(r.gr, name, &identity.Refused{Reason: fmt.Sprintf("Coder user %q may not create it in %s", t.caller.Username, t.coderd().Name)})
 	}
 	return nil
 }
