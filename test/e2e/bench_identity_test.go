@@ -47,6 +47,11 @@ func (st *benchStack) benchIdentity(b *testing.B, n int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	owner := st.coder.Client
+	if exited, _ := st.op.Exited(); exited {
+		// Startup, which runs before in make bench, stops the operator.
+		st.op = st.startOperator(b, OperatorOptions{})
+		st.routeAPIService(b, st.op)
+	}
 
 	// Coder users: the member with workspaces, and the other watchers.
 	users := []string{"member"}
