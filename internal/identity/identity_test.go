@@ -198,7 +198,7 @@ func TestTokens(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, func() error {
 		next := tokensOf(t, d.owner, "alice")
 		if len(next) != 1 || next[0].ID == cur.ID {
-			return errorf("tokens after renewal: %+v, want only a new one (the old one revoked)", next)
+			return fmt.Errorf("tokens after renewal: %+v, want only a new one (the old one revoked)", next)
 		}
 		return nil
 	})
@@ -208,7 +208,7 @@ func TestTokens(t *testing.T) {
 	s.evictIdle()
 	testenv.WaitFor(t, 10*time.Second, func() error {
 		if left := tokensOf(t, d.owner, "alice"); len(left) != 0 {
-			return errorf("tokens of an idle caller: %+v", left)
+			return fmt.Errorf("tokens of an idle caller: %+v", left)
 		}
 		return nil
 	})
@@ -268,5 +268,3 @@ func BenchmarkTokensPerHour(b *testing.B) {
 		b.Errorf("%.2f tokens per user per hour, want ≤ 2", perHour)
 	}
 }
-
-func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

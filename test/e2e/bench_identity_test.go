@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -195,8 +197,16 @@ func (st *benchStack) setIdentity(b *testing.B, id coderv1alpha1.IdentitySpec) {
 	b.Helper()
 	ctx := context.Background()
 	ccp := &coderv1alpha1.CoderControlPlane{ObjectMeta: metav1.ObjectMeta{Name: benchCCPName, Namespace: benchNS}}
-	patch := fmt.Sprintf(`{"spec":{"identity":{"mode":%q,"matchBy":%q,"mappings":%s}}}`, id.Mode, orDefault(id.MatchBy, "Email"), mappingsJSON(id.Mappings))
-	if err := st.c.Patch(ctx, ccp, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+	mappings := id.Mappings
+	if mappings == nil {
+		mappings = []coderv1alpha1.IdentityMapping{}
+	}
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"identity": map[string]any{
+		"mode": id.Mode, "matchBy": cmp.Or(id.MatchBy, "Email"), "mappings": mappings}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := st.c.Patch(ctx, ccp, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		b.Fatal(err)
 	}
 	want := metav1.ConditionTrue
@@ -216,21 +226,6 @@ func (st *benchStack) setIdentity(b *testing.B, id coderv1alpha1.IdentitySpec) {
 	})
 	// The aggregated server reads the control plane from its informer.
 	time.Sleep(time.Second)
-}
-
-func orDefault(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
-func mappingsJSON(ms []coderv1alpha1.IdentityMapping) string {
-	parts := make([]string, len(ms))
-	for i, m := range ms {
-		parts[i] = fmt.Sprintf(`{"kubernetesUser":%q,"coderUser":%q}`, m.KubernetesUser, m.CoderUser)
-	}
-	return "[" + strings.Join(parts, ",") + "]"
 }
 
 // alternateWith is alternate with the client hc.

@@ -14,7 +14,6 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -446,15 +445,11 @@ func dynamicFor(t *testing.T, cfg *rest.Config) dynamic.Interface {
 	return d
 }
 
-// serviceAccountConfig authenticates as a ServiceAccount with a token
-// from the TokenRequest API.
+// serviceAccountConfig authenticates as a ServiceAccount of the stack's
+// namespace with a token from the TokenRequest API.
 func serviceAccountConfig(t *testing.T, s *aggStack, name string) *rest.Config {
 	t.Helper()
-	tr, err := s.k.Clientset.CoreV1().ServiceAccounts(s.ns).CreateToken(context.Background(), name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := rest.AnonymousClientConfig(s.k.Config)
-	cfg.BearerToken = tr.Status.Token
+	cfg.BearerToken = serviceAccountToken(t, s, s.ns, name)
 	return cfg
 }

@@ -1017,12 +1017,19 @@ func e2eMCPServiceAccountToken(t *testing.T, s *aggStack, name string) string {
 	if err := s.c.Create(ctx, sa); err != nil {
 		t.Fatal(err)
 	}
+	return serviceAccountToken(t, s, e2eMCPAgentNamespace, name)
+}
+
+// serviceAccountToken is a one-hour token of ServiceAccount ns/name from
+// the TokenRequest API.
+func serviceAccountToken(t *testing.T, s *aggStack, ns, name string) string {
+	t.Helper()
 	expiry := int64(3600)
-	tr, err := s.k.Clientset.CoreV1().ServiceAccounts(e2eMCPAgentNamespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+	tr, err := s.k.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(context.Background(), name, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("token for %s/%s: %v", e2eMCPAgentNamespace, name, err)
+		t.Fatalf("token for %s/%s: %v", ns, name, err)
 	}
 	return tr.Status.Token
 }

@@ -360,12 +360,8 @@ func (r *resource) mayWrite(ctx context.Context, t target, cur watchcache.Object
 		c = rc
 		c.Action = action
 	}
-	got, err := t.caller.Allowed(ctx, []identity.Check{c})
-	if err != nil {
-		return t, r.coderErr(t, err, cur.GetName())
-	}
-	if !got[0] {
-		return t, apierrors.NewForbidden(r.gr, cur.GetName(), &identity.Refused{Reason: fmt.Sprintf("Coder user %q may not %s it in %s", t.caller.Username, action, t.coderd().Name)})
+	if err := r.mayDo(ctx, t, c, cur.GetName()); err != nil {
+		return t, err
 	}
 	return t.acting(), nil
 }
@@ -379,12 +375,18 @@ func (r *resource) mayCreate(ctx context.Context, t target, c identity.Check, na
 	if t.caller == nil {
 		return nil
 	}
+	return r.mayDo(ctx, t, c, name)
+}
+
+// mayDo asks coderd, with the caller's token, whether they may do c to
+// the object called name: 403 naming their Coder user when not.
+func (r *resource) mayDo(ctx context.Context, t target, c identity.Check, name string) error {
 	got, err := t.caller.Allowed(ctx, []identity.Check{c})
 	if err != nil {
 		return r.coderErr(t, err, name)
 	}
 	if !got[0] {
-		return apierrors.NewForbidden(r.gr, name, &identity.Refused{Reason: fmt.Sprintf("Coder user %q may not create it in %s", t.caller.Username, t.coderd().Name)})
+		return apierrors.NewForbidden(r.gr, name, &identity.Refused{Reason: fmt.Sprintf("Coder user %q may not %s it in %s", t.caller.Username, c.Action, t.coderd().Name)})
 	}
 	return nil
 }
