@@ -31,11 +31,6 @@ export CODER_K8S_BIN_DIR := $(BIN)
 TEST_FLAGS ?=
 # Per test binary; test/e2e takes about 14 minutes on two quiet cores.
 TEST_TIMEOUT ?= 40m
-# How long `make test` runs each fuzz target after the suites (0 skips them).
-# A count, not a duration: Go 1.26's fuzz coordinator can fail a duration
-# run with a spurious "context deadline exceeded" when a worker is busy at
-# the deadline (golang/go#75804, fixed in Go 1.27).
-TEST_FUZZTIME ?= 3000x
 
 ##@ Build
 
@@ -74,15 +69,14 @@ image: ## Build the container image without Docker: an OCI image layout in bin/i
 # registry onto the stack's real node; DEV_RUN=binary: the binary out of the
 # cluster, for fast iteration (no image to build).
 DEV_RUN ?= helm
-dev: tools build build-dev $(if $(filter helm,$(DEV_RUN)),image) ## Run the local stack (kube-apiserver, etcd, a node, PostgreSQL, coderd) plus coder-k8s installed with helm (DEV_RUN=binary: out of the cluster); Ctrl-C stops it.
+dev: test-tools build build-dev $(if $(filter helm,$(DEV_RUN)),image) ## Run the local stack (kube-apiserver, etcd, a node, PostgreSQL, coderd) plus coder-k8s installed with helm (DEV_RUN=binary: out of the cluster); Ctrl-C stops it.
 	$(BIN)/dev --state-dir .dev --operator $(BIN)/coder-k8s --run $(DEV_RUN)
 
 ##@ Test
 
 .PHONY: test
-test: tools build image chart-lint test-gitops ## Build the binary and the image, then run every test suite against the real components (the chart's Go tests in test/chart and the GitOps engine suites included), then each fuzz target for TEST_FUZZTIME.
+test: test-tools build image chart-lint test-gitops ## Build the binary and the image, then run every test suite against the real components (the chart's Go tests in test/chart, the GitOps engine suites and the fuzz targets' seeds included).
 	$(GO) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
-	@if [ "$(TEST_FUZZTIME)" != 0 ]; then $(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME); fi
 
 # The GitOps engine suites: Go modules of their own, pinned to the Kubernetes
 # libraries Argo CD's gitops-engine and Flux's ssa build with (they cannot
@@ -90,7 +84,7 @@ test: tools build image chart-lint test-gitops ## Build the binary and the image
 GITOPS_MODULES := test/gitops/argocd test/gitops/flux
 
 .PHONY: test-gitops
-test-gitops: tools build build-dev ## Argo CD's gitops-engine and Flux's ssa managing templates and workspaces on the real stack.
+test-gitops: test-tools build build-dev ## Argo CD's gitops-engine and Flux's ssa managing templates and workspaces on the real stack.
 	@for m in $(GITOPS_MODULES); do echo "go test ./$$m"; \
 	  (cd $$m && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...) || exit 1; done
 
@@ -151,8 +145,12 @@ bench-memory: tools build ## all mode against kube-apiserver, empty and with 5,0
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkMemory$$' -benchtime 1x -timeout 15m
 
 # Each fuzz target in turn (go test -fuzz takes one); their seeds run with
-# every `go test`.
-FUZZTIME ?= 10s
+# every `go test`, the coverage-instrumented runs only here (CI's own fuzz
+# job): instrumenting each package again cost a cold `make test` about
+# 18 minutes on two cores. A count, not a duration: Go 1.26's fuzz
+# coordinator can fail a duration run with a spurious "context deadline
+# exceeded" when a worker is busy at the deadline (golang/go#75804).
+FUZZTIME ?= 3000x
 FUZZ_TARGETS := ./internal/aggregated/storage:FuzzParseWorkspaceName ./internal/aggregated/storage:FuzzParseTemplateName \
                 ./internal/aggregated/storage:FuzzSelector ./internal/aggregated/storage:FuzzScanWorkspacesPage \
                 ./internal/config:FuzzLoad ./internal/aggregated/templatesource:FuzzExtract \
@@ -276,12 +274,15 @@ KUBE_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
                  -X k8s.io/client-go/pkg/version.gitMinor=$(KUBE_MINOR)
 
 CNI_PLUGINS := bridge host-local loopback portmap
-TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/kubectl-1.32 $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
-         $(BIN)/helm $(BIN)/ct $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen $(BIN)/actionlint \
-         $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy $(BIN)/coredns $(BIN)/pause $(CNI_PLUGINS:%=$(BIN)/cni/%)
+# What the suites start; the code generators and linters are built by the
+# targets that run them (make generate, make lint), not by make test.
+TEST_TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/kubectl-1.32 $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
+              $(BIN)/helm $(BIN)/ct $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy $(BIN)/coredns $(BIN)/pause $(CNI_PLUGINS:%=$(BIN)/cni/%)
+TOOLS := $(TEST_TOOLS) $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen $(BIN)/actionlint
 
-.PHONY: tools
-tools: $(TOOLS) postgresql yamllint node-packages ## Build every pinned test binary into bin/ (cached).
+.PHONY: tools test-tools
+tools: $(TOOLS) postgresql yamllint node-packages ## Build every pinned binary into bin/ (cached): the test stack's, the generators and the linters.
+test-tools: $(TEST_TOOLS) postgresql yamllint node-packages ## Build the pinned binaries the test suites start (cached).
 
 # Built one after the other: each is a large link and the machines have two cores.
 .NOTPARALLEL:
