@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -337,6 +338,55 @@ controller:
 	d := Default().Controller.WorkspaceRBAC
 	if d.ClusterRole != "coder-k8s-workspace" || d.DeploymentsClusterRole != "coder-k8s-workspace-deployments" || len(d.ExtraNamespaces) != 0 || len(d.AllowedClusterRoles) != 0 {
 		t.Errorf("default workspaceRBAC = %+v", d)
+	}
+}
+
+// The cluster's controllers act with the operator's session by default; a
+// file lists others, or none with an empty list (or null), which does
+// not fall back to the defaults.
+func TestClusterControllers(t *testing.T) {
+	gc := "system:serviceaccount:kube-system:generic-garbage-collector"
+	for _, tc := range []struct {
+		name, file string
+		want       []string
+	}{
+		{"not set", envelope, []string{gc, "system:serviceaccount:kube-system:namespace-controller", "system:kube-controller-manager"}},
+		{"other names", envelope + "aggregatedAPIServer:\n  identity:\n    clusterControllers: [" + gc + ", my-gc]\n", []string{gc, "my-gc"}},
+		{"empty list", envelope + "aggregatedAPIServer:\n  identity:\n    clusterControllers: []\n", nil},
+		{"null", envelope + "aggregatedAPIServer:\n  identity:\n    clusterControllers: null\n", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Load(Source{File: writeFile(t, tc.file), Environ: []string{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.AggregatedAPIServer.Identity.ClusterControllers; !slices.Equal(got, tc.want) {
+				t.Errorf("clusterControllers = %q, want %q", got, tc.want)
+			}
+		})
+	}
+
+	_, err := Load(Source{File: writeFile(t, envelope+`
+aggregatedAPIServer:
+  identity:
+    clusterControllers: ["", " padded", system:anonymous, my-gc, my-gc]
+`), Environ: []string{}})
+	var cerr *Error
+	if !errors.As(err, &cerr) {
+		t.Fatalf("Load: %v, want the problems listed", err)
+	}
+	want := []string{
+		"aggregatedAPIServer.identity.clusterControllers[0]: Required value: a Kubernetes username",
+		`aggregatedAPIServer.identity.clusterControllers[1]: Invalid value: " padded": must not start or end with whitespace: usernames are matched exactly`,
+		"aggregatedAPIServer.identity.clusterControllers[2]: Forbidden: unauthenticated requests never act with the operator's Coder session",
+		`aggregatedAPIServer.identity.clusterControllers[4]: Duplicate value: "my-gc"`,
+	}
+	if !slices.Equal(cerr.Problems, want) {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(cerr.Problems, "\n"), strings.Join(want, "\n"))
+	}
+	_, err = Load(Source{File: writeFile(t, envelope+"aggregatedAPIServer:\n  identity:\n    clusterControllers: system:kube-controller-manager\n"), Environ: []string{}})
+	if err == nil || !strings.Contains(err.Error(), `aggregatedAPIServer.identity.clusterControllers: Invalid value: "system:kube-controller-manager": must be a list of strings`) {
+		t.Errorf("a string for the list: %v", err)
 	}
 }
 

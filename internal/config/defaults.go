@@ -2,6 +2,18 @@ package config
 
 import "time"
 
+// DefaultClusterControllers are the Kubernetes usernames of
+// kube-controller-manager's garbage collector and namespace controller:
+// their ServiceAccounts (--use-service-account-credentials, as kubeadm
+// and managed clusters run it) and its own user (without that flag).
+func DefaultClusterControllers() []string {
+	return []string{
+		"system:serviceaccount:kube-system:generic-garbage-collector",
+		"system:serviceaccount:kube-system:namespace-controller",
+		"system:kube-controller-manager",
+	}
+}
+
 // Default returns the fully defaulted configuration. It is the only place
 // defaults live; testdata/defaults.golden.yaml pins it so that every change
 // to a default shows up in review.
@@ -59,6 +71,9 @@ func Default() Configuration {
 				RequestTimeout: D(30 * time.Second),
 				StaticBackend:  StaticBackend{Identity: Identity{Mode: "Mapped", MatchBy: "Email"}},
 			},
+			// Who deletes orphans and empties deleted namespaces in every
+			// cluster; see DefaultClusterControllers.
+			Identity: AggregatedIdentity{ClusterControllers: DefaultClusterControllers()},
 		},
 		MCP: MCP{
 			BindAddress:       ":8090",

@@ -180,6 +180,24 @@ type AggregatedAPIServer struct {
 	WatchPollInterval Duration `json:"watchPollInterval"`
 	// Coder configures the calls to coderd.
 	Coder Coder `json:"coder"`
+	// Identity configures, for every backend whose identity mode is
+	// Mapped, the callers that are not mapped onto a Coder user.
+	Identity AggregatedIdentity `json:"identity"`
+}
+
+// AggregatedIdentity configures callers of the aggregated API that act
+// with the operator's Coder session in identity mode Mapped.
+type AggregatedIdentity struct {
+	// ClusterControllers are exact Kubernetes usernames of the cluster's
+	// own controllers, which list, watch and delete every resource type:
+	// kube-controller-manager's garbage collector and namespace controller
+	// (as their ServiceAccounts with --use-service-account-credentials,
+	// else as system:kube-controller-manager). In identity mode Mapped they
+	// act with the operator's Coder session instead of being refused for
+	// having no Coder user: they read every object (restricted fields
+	// redacted), delete objects, and change only Kubernetes metadata.
+	// An empty list lists none.
+	ClusterControllers []string `json:"clusterControllers"`
 }
 
 // AutoTLS configures the serving certificate coder-k8s manages itself: a

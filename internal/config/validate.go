@@ -165,6 +165,8 @@ func validateAggregated(cfg *Configuration, p *field.Path) field.ErrorList {
 		}
 	}
 
+	errs = append(errs, validateClusterControllers(a.Identity.ClusterControllers, p.Child("identity", "clusterControllers"))...)
+
 	c, cp := &a.Coder, p.Child("coder")
 	errs = append(errs, positive(c.RequestTimeout, cp.Child("requestTimeout"))...)
 	if c.RequestTimeout.Duration > a.RequestTimeout.Duration {
@@ -197,6 +199,28 @@ func validateAggregated(cfg *Configuration, p *field.Path) field.ErrorList {
 			"aggregated-apiserver mode has no CoderControlPlane discovery and needs a static backend (or the --coder-url flag)"))
 	case s.Namespace != "" || s.SessionTokenFile != "" || s.SessionToken != "":
 		errs = append(errs, field.Required(sp.Child("url"), "namespace and session token are set but the URL is not"))
+	}
+	return errs
+}
+
+// validateClusterControllers checks usernames that act with the
+// operator's session: exact names, each once, never the anonymous user.
+func validateClusterControllers(names []string, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	seen := map[string]bool{}
+	for i, name := range names {
+		ip := p.Index(i)
+		switch {
+		case name == "":
+			errs = append(errs, field.Required(ip, "a Kubernetes username"))
+		case strings.TrimSpace(name) != name:
+			errs = append(errs, field.Invalid(ip, name, "must not start or end with whitespace: usernames are matched exactly"))
+		case name == "system:anonymous":
+			errs = append(errs, field.Forbidden(ip, "unauthenticated requests never act with the operator's Coder session"))
+		case seen[name]:
+			errs = append(errs, field.Duplicate(ip, name))
+		}
+		seen[name] = true
 	}
 	return errs
 }
