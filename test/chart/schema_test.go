@@ -25,6 +25,7 @@ var chartOwnedConfigKeys = []string{
 	"aggregatedAPIServer.certDir",
 	"aggregatedAPIServer.autoTLS",
 	"aggregatedAPIServer.coder.staticBackend",
+	"aggregatedAPIServer.identity",
 	"mcp.bindAddress",
 }
 

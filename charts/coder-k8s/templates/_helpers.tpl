@@ -148,7 +148,8 @@ true
 {{/*
 The configuration file. values.config minus nothing (the schema refuses the
 keys the chart owns), plus apiVersion/kind when omitted, plus the mode,
-listen addresses, TLS and static backend rendered from their values.
+listen addresses, TLS, static backend and cluster controllers rendered from
+their values.
 */}}
 {{- define "coder-k8s.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) -}}
@@ -175,6 +176,7 @@ listen addresses, TLS and static backend rendered from their values.
 {{- $_ := set $cfg "aggregatedAPIServer" $agg -}}
 {{- $_ := set $agg "securePort" (int .Values.ports.aggregatedAPI) -}}
 {{- if include "coder-k8s.runsAggregated" . -}}
+{{- $_ := set $agg "identity" (dict "clusterControllers" (.Values.aggregatedAPI.clusterControllers | default list)) -}}
 {{- if eq .Values.tls.mode "auto" -}}
 {{- $_ := set $agg "autoTLS" (dict
       "enabled" true
