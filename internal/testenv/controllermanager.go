@@ -24,38 +24,82 @@ import (
 // normally take a few seconds.
 const componentStartTimeout = 60 * time.Second
 
+// ControllerManagerOptions configures StartControllerManagerWith.
+type ControllerManagerOptions struct {
+	// Controllers are kube-controller-manager --controllers names or
+	// aliases, for example "namespace" or "garbage-collector"; none means
+	// its default, every on-by-default controller.
+	Controllers []string
+	// ServiceAccountCredentials runs kube-controller-manager as kubeadm and
+	// managed clusters do: as user system:kube-controller-manager (a client
+	// certificate, with the RBAC kube-apiserver bootstraps for it), with
+	// --use-service-account-credentials, so that each controller calls
+	// kube-apiserver as its own ServiceAccount in kube-system (for example
+	// system:serviceaccount:kube-system:generic-garbage-collector) with
+	// the bootstrap role system:controller:<name>, and with the service
+	// account signing key, so the token controller runs. The shared
+	// informers (the garbage collector's lists and watches among them)
+	// stay with system:kube-controller-manager. Off: everything as the
+	// admin user (system:masters).
+	ServiceAccountCredentials bool
+}
+
+// controllerManagerUser is the user kube-apiserver's bootstrap RBAC grants
+// kube-controller-manager's own rights to (ClusterRoleBinding
+// system:kube-controller-manager).
+const controllerManagerUser = "system:kube-controller-manager"
+
 // StartControllerManager runs the real kube-controller-manager against k
-// with only the named controllers (kube-controller-manager --controllers
-// names or aliases, for example "namespace" or "garbage-collector"; none
-// means its default, every on-by-default controller). It authenticates as
-// the admin user for everything, without leader election, service account
-// credentials, cloud provider or service account signing key (so the
-// serviceaccount-token controller never runs), and serves HTTPS on a free
-// loopback port with a self-signed certificate kept in a directory under
-// k.Dir.
+// with only the named controllers, as the admin user (see
+// StartControllerManagerWith).
+func (k *KubeAPI) StartControllerManager(ctx context.Context, controllers ...string) (*Process, error) {
+	return k.StartControllerManagerWith(ctx, ControllerManagerOptions{Controllers: controllers})
+}
+
+// StartControllerManagerWith runs the real kube-controller-manager against
+// k with the controllers and identity opts name, without leader election
+// or cloud provider, serving HTTPS on a free loopback port with a
+// self-signed certificate kept in a directory under k.Dir. As the admin
+// user it has no service account signing key (so the serviceaccount-token
+// controller never runs); with opts.ServiceAccountCredentials it runs as
+// clusters run it.
 //
 // It returns once /healthz answers ok and lists the controllers' checks,
 // that is once the controllers are built and starting. The caller stops the
 // process (Process.Stop); KubeAPI.Stop removes its directory and log.
-func (k *KubeAPI) StartControllerManager(ctx context.Context, controllers ...string) (*Process, error) {
+func (k *KubeAPI) StartControllerManagerWith(ctx context.Context, opts ControllerManagerOptions) (*Process, error) {
 	Sweep()
 	if k.KubeconfigPath == "" || k.Dir == "" {
 		return nil, errors.New("start kube-controller-manager: the KubeAPI is not running")
 	}
+	kubeconfig := k.KubeconfigPath
 	args := []string{
-		"--kubeconfig=" + k.KubeconfigPath,
-		// The same admin identity checks callers of its HTTPS endpoints
-		// (/healthz, /readyz and /livez are allowed to anyone anyway).
-		"--authentication-kubeconfig=" + k.KubeconfigPath,
-		"--authorization-kubeconfig=" + k.KubeconfigPath,
 		"--leader-elect=false",
-		"--use-service-account-credentials=false",
 		// Published in every namespace as kube-root-ca.crt, which pods use
 		// to verify kube-apiserver.
 		"--root-ca-file=" + k.ServingCAPath,
 	}
-	if len(controllers) > 0 {
-		args = append(args, "--controllers="+strings.Join(controllers, ","))
+	if opts.ServiceAccountCredentials {
+		if k.env == nil {
+			return nil, errors.New("start kube-controller-manager: the KubeAPI is not running")
+		}
+		var err error
+		if kubeconfig, err = k.controllerManagerKubeconfig(); err != nil {
+			return nil, fmt.Errorf("start kube-controller-manager: %w", err)
+		}
+		args = append(args, "--use-service-account-credentials=true",
+			// The key kube-apiserver verifies service account tokens with
+			// (envtest's sa-signer in its certificate directory): the token
+			// controller fills Secrets of type service-account-token.
+			"--service-account-private-key-file="+filepath.Join(k.env.ControlPlane.GetAPIServer().CertDir, "sa-signer.key"))
+	} else {
+		args = append(args, "--use-service-account-credentials=false")
+	}
+	// The same identity checks callers of its HTTPS endpoints (/healthz,
+	// /readyz and /livez are allowed to anyone anyway).
+	args = append(args, "--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig)
+	if len(opts.Controllers) > 0 {
+		args = append(args, "--controllers="+strings.Join(opts.Controllers, ","))
 	}
 	return k.startSecureComponent(ctx, "kube-controller-manager", args, func(verbose string) error {
 		if !controllerChecksListed(verbose) {
@@ -65,6 +109,25 @@ func (k *KubeAPI) StartControllerManager(ctx context.Context, controllers ...str
 		}
 		return nil
 	})
+}
+
+// controllerManagerKubeconfig writes a kubeconfig authenticating as
+// system:kube-controller-manager with a client certificate to a new file
+// under k.Dir and returns its path.
+func (k *KubeAPI) controllerManagerKubeconfig() (string, error) {
+	b, err := k.UserKubeconfig(controllerManagerUser)
+	if err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp(k.Dir, "kube-controller-manager-*.kubeconfig")
+	if err != nil {
+		return "", err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return "", err
+	}
+	return f.Name(), f.Close()
 }
 
 // startSecureComponent runs a control plane component (kube-controller-
@@ -165,13 +228,19 @@ func controllerChecksListed(verbose string) bool {
 }
 
 // NewControllerManager runs kube-controller-manager with the named
-// controllers for a test (see StartControllerManager) and stops it when the
-// test ends, before the KubeAPI when that was started first. It fails the
-// test if the binary is missing (naming `make tools`) or it does not become
-// healthy.
+// controllers as the admin user for a test (see NewControllerManagerWith).
 func (k *KubeAPI) NewControllerManager(t testing.TB, controllers ...string) *Process {
 	t.Helper()
-	p, err := k.StartControllerManager(t.Context(), controllers...)
+	return k.NewControllerManagerWith(t, ControllerManagerOptions{Controllers: controllers})
+}
+
+// NewControllerManagerWith runs kube-controller-manager as opts say for a
+// test (see StartControllerManagerWith) and stops it when the test ends,
+// before the KubeAPI when that was started first. It fails the test if the
+// binary is missing (naming `make tools`) or it does not become healthy.
+func (k *KubeAPI) NewControllerManagerWith(t testing.TB, opts ControllerManagerOptions) *Process {
+	t.Helper()
+	p, err := k.StartControllerManagerWith(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("kube-controller-manager: %v", err)
 	}

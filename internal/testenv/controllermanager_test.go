@@ -2,12 +2,14 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -70,6 +72,107 @@ func TestControllerManagerNamespaceController(t *testing.T) {
 		}
 	}
 	t.Logf("both namespaces deleted %s after kube-controller-manager started", time.Since(start).Round(time.Millisecond))
+}
+
+// TestControllerManagerServiceAccountCredentials runs kube-controller-manager
+// as clusters run it: each controller calls kube-apiserver as its own
+// ServiceAccount with its bootstrap role. A ValidatingAdmissionPolicy lets
+// only the user a ConfigMap's label names delete it, so the garbage
+// collector deletes an orphaned ConfigMap only as generic-garbage-collector
+// and the namespace controller empties a deleted namespace only as
+// namespace-controller.
+func TestControllerManagerServiceAccountCredentials(t *testing.T) {
+	k := NewKubeAPI(t, KubeAPIOptions{})
+	ctx := t.Context()
+	const deleter = "e2e.coder.com/deleter"
+
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "only-the-named-deleter"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			MatchConstraints: &admissionregistrationv1.MatchResources{
+				ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: deleter, Operator: metav1.LabelSelectorOpExists}}},
+				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
+				}}},
+			},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression:        `request.userInfo.username == "system:serviceaccount:kube-system:" + oldObject.metadata.labels["` + deleter + `"]`,
+				MessageExpression: `"only system:serviceaccount:kube-system:" + oldObject.metadata.labels["` + deleter + `"] + " may delete this ConfigMap, not " + request.userInfo.username`,
+			}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+		},
+	}
+	vap := k.Clientset.AdmissionregistrationV1()
+	if _, err := vap.ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vap.ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// labeled creates ConfigMap ns/name that only ServiceAccount
+	// kube-system/by may delete ("": anyone).
+	labeled := func(ns, name, by string, owners ...metav1.OwnerReference) *corev1.ConfigMap {
+		t.Helper()
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, OwnerReferences: owners}}
+		if by != "" {
+			cm.Labels = map[string]string{deleter: by}
+		}
+		cm, err := k.Clientset.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cm
+	}
+	// kube-apiserver applies the policy once it has loaded it: then the
+	// admin may not delete a ConfigMap labeled for the garbage collector.
+	labeled("default", "probe", "generic-garbage-collector")
+	WaitFor(t, 30*time.Second, func() error {
+		err := k.Clientset.CoreV1().ConfigMaps("default").Delete(ctx, "probe", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "only system:serviceaccount:kube-system:generic-garbage-collector may delete this ConfigMap, not admin") {
+			return fmt.Errorf("the admin's delete of default/probe: %v, want refused by the policy", err)
+		}
+		return nil
+	})
+
+	k.NewControllerManagerWith(t, ControllerManagerOptions{
+		Controllers:               []string{"garbage-collector-controller", "namespace-controller"},
+		ServiceAccountCredentials: true,
+	})
+
+	// The garbage collector: a ConfigMap whose owner is deleted.
+	owner := labeled("default", "owner", "")
+	labeled("default", "dependent", "generic-garbage-collector", metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID})
+	if err := k.Clientset.CoreV1().ConfigMaps("default").Delete(ctx, owner.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The namespace controller: a namespace with a ConfigMap.
+	ns, err := k.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "deleted-by-its-controller-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	labeled(ns.Name, "content", "namespace-controller")
+	deleteNamespace(t, k, ns.Name)
+
+	WaitFor(t, 60*time.Second, func() error {
+		_, err := k.Clientset.CoreV1().ConfigMaps("default").Get(ctx, "dependent", metav1.GetOptions{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the orphaned ConfigMap default/dependent is still there: %v", err)
+		}
+		return nil
+	})
+	waitNamespaceGone(t, k, ns.Name, 60*time.Second)
+	for _, sa := range []string{"generic-garbage-collector", "namespace-controller"} {
+		if _, err := k.Clientset.CoreV1().ServiceAccounts("kube-system").Get(ctx, sa, metav1.GetOptions{}); err != nil {
+			t.Errorf("ServiceAccount kube-system/%s, which kube-controller-manager creates for its controller: %v", sa, err)
+		}
+	}
 }
 
 // Without the binary the error tells the user how to get it.
