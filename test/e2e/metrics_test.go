@@ -10,11 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/coder/coder/v2/codersdk"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -34,12 +36,14 @@ import (
 // scrapes /metrics for the coder_k8s_ series an SRE would look at, checks
 // their counts against what coderd was actually asked (a counting proxy in
 // front of it), finds the request IDs of those requests in the operator's
-// log, and finds no credential in the log, /metrics or events.
+// log, and finds no credential in the log, /metrics or events: neither
+// the owner's, the operator's nor any token coder-k8s sent coderd, among
+// them those it minted for the mapped callers (the stack runs Mapped).
 func TestMetrics(t *testing.T) {
 	// coder/coder adopts the stack's coderd through a counting proxy: what
 	// the proxy forwarded is every request coder-k8s made for that control
-	// plane.
-	s := newStack(t, withCoderdProxy(true))
+	// plane; a recording proxy behind it keeps their tokens.
+	s := newStack(t, withCoderdRecorder())
 	ctx := context.Background()
 	cp := s.ns + "/coder"
 	if _, err := s.coder.PushTemplate(ctx, "metrics", testenv.ProviderFreeTemplate()); err != nil {
@@ -196,8 +200,11 @@ func TestMetrics(t *testing.T) {
 
 	// The standalone processes' logs and /metrics, read before they stop.
 	outputs := map[string]string{}
+	var standaloneTokens []string
 	t.Run("aggregated-apiserver and mcp-http modes serve their metrics too", func(t *testing.T) {
-		maps.Copy(outputs, checkStandaloneMetrics(t, s, token, wsName))
+		var out map[string]string
+		out, standaloneTokens = checkStandaloneMetrics(t, s, token, wsName)
+		maps.Copy(outputs, out)
 	})
 
 	t.Run("the log has the requests' IDs", func(t *testing.T) {
@@ -229,6 +236,18 @@ func TestMetrics(t *testing.T) {
 			"the operator token of " + cp:       operatorToken(t, s, waitOperatorAccess(t, s, s.ns, "coder", s.coderURL(), 10*time.Second)),
 			"the operator token of fresh/coder": operatorToken(t, s, freshCCP),
 			"the first user's password in Secret " + freshNS + "/" + operatoraccess.AdminSecretName(freshCCP): secretValue(t, s, freshNS, operatoraccess.AdminSecretName(freshCCP), "password"),
+		}
+		// The tokens coder-k8s sent coderd that the test does not know
+		// otherwise: those minted for the mapped callers.
+		minted := 0
+		for _, tok := range append(sessionTokensSent(s.recorder), standaloneTokens...) {
+			if !slices.Contains(slices.Collect(maps.Values(secrets)), tok) {
+				minted++
+				secrets[fmt.Sprintf("token %d coder-k8s minted and sent coderd", minted)] = tok
+			}
+		}
+		if minted == 0 {
+			t.Errorf("coder-k8s sent coderd only the owner's and the operator's tokens: the mapped callers' tokens are not checked")
 		}
 		for what, v := range maps.Clone(secrets) {
 			// A Coder API key's secret half alone must not show either.
@@ -390,13 +409,15 @@ func allEvents(t *testing.T, s *aggStack) string {
 // the stack's coderd, through a counting proxy of its own) and mcp-http
 // modes next to the stack, uses each once, and checks their own /metrics
 // against what they did. It returns both processes' logs and /metrics
-// (processOutputs).
-func checkStandaloneMetrics(t *testing.T, s *aggStack, token, wsName string) map[string]string {
+// (processOutputs) and the session tokens the static backend sent coderd.
+func checkStandaloneMetrics(t *testing.T, s *aggStack, token, wsName string) (map[string]string, []string) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeTokenFile(t, tokenFile, s.coder.SessionToken)
-	proxy := testenv.NewCountingProxy(t, s.coder.URL)
+	rec := testenv.NewRecordingProxy(t, s.coder.URL)
+	proxy := testenv.NewCountingProxy(t, rec.URL)
 	agg := StartOperator(t, OperatorOptions{Mode: "aggregated-apiserver", Kubeconfig: s.k.KubeconfigPath,
-		Aggregated: fmt.Sprintf(`coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s, identity: {mode: Operator}}}`, proxy.URL.String(), tokenFile, s.ns)})
+		Aggregated: fmt.Sprintf(`coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s, identity: %s}}`,
+			proxy.URL.String(), tokenFile, s.ns, identityConfig(s.identity(s.coder.Username)))})
 	mcpOnly := StartOperator(t, OperatorOptions{Mode: "mcp-http", Kubeconfig: s.k.KubeconfigPath})
 	agg.WaitOK(t, agg.Aggregated+"/readyz")
 	mcpOnly.WaitOK(t, mcpOnly.MCP+"/readyz")
@@ -452,7 +473,19 @@ func checkStandaloneMetrics(t *testing.T, s *aggStack, token, wsName string) map
 		map[string]string{"tool": "list_control_planes", "outcome": "ok"}, exactly(1)}})
 	outputs := processOutputs(t, agg)
 	maps.Copy(outputs, processOutputs(t, mcpOnly))
-	return outputs
+	return outputs, sessionTokensSent(rec)
+}
+
+// sessionTokensSent are the distinct Coder-Session-Token headers of the
+// requests rec received.
+func sessionTokensSent(rec *testenv.RecordingProxy) []string {
+	var out []string
+	for _, r := range rec.Requests() {
+		if tok := r.Header.Get(codersdk.SessionTokenHeader); tok != "" && !slices.Contains(out, tok) {
+			out = append(out, tok)
+		}
+	}
+	return out
 }
 
 // headerTransport sets headers on every request and keeps the last

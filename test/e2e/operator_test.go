@@ -337,7 +337,8 @@ func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfi
 		if url == "" {
 			url = "http://127.0.0.1:1"
 		}
-		sb := map[string]any{"url": url, "existingSecret": release + "-coder-token", "identity": map[string]any{"mode": "Operator"}}
+		sb := map[string]any{"url": url, "existingSecret": release + "-coder-token",
+			"identity": map[string]any{"mode": c.AggregatedAPIServer.Coder.StaticBackend.Identity.Mode}}
 		// The backend's namespace holds its records (a Role there).
 		ns := c.AggregatedAPIServer.Coder.StaticBackend.Namespace
 		for _, a := range opts.Args {

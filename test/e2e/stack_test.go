@@ -43,6 +43,43 @@ const (
 	ownerSecret = "owner"
 )
 
+// ownerMappedUsers are the Kubernetes users the suites act as: the admin
+// kubeconfig and the MCP agents' ServiceAccounts (namespace agents). The
+// stack's backends run in Mapped mode, the default, and map each of them
+// explicitly to the stack coderd's first user, an owner the test stack
+// created (not a user coder-k8s created, which Mapped mode refuses). Tests
+// of other users map them themselves (identity_test.go).
+var ownerMappedUsers = []string{
+	"admin",
+	"system:serviceaccount:agents:agent",
+	"system:serviceaccount:agents:reader",
+	"system:serviceaccount:agents:nobody",
+	"system:serviceaccount:agents:fault-agent",
+	"system:serviceaccount:agents:hostile",
+	"system:serviceaccount:agents:metrics-agent",
+	"system:serviceaccount:agents:bench-agent",
+}
+
+// mappedIdentity is the identity of the stack's backends: Mapped, with
+// ownerMappedUsers mapped to Coder user owner.
+func mappedIdentity(owner string) coderv1alpha1.IdentitySpec {
+	id := coderv1alpha1.IdentitySpec{Mode: "Mapped"}
+	for _, u := range ownerMappedUsers {
+		id.Mappings = append(id.Mappings, coderv1alpha1.IdentityMapping{KubernetesUser: u, CoderUser: owner})
+	}
+	return id
+}
+
+// identityConfig is id as the flow mapping of a static backend's
+// identity in the configuration file.
+func identityConfig(id coderv1alpha1.IdentitySpec) string {
+	var mappings []string
+	for _, m := range id.Mappings {
+		mappings = append(mappings, fmt.Sprintf("{kubernetesUser: %q, coderUser: %q}", m.KubernetesUser, m.CoderUser))
+	}
+	return fmt.Sprintf("{mode: %s, mappings: [%s]}", id.Mode, strings.Join(mappings, ", "))
+}
+
 var (
 	workspacesGVR = aggv1.SchemeGroupVersion.WithResource("coderworkspaces")
 	templatesGVR  = aggv1.SchemeGroupVersion.WithResource("codertemplates")
@@ -59,6 +96,9 @@ type aggStack struct {
 	// proxy is a CountingProxy in front of coderd (withCoderdProxy), or
 	// nil.
 	proxy *testenv.CountingProxy
+	// recorder is the RecordingProxy behind proxy (withCoderdRecorder),
+	// or nil.
+	recorder *testenv.RecordingProxy
 	// op is the operator the stack started (nil with withoutOperator).
 	op      *Operator
 	c       client.Client
@@ -103,6 +143,11 @@ type stackConfig struct {
 	watchPollInterval time.Duration
 	// coder configures the stack's coderd.
 	coder testenv.CoderOptions
+	// operatorIdentity runs the stack's backends in Operator mode (for
+	// tests of that mode) instead of Mapped.
+	operatorIdentity bool
+	// record puts a RecordingProxy between the CountingProxy and coderd.
+	record bool
 }
 
 // stackOption configures newStack.
@@ -135,6 +180,27 @@ func withStaticBackend(tokenFile string) stackOption {
 // sees every request coder-k8s makes to that control plane's coderd.
 func withCoderdProxy(adoptThroughIt bool) stackOption {
 	return func(c *stackConfig) { c.proxy, c.adoptViaProxy = true, adoptThroughIt }
+}
+
+// withOperatorIdentity runs the stack's control planes and static backend
+// in identity mode Operator, for tests of that mode.
+func withOperatorIdentity() stackOption { return func(c *stackConfig) { c.operatorIdentity = true } }
+
+// withCoderdRecorder puts a RecordingProxy (s.recorder) between the
+// counting proxy (which it implies) and coderd, keeping every request
+// coder-k8s made to the stack's control plane coder/coder.
+func withCoderdRecorder() stackOption {
+	return func(c *stackConfig) { c.proxy, c.adoptViaProxy, c.record = true, true, true }
+}
+
+// identity is the identity of the stack's backends for coderd owner user
+// owner: Mapped with ownerMappedUsers (mappedIdentity), or Operator with
+// withOperatorIdentity.
+func (s *aggStack) identity(owner string) coderv1alpha1.IdentitySpec {
+	if s.cfg.operatorIdentity {
+		return coderv1alpha1.IdentitySpec{Mode: "Operator"}
+	}
+	return mappedIdentity(owner)
 }
 
 // withoutAPIService leaves aggregation.coder.com unregistered (for tests
@@ -182,7 +248,12 @@ func newStack(t testing.TB, opts ...stackOption) *aggStack {
 	s.k = testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
 	s.coder = testenv.NewCoder(t, s.cfg.coder)
 	if s.cfg.proxy {
-		s.proxy = testenv.NewCountingProxy(t, s.coder.URL)
+		target := s.coder.URL
+		if s.cfg.record {
+			s.recorder = testenv.NewRecordingProxy(t, s.coder.URL)
+			target = s.recorder.URL
+		}
+		s.proxy = testenv.NewCountingProxy(t, target)
 	}
 	s.certDir, s.caPEM = servingCert(t)
 	// scheme.New has the aggregated types too.
@@ -237,8 +308,8 @@ func (s *aggStack) startOperator(t testing.TB, extra OperatorOptions) *Operator 
 	aggregated := fmt.Sprintf("certDir: %q, watchPollInterval: %s", s.certDir, s.watchPollInterval())
 	if s.cfg.staticTokenFile != "" {
 		o.Mode = "aggregated-apiserver"
-		aggregated += fmt.Sprintf(", coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s, identity: {mode: Operator}}}",
-			s.coder.URL.String(), s.cfg.staticTokenFile, s.ns)
+		aggregated += fmt.Sprintf(", coder: {staticBackend: {url: %q, sessionTokenFile: %q, namespace: %s, identity: %s}}",
+			s.coder.URL.String(), s.cfg.staticTokenFile, s.ns, identityConfig(s.identity(s.coder.Username)))
 	}
 	if o.Aggregated != "" {
 		aggregated += ", " + o.Aggregated
@@ -356,7 +427,10 @@ func adoptControlPlane(t testing.TB, s *aggStack, ns, name, coderURL string) *co
 // adopting an existing coderd does. With ownerToken, Secret "owner" in ns
 // holds it (created if missing) and the control plane references it;
 // without, the coderd has no users yet and the operator creates the first
-// one. It does not wait for the operator.
+// one. The control plane's identity is s.identity: with ownerToken the
+// stack's users are mapped to Coder user admin, the first user every
+// testenv coderd has; without, no one is (Mapped mode refuses the first
+// user coder-k8s created). It does not wait for the operator.
 func createAdoptingControlPlane(t testing.TB, s *aggStack, ns, name, coderURL, ownerToken string) *coderv1alpha1.CoderControlPlane {
 	t.Helper()
 	ctx := context.Background()
@@ -365,9 +439,10 @@ func createAdoptingControlPlane(t testing.TB, s *aggStack, ns, name, coderURL, o
 	}
 	ccp := &coderv1alpha1.CoderControlPlane{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		// The suites test the storage as the operator; identity mapping
-		// has tests of its own (identity_test.go).
-		Spec: coderv1alpha1.CoderControlPlaneSpec{ExternalURL: coderURL, Identity: coderv1alpha1.IdentitySpec{Mode: "Operator"}},
+		Spec:       coderv1alpha1.CoderControlPlaneSpec{ExternalURL: coderURL, Identity: s.identity(s.coder.Username)},
+	}
+	if ownerToken == "" && !s.cfg.operatorIdentity {
+		ccp.Spec.Identity.Mappings = nil
 	}
 	if ownerToken != "" {
 		secret := &corev1.Secret{
