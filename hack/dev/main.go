@@ -443,19 +443,23 @@ func memberDemo(kubeconfig, owner string) string {
 	return fmt.Sprintf(`
 Identity mapping (spec.identity.mode Mapped): Kubernetes user %[1]s@example.com acts in Coder as
 member %[1]s; the admin kubeconfig and the MCP ServiceAccount are mapped to owner %[3]s.
+%[1]s holds ClusterRole %[8]s in %[4]s (a RoleBinding), not edit: whoever may read the Secrets
+of a control plane's namespace, or run pods there as its ServiceAccounts, is a Coder owner.
   export KUBECONFIG=%[2]s
   kubectl get cws -n %[4]s                        # only %[1]s's workspace
   kubectl patch cws coder.%[1]s.%[5]s -n %[4]s --type merge -p '{"spec":{"running":false}}'
   kubectl get cws coder.%[1]s.%[5]s -n %[4]s -o jsonpath='{.status.latestBuild.initiator}'   # %[1]s
   kubectl get cws coder.%[3]s.%[6]s -n %[4]s       # NotFound: Coder does not show it to %[1]s
   kubectl get ctpl coder.%[7]s -n %[4]s -o jsonpath='{.spec.files}'   # empty: only template admins see files
-`, demoMember, kubeconfig, owner, serviceNamespace, demoMemberWorkspace, demoWorkspace, demoTemplate)
+  kubectl auth can-i get secrets -n %[4]s          # no: %[8]s reaches no credential
+`, demoMember, kubeconfig, owner, serviceNamespace, demoMemberWorkspace, demoWorkspace, demoTemplate, memberRole)
 }
 
 // createMember creates the demo member in Coder with a workspace, and the
-// Kubernetes user of the member's email, allowed to use the aggregated
-// resources in the control plane's namespace; it writes that user's
-// kubeconfig.
+// Kubernetes user of the member's email, bound to the chart's workspace-user
+// ClusterRole in the control plane's namespace (not edit: that namespace
+// holds the owner token, so edit would make the member a Coder owner); it
+// writes that user's kubeconfig.
 func createMember(ctx context.Context, kube *testenv.KubeAPI, coder *testenv.Coder, kubeconfig string) error {
 	email := demoMember + "@example.com"
 	if _, err := coder.Client.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
@@ -479,18 +483,11 @@ func createMember(ctx context.Context, kube *testenv.KubeAPI, coder *testenv.Cod
 	if err != nil {
 		return err
 	}
-	role := "coder-developer"
-	for _, o := range []client.Object{
-		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: role, Namespace: serviceNamespace}, Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{aggregatedGroup}, Resources: []string{"coderworkspaces", "codertemplates"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
-		}},
-		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role + "-" + demoMember, Namespace: serviceNamespace},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: email}}},
-	} {
-		if err := c.Create(ctx, o); err != nil {
-			return fmt.Errorf("create %T %s: %w", o, o.GetName(), err)
-		}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: memberRole + "-" + demoMember, Namespace: serviceNamespace},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: memberRole},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: email}}}
+	if err := c.Create(ctx, binding); err != nil {
+		return fmt.Errorf("bind ClusterRole %s to %s: %w", memberRole, email, err)
 	}
 	b, err := kube.UserKubeconfig(email)
 	if err != nil {
@@ -501,6 +498,10 @@ func createMember(ctx context.Context, kube *testenv.KubeAPI, coder *testenv.Cod
 
 // releaseName is the Helm release the local stack stands for.
 const releaseName = "coder-k8s"
+
+// memberRole is the ClusterRole the chart ships (rbac.userRoles) for
+// developers, bound to the demo member.
+const memberRole = releaseName + "-workspace-user"
 
 // claimForRelease gives the objects the stack created that the chart also
 // renders (the CRDs, the aggregated API's Service and APIService) Helm's

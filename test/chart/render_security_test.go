@@ -5,6 +5,7 @@ package chart
 
 import (
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -232,6 +233,7 @@ func (r *rendered) checkRBAC(t *testing.T) {
 	}
 	r.checkComponentRoles(t)
 	r.checkNoEscalation(t)
+	r.checkUserRoles(t)
 	if r.runsAggregated() && lookupString(r.vals, "tls.mode") == "auto" {
 		grants := func(kind, resource, name string) bool {
 			for _, o := range r.m.all(kind) {
@@ -327,6 +329,58 @@ func (r *rendered) checkNoEscalation(t *testing.T) {
 		}
 		if actions, _, _ := unstructured.NestedStringSlice(binding.u.Object, "spec", "validationActions"); !slices.Equal(actions, []string{"Deny"}) {
 			t.Errorf("validationActions %v, want [Deny]", actions)
+		}
+	}
+}
+
+// checkUserRoles: the ClusterRoles for Coder's users (rbac.userRoles) are
+// rendered, with exactly the rules of shippedUserRoles, when the mode serves
+// the aggregated API; every ClusterRole the chart renders for people (those
+// and the view/edit/admin aggregations) names only the aggregated resources,
+// so binding it reaches no Secret, pod or token; and no binding of the
+// chart's refers to one: whom to grant them is the administrator's call.
+func (r *rendered) checkUserRoles(t *testing.T) {
+	want := r.runsAggregated() && lookupBool(r.vals, "rbac.create") && lookupBool(r.vals, "rbac.userRoles")
+	forPeople := map[string]bool{}
+	for suffix, rules := range shippedUserRoles {
+		name := releaseName + "-" + suffix
+		o := r.m.find("ClusterRole", name)
+		switch {
+		case o == nil && want:
+			t.Errorf("mode %s, rbac.userRoles %v: no ClusterRole %s", r.cfg.App, lookupBool(r.vals, "rbac.userRoles"), name)
+		case o != nil && !want:
+			t.Errorf("mode %s, rbac.create %v, rbac.userRoles %v renders ClusterRole %s", r.cfg.App, lookupBool(r.vals, "rbac.create"), lookupBool(r.vals, "rbac.userRoles"), name)
+		case o != nil && !reflect.DeepEqual(o.typed.(*rbacv1.ClusterRole).Rules, rules):
+			t.Errorf("ClusterRole %s has rules\n%swant\n%s", name, mustYAML(t, o.typed.(*rbacv1.ClusterRole).Rules), mustYAML(t, rules))
+		}
+		forPeople[name] = true
+	}
+	for _, o := range r.m.all("ClusterRole") {
+		role := o.typed.(*rbacv1.ClusterRole)
+		if !forPeople[role.Name] && !slices.ContainsFunc(slices.Collect(maps.Keys(role.Labels)), func(l string) bool {
+			return strings.HasPrefix(l, "rbac.authorization.k8s.io/aggregate-to-")
+		}) {
+			continue
+		}
+		forPeople[role.Name] = true
+		for _, rule := range role.Rules {
+			if !slices.Equal(rule.APIGroups, []string{"aggregation.coder.com"}) || slices.ContainsFunc(rule.Resources, func(res string) bool {
+				return res != "coderworkspaces" && res != "codertemplates"
+			}) || len(rule.ResourceNames) > 0 || len(rule.NonResourceURLs) > 0 {
+				t.Errorf("ClusterRole %s, meant for people, has rule %+v beyond coderworkspaces and codertemplates", role.Name, rule)
+			}
+		}
+	}
+	for _, o := range slices.Concat(r.m.all("RoleBinding"), r.m.all("ClusterRoleBinding")) {
+		var ref rbacv1.RoleRef
+		switch b := o.typed.(type) {
+		case *rbacv1.RoleBinding:
+			ref = b.RoleRef
+		case *rbacv1.ClusterRoleBinding:
+			ref = b.RoleRef
+		}
+		if ref.Kind == "ClusterRole" && forPeople[ref.Name] {
+			t.Errorf("%s binds ClusterRole %s, which the chart ships for people to bind", o, ref.Name)
 		}
 	}
 }

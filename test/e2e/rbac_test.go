@@ -104,6 +104,8 @@ func TestOperatorRunsWithTheChartRBAC(t *testing.T) {
 			"RoleBinding default/" + release + "-leader-election",
 			"ClusterRoleBinding " + release + "-auth-delegator",
 			"RoleBinding kube-system/" + release + "-auth-reader",
+			"ClusterRole " + release + "-workspace-user",
+			"ClusterRole " + release + "-template-author",
 			"ClusterRole " + release + "-aggregated-view",
 			"ClusterRole " + release + "-aggregated-edit",
 		}
