@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -330,19 +331,38 @@ func TestIdentityMapped(t *testing.T) {
 		}
 	})
 
-	t.Run("unmapped, suspended and system users get 403 naming why", func(t *testing.T) {
+	t.Run("unmapped, suspended and system users list nothing with a warning, get 404 and are refused writes naming why", func(t *testing.T) {
 		for who, want := range map[string]string{
 			"nobody": `Kubernetes user "nobody@example.com" has no Coder user in control plane ` + s.ns + `/coder: no user's email is "nobody@example.com"`,
 			"carol":  `Kubernetes user "carol@example.com" maps to Coder user "carol" in control plane ` + s.ns + `/coder, which is suspended`,
-			"other":  `Kubernetes user "system:serviceaccount:` + s.ns + `:other" is a system user`,
+			"other":  `Kubernetes user "system:serviceaccount:` + s.ns + `:other" is a system user, which maps to a Coder user only through an explicit mapping (spec.identity.mappings)`,
 		} {
-			_, err := users[who].Resource(workspacesGVR).Namespace(s.ns).List(ctx, metav1.ListOptions{})
-			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
-				t.Errorf("%s lists workspaces: %v, want 403 containing %q", who, err, want)
+			var cfg *rest.Config
+			if who == "other" {
+				cfg = serviceAccountConfig(t, s, "other")
+			} else {
+				var err error
+				if cfg, err = s.k.UserConfig(map[string]string{"nobody": "nobody@example.com", "carol": "carol@example.com"}[who], "devs"); err != nil {
+					t.Fatal(err)
+				}
 			}
-			_, err = users[who].Resource(workspacesGVR).Namespace(s.ns).Get(ctx, "coder.alice.a1", metav1.GetOptions{})
-			if !apierrors.IsForbidden(err) {
-				t.Errorf("%s gets a workspace: %v, want 403", who, err)
+			warned := &warningRecorder{}
+			cfg.WarningHandler = warned
+			d := dynamicFor(t, cfg)
+			l, err := d.Resource(workspacesGVR).Namespace(s.ns).List(ctx, metav1.ListOptions{})
+			if err != nil || len(l.Items) != 0 {
+				t.Errorf("%s lists workspaces: %v, want none", who, err)
+			}
+			if got, wantWarn := warned.all(), want+": no coderworkspaces of control plane "+s.ns+"/coder are shown"; !slices.Contains(got, wantWarn) {
+				t.Errorf("%s's list warnings %q, want %q", who, got, wantWarn)
+			}
+			_, err = d.Resource(workspacesGVR).Namespace(s.ns).Get(ctx, "coder.alice.a1", metav1.GetOptions{})
+			if !apierrors.IsNotFound(err) || err.Error() != `coderworkspaces.aggregation.coder.com "coder.alice.a1" not found` {
+				t.Errorf("%s gets a workspace: %v, want the plain 404", who, err)
+			}
+			_, err = d.Resource(workspacesGVR).Namespace(s.ns).Patch(ctx, "coder.alice.a1", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{})
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s patches a workspace: %v, want 403 containing %q", who, err, want)
 			}
 		}
 	})
@@ -434,6 +454,24 @@ func TestIdentityMapped(t *testing.T) {
 			t.Errorf("alice still has coder-k8s tokens after the operator stopped: %+v", left)
 		}
 	})
+}
+
+// warningRecorder keeps the Warning headers a client received.
+type warningRecorder struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (w *warningRecorder) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = append(w.seen, text)
+}
+
+func (w *warningRecorder) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.seen...)
 }
 
 func dynamicFor(t *testing.T, cfg *rest.Config) dynamic.Interface {

@@ -57,6 +57,9 @@ type CoderTemplateStatus struct {
 	// Organization is the Coder organization name.
 	// +optional
 	Organization string `json:"organization,omitempty"`
+	// OrganizationID is the Coder organization ID.
+	// +optional
+	OrganizationID string `json:"organizationID,omitempty"`
 	// ActiveVersionID is the version new workspaces are built from.
 	// +optional
 	ActiveVersionID string `json:"activeVersionID,omitempty"`

@@ -263,6 +263,13 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateStatus(ref common.Re
 							Format:      "",
 						},
 					},
+					"organizationID": {
+						SchemaProps: spec.SchemaProps{
+							Description: "OrganizationID is the Coder organization ID.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
 					"activeVersionID": {
 						SchemaProps: spec.SchemaProps{
 							Description: "ActiveVersionID is the version new workspaces are built from.",

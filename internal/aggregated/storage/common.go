@@ -64,6 +64,10 @@ type target struct {
 	// caller is the request's Coder user when the backend maps
 	// identities; nil when the operator acts (Operator mode, the poller).
 	caller *identity.Caller
+	// controller is set instead of caller for one of the cluster's
+	// controllers: the operator acts, and it may only read (restricted
+	// fields removed), delete and change Kubernetes metadata.
+	controller *identity.Caller
 	// operator is the operator's client once Client acts as the caller.
 	operator *codersdk.Client
 }
@@ -205,14 +209,19 @@ func (r *resource) sources(ctx context.Context) ([]watchcache.Source, error) {
 
 // list returns the objects of the request's namespace (or of every
 // namespace) that match its selectors, as the cache holds them (shared:
-// read only), and the list resourceVersion.
+// read only), and the list resourceVersion. What the caller is not shown
+// and why (no Coder user in a backend, a coderd that is down) goes into
+// Warning headers.
 func (r *resource) list(ctx context.Context, opts *metainternalversion.ListOptions) ([]watchcache.Listed, string, error) {
 	ns := namespaceOf(ctx)
 	ts, err := r.targets(ctx, ns)
 	if err != nil {
 		return nil, "", err
 	}
-	v, ts, err := r.viewerOf(ctx, ts, ns == "")
+	var warn warnings
+	defer warn.send(ctx)
+	all := ns == ""
+	v, ts, err := r.viewerOf(ctx, ts, all, &warn)
 	if err != nil {
 		return nil, "", err
 	}
@@ -225,12 +234,13 @@ func (r *resource) list(ctx context.Context, opts *metainternalversion.ListOptio
 			lts[i].caller = nil
 		}
 	}
-	objs, err := listTargets(ctx, r.cache, 2*r.interval, lts, opts, r.listBackend,
-		func(t target, err error) error { return r.coderErr(t, err, "") })
+	l := lister{cache: r.cache, maxAge: 2 * r.interval, list: r.listBackend, allNamespaces: all, warn: &warn, resource: r.gr.Resource,
+		mapErr: func(t target, err error) error { return r.coderErr(t, err, "") }}
+	objs, err := l.listTargets(ctx, lts, opts)
 	if err != nil {
 		return nil, "", err
 	}
-	if objs, err = r.filterListed(ctx, v, objs); err != nil {
+	if objs, err = r.filterListed(ctx, v, objs, all, &warn); err != nil {
 		return nil, "", err
 	}
 	sel := selectorOf(opts)
@@ -246,7 +256,9 @@ func (r *resource) list(ctx context.Context, opts *metainternalversion.ListOptio
 	return out, r.cache.ResourceVersion(), nil
 }
 
-// Watch streams changes from the shared poller.
+// Watch streams changes from the shared poller, of the backends the
+// caller may read (what a list would answer them), with the same
+// warnings.
 func (r *resource) Watch(ctx context.Context, opts *metainternalversion.ListOptions) (watch.Interface, error) {
 	sel := selectorOf(opts)
 	var match func(watchcache.Object) bool
@@ -258,21 +270,24 @@ func (r *resource) Watch(ctx context.Context, opts *metainternalversion.ListOpti
 	if err != nil {
 		return nil, err
 	}
-	v, ts, err := r.viewerOf(ctx, ts, ns == "")
+	var warn warnings
+	defer warn.send(ctx)
+	all := ns == ""
+	v, ts, err := r.viewerOf(ctx, ts, all, &warn)
 	if err != nil {
 		return nil, err
 	}
-	backends := inNamespace(ns)
-	if len(v) > 0 {
-		// Only the backends the caller may read; refused ones are left
-		// out.
-		keys := map[string]bool{}
-		for _, t := range ts {
-			keys[t.Key()] = true
-		}
-		backends = func(key string) bool { return keys[key] }
+	// Only the backends the caller was admitted to: a refused backend's
+	// objects never reach the watch, filtered or not.
+	keys := make(map[string]bool, len(ts))
+	for _, t := range ts {
+		keys[t.Key()] = true
 	}
-	w, err := watchFrom(ctx, r.cache, backends, opts, match)
+	covers := func(key string) bool { return keys[key] }
+	if err := r.refreshForWatch(ctx, ts, opts, all, &warn); err != nil {
+		return nil, err
+	}
+	w, err := r.cache.Watch(ctx, watchOptions(opts, covers, match))
 	if err != nil {
 		return nil, err
 	}

@@ -26,6 +26,7 @@ var (
 	fxVersionID         = uuid.MustParse("33333333-3333-4333-8333-333333333333")
 	fxTemplateID        = uuid.MustParse("44444444-4444-4444-8444-444444444444")
 	fxOtherVersionID    = uuid.MustParse("55555555-5555-4555-8555-555555555555")
+	fxOrgID             = uuid.MustParse("66666666-6666-4666-8666-666666666666")
 	fxCreated           = time.Date(2025, 3, 4, 5, 6, 7, 890_123_456, time.UTC)
 	fxBuildQueued       = fxCreated.Add(time.Hour + 456*time.Millisecond)
 	fxBuildCompleted    = fxBuildQueued.Add(95*time.Second + 999*time.Millisecond)
@@ -106,6 +107,7 @@ func fxTemplate() *codersdk.Template {
 		ID:                 fxTemplateID,
 		CreatedAt:          fxCreated,
 		UpdatedAt:          fxTemplateUpdated,
+		OrganizationID:     fxOrgID,
 		OrganizationName:   "acme",
 		Name:               "docker",
 		DisplayName:        "Docker",

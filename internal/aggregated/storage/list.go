@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -10,59 +11,72 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 )
 
+// lister reads the objects of a request's backends, from coderd or the
+// watch cache.
+type lister struct {
+	cache  *watchcache.Cache
+	maxAge time.Duration
+	// list reads every object of one backend from coderd.
+	list func(context.Context, target) ([]watchcache.Object, error)
+	// mapErr turns a backend's error into the request's answer.
+	mapErr func(target, error) error
+	// allNamespaces: one backend's failure must not fail the request; its
+	// objects are answered as last seen, with a warning.
+	allNamespaces bool
+	warn          *warnings
+	resource      string
+}
+
 // listTargets returns the objects of every target, as the cache holds
-// them (shared: read only). A list at
-// resourceVersion "0" may be served from the watch cache when every target
-// is synced there; any other list reads coderd (and refreshes the cache
-// with what it read, so watchers see the change too).
+// them (shared: read only). A list at resourceVersion "0" is served from
+// the watch cache for each target synced there recently; any other list
+// reads coderd (and refreshes the cache with what it read, so watchers
+// see the change too). Across namespaces a target whose coderd is known
+// to be failing is not asked, and one that fails is answered from the
+// cache: its objects as last seen, never dropped (an informer relisting
+// would delete them), with a warning naming the coderd and since when.
 //
 // A target with a caller (callerLists) is listed as that caller: coderd
 // answers only what they may read.
-//
-// An error is mapped by mapErr with the target it came from.
-func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Duration, ts []target, opts *metainternalversion.ListOptions,
-	list func(context.Context, target) ([]watchcache.Object, error), mapErr func(target, error) error) ([]watchcache.Listed, error) {
-	if servableFromCache(cache, ts, opts, maxAge) {
-		keys := make(map[string]bool, len(ts))
-		for _, t := range ts {
-			keys[t.Key()] = true
-		}
-		objs, _ := cache.SnapshotShared(func(k string) bool { return keys[k] })
-		return objs, nil
+func (l lister) listTargets(ctx context.Context, ts []target, opts *metainternalversion.ListOptions) ([]watchcache.Listed, error) {
+	if l.servableFromCache(ts, opts) {
+		return l.cached(keysOf(ts)), nil
 	}
-	results := make([][]watchcache.Listed, len(ts))
+	fromCache := map[string]bool{}
+	var ask []target
+	for _, t := range ts {
+		fresh := opts != nil && opts.ResourceVersion == "0" && l.fresh(t.Key())
+		if out, down := l.cache.Outage(t.Key()); fresh || (down && l.allNamespaces) {
+			fromCache[t.Key()] = true
+			if down && !fresh {
+				l.lastSeen(t, out)
+			}
+			continue
+		}
+		ask = append(ask, t)
+	}
+	results := make([][]watchcache.Listed, len(ask))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	var mu sync.Mutex
-	for i, t := range ts {
+	for i, t := range ask {
 		g.Go(func() error {
-			start := cache.StartList()
-			objs, err := list(gctx, t)
-			var stamped []watchcache.Listed
-			switch {
-			case t.caller != nil && (err == nil || errors.Is(err, watchcache.ErrIncomplete)):
-				// What coderd showed the caller: it updates the cache
-				// (the same objects the operator would read) and deletes
-				// nothing, since the caller sees only part of coderd.
-				stamped = cache.UpsertShared(t.Key(), objs...)
-			case t.caller != nil:
-				return mapErr(t, err)
-			case errors.Is(err, watchcache.ErrIncomplete):
-				// coderd changed between pages: what was read updates the
-				// cache, and the backend's objects are answered from it,
-				// which keeps those the pages may have skipped.
-				cache.Upsert(t.Key(), objs...)
-				key := t.Key()
-				stamped, _ = cache.SnapshotShared(func(k string) bool { return k == key })
-			case err != nil:
-				return mapErr(t, err)
-			default:
-				stamped = cache.ReplaceListedShared(t.Key(), start, objs)
+			stamped, err := l.listOne(gctx, t)
+			if err != nil && l.allNamespaces && ctx.Err() == nil {
+				l.cache.ListFailed(t.Key(), err)
+				out, _ := l.cache.Outage(t.Key())
+				l.lastSeen(t, out)
+				mu.Lock()
+				fromCache[t.Key()] = true
+				mu.Unlock()
+				return nil
+			}
+			if err != nil {
+				return l.mapErr(t, err)
 			}
 			mu.Lock()
 			results[i] = stamped
@@ -73,23 +87,85 @@ func listTargets(ctx context.Context, cache *watchcache.Cache, maxAge time.Durat
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	var out []watchcache.Listed
+	out := l.cached(fromCache)
 	for _, r := range results {
 		out = append(out, r...)
 	}
 	return out, nil
 }
 
-// servableFromCache reports whether a list may be answered from the cache:
-// resourceVersion "0" (any state) when the cache is fresh, or a
-// resourceVersion the cache has reached, with "not older than" semantics
-// (what the next page of a paged list asks for).
-func servableFromCache(cache *watchcache.Cache, ts []target, opts *metainternalversion.ListOptions, maxAge time.Duration) bool {
-	if opts == nil || opts.ResourceVersion == "" {
-		return false
+// listOne lists one target from coderd and applies the result to the
+// cache.
+func (l lister) listOne(ctx context.Context, t target) ([]watchcache.Listed, error) {
+	start := l.cache.StartList()
+	objs, err := l.list(ctx, t)
+	l.cache.ListSucceeded(t.Key(), err)
+	switch {
+	case t.caller != nil && (err == nil || errors.Is(err, watchcache.ErrIncomplete)):
+		// What coderd showed the caller: it updates the cache (the same
+		// objects the operator would read) and deletes nothing, since the
+		// caller sees only part of coderd.
+		return l.cache.UpsertShared(t.Key(), objs...), nil
+	case t.caller != nil:
+		return nil, err
+	case errors.Is(err, watchcache.ErrIncomplete):
+		// coderd changed between pages: what was read updates the cache,
+		// and the backend's objects are answered from it, which keeps
+		// those the pages may have skipped.
+		l.cache.Upsert(t.Key(), objs...)
+		key := t.Key()
+		stamped, _ := l.cache.SnapshotShared(func(k string) bool { return k == key })
+		return stamped, nil
+	case err != nil:
+		return nil, err
+	default:
+		return l.cache.ReplaceListedShared(t.Key(), start, objs), nil
 	}
-	if opts.ResourceVersion == "0" {
-		return cachedFresh(cache, ts, maxAge)
+}
+
+// lastSeen warns that t's objects are answered as the cache last saw
+// them.
+func (l lister) lastSeen(t target, out watchcache.Outage) {
+	why := fmt.Sprintf("%s is unreachable", t.describe())
+	if t.URL != nil {
+		why = fmt.Sprintf("coderd of %s (%s) is unreachable", t.describe(), t.URL)
+	}
+	if !out.Since.IsZero() {
+		why += " since " + out.Since.UTC().Format(time.RFC3339)
+	}
+	if out.Last != nil {
+		why += ": " + out.Last.Error()
+	}
+	what := "its " + l.resource + " are shown as last seen"
+	if !l.cache.Synced(t.Key()) {
+		what = "none of its " + l.resource + " have been read yet"
+	}
+	l.warn.add(why, what)
+}
+
+// cached returns the cache's objects of the backends in keys.
+func (l lister) cached(keys map[string]bool) []watchcache.Listed {
+	if len(keys) == 0 {
+		return nil
+	}
+	objs, _ := l.cache.SnapshotShared(func(k string) bool { return keys[k] })
+	return objs
+}
+
+func keysOf(ts []target) map[string]bool {
+	keys := make(map[string]bool, len(ts))
+	for _, t := range ts {
+		keys[t.Key()] = true
+	}
+	return keys
+}
+
+// servableFromCache reports whether a list may be answered wholly from
+// the cache: a resourceVersion the cache has reached, with "not older
+// than" semantics (what the next page of a paged list asks for).
+func (l lister) servableFromCache(ts []target, opts *metainternalversion.ListOptions) bool {
+	if opts == nil || opts.ResourceVersion == "" || opts.ResourceVersion == "0" {
+		return false
 	}
 	if opts.ResourceVersionMatch != "" && opts.ResourceVersionMatch != metav1.ResourceVersionMatchNotOlderThan {
 		return false
@@ -98,60 +174,77 @@ func servableFromCache(cache *watchcache.Cache, ts []target, opts *metainternalv
 	if err != nil {
 		return false
 	}
-	have, err := watchcache.ParseResourceVersion(cache.ResourceVersion())
+	have, err := watchcache.ParseResourceVersion(l.cache.ResourceVersion())
 	if err != nil || have < want {
 		return false
 	}
 	for _, t := range ts {
-		if !cache.Synced(t.Key()) {
+		if !l.cache.Synced(t.Key()) {
 			return false
 		}
 	}
 	return true
 }
 
-// cachedFresh reports whether the cache holds every target's state as read
-// within maxAge (the poller, while someone watches, keeps it so).
-func cachedFresh(cache *watchcache.Cache, ts []target, maxAge time.Duration) bool {
-	for _, t := range ts {
-		if !cache.Synced(t.Key()) || time.Since(cache.LastReplaced(t.Key())) > maxAge {
-			return false
-		}
-	}
-	return true
+// fresh reports whether the cache holds the backend's state as read
+// within maxAge (the poller, while someone watches, keeps it so): what a
+// list at resourceVersion "0" may be answered with.
+func (l lister) fresh(key string) bool {
+	return l.cache.Synced(key) && time.Since(l.cache.LastReplaced(key)) <= l.maxAge
 }
 
-// watchFrom opens a watch on the cache for the backends given. A watch
-// that starts from "now" with the current state first reads coderd, so its
-// initial events are as fresh as a list; when coderd cannot be reached the
-// client retries.
-func watchFrom(ctx context.Context, cache *watchcache.Cache, backends func(key string) bool, opts *metainternalversion.ListOptions, match func(watchcache.Object) bool) (watch.Interface, error) {
-	wo := watchcache.WatchOptions{Backend: backends, Match: match}
+// watchOptions are the watch cache's options for a watch request.
+func watchOptions(opts *metainternalversion.ListOptions, covers func(string) bool, match func(watchcache.Object) bool) watchcache.WatchOptions {
+	wo := watchcache.WatchOptions{Backend: covers, Match: match}
 	if opts != nil {
 		wo.ResourceVersion = opts.ResourceVersion
 		wo.SendInitialEvents = opts.SendInitialEvents
 		wo.AllowBookmarks = opts.AllowWatchBookmarks
 	}
-	consistent := wo.ResourceVersion == "" || (wo.SendInitialEvents != nil && *wo.SendInitialEvents &&
-		(opts.ResourceVersionMatch == "" || opts.ResourceVersionMatch == metav1.ResourceVersionMatchNotOlderThan) && wo.ResourceVersion != "0")
-	if consistent {
-		if err := refreshFor(ctx, cache, wo.Backend); err != nil {
-			return nil, apierrors.NewServiceUnavailable("read the current state from coderd: " + err.Error())
-		}
-	}
-	return cache.Watch(ctx, wo)
+	return wo
 }
 
-// refreshFor polls coderd now and waits only for the backends the watch
-// covers, so one slow or unreachable coderd neither delays nor refuses
-// watches of other namespaces.
-func refreshFor(ctx context.Context, cache *watchcache.Cache, covers func(key string) bool) error {
-	err := cache.RefreshBackends(ctx, covers)
-	var be *watchcache.BackendErrors
-	if errors.As(err, &be) {
-		for _, e := range be.Errs {
-			return e
-		}
+// refreshForWatch makes a watch that starts from "now" with the current
+// state first read coderd, so its initial events are as fresh as a list.
+// It waits only for the watch's backends; across namespaces not for those
+// known to be failing, and one that fails is answered as last seen with a
+// warning. Otherwise a failure answers 503 and the client retries.
+func (r *resource) refreshForWatch(ctx context.Context, ts []target, opts *metainternalversion.ListOptions, allNamespaces bool, warn *warnings) error {
+	wo := watchOptions(opts, nil, nil)
+	consistent := wo.ResourceVersion == "" || (wo.SendInitialEvents != nil && *wo.SendInitialEvents &&
+		(opts.ResourceVersionMatch == "" || opts.ResourceVersionMatch == metav1.ResourceVersionMatchNotOlderThan) && wo.ResourceVersion != "0")
+	if !consistent {
+		return nil
 	}
-	return err
+	l := lister{cache: r.cache, allNamespaces: allNamespaces, warn: warn, resource: r.gr.Resource}
+	wait := map[string]target{}
+	for _, t := range ts {
+		if out, down := r.cache.Outage(t.Key()); down && allNamespaces {
+			l.lastSeen(t, out)
+			continue
+		}
+		wait[t.Key()] = t
+	}
+	if len(wait) == 0 {
+		return nil
+	}
+	err := r.cache.RefreshBackends(ctx, func(key string) bool { _, ok := wait[key]; return ok })
+	var be *watchcache.BackendErrors
+	if !errors.As(err, &be) {
+		if err != nil {
+			return apierrors.NewServiceUnavailable("read the current state from coderd: " + err.Error())
+		}
+		return nil
+	}
+	for key, e := range be.Errs {
+		if !allNamespaces || ctx.Err() != nil {
+			return apierrors.NewServiceUnavailable("read the current state from coderd: " + e.Error())
+		}
+		out, _ := r.cache.Outage(key)
+		if out.Last == nil {
+			out.Last = e
+		}
+		l.lastSeen(wait[key], out)
+	}
+	return nil
 }

@@ -58,6 +58,9 @@ func lookupName[N objectName](ctx context.Context, r *resource, name string, par
 	return t, n, err
 }
 
+// res is the resource the shared paths work with.
+func (r *resource) res() *resource { return r }
+
 // current reads the object name refers to from coderd: Get, Update and
 // Delete start from it.
 func current[N objectName, T object](ctx context.Context, s objectStore[N, T], name string) (target, N, T, error) {
@@ -69,6 +72,11 @@ func current[N objectName, T object](ctx context.Context, s objectStore[N, T], n
 	// Read as the operator, so that what the request sees is what the
 	// shared cache holds, then shown as the caller may see it.
 	cur, err := s.read(ctx, t, n, name)
+	if t.caller != nil && apierrors.IsNotFound(err) {
+		// Whatever coderd said: the same 404 as for an object the
+		// caller may not read.
+		err = s.res().hidden(name)
+	}
 	if err != nil {
 		return t, n, cur, err
 	}
@@ -80,11 +88,12 @@ func current[N objectName, T object](ctx context.Context, s objectStore[N, T], n
 	return t, n, shown.(T), nil
 }
 
-// getObject serves Get.
+// getObject serves Get. A caller with no Coder user in the backend gets
+// the 404 of an object that does not exist.
 func getObject[N objectName, T object](ctx context.Context, s objectStore[N, T], name string) (runtime.Object, error) {
 	_, _, obj, err := current(ctx, s, name)
 	if err != nil {
-		return nil, err
+		return nil, s.res().refusedReads(name, err)
 	}
 	return obj, nil
 }
@@ -130,6 +139,9 @@ func toCreate[N objectName, T object](ctx context.Context, r *resource, obj runt
 	}
 	// Created as the caller: coderd decides whether they may.
 	t, err = r.caller(ctx, t, o.GetName())
+	if err == nil && t.controller != nil {
+		err = r.controllerRefused(t, o.GetName(), "create "+r.gr.Resource)
+	}
 	return o, n, t.acting(), err
 }
 

@@ -384,6 +384,9 @@ func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.
 		out, err := s.updateMetadata(ctx, w, next, cur, opts)
 		return out, false, err
 	}
+	if err := s.specChange(t, name); err != nil {
+		return nil, false, err
+	}
 	if cur.DeletionTimestamp != nil {
 		return nil, false, apierrors.NewConflict(s.gr, name, errors.New("the template is being deleted"))
 	}

@@ -75,12 +75,25 @@ func (s *TemplateStorage) previewCreate(ctx context.Context, t target, dry *aggv
 		return nil
 	}
 	id := uuid.MustParse(dry.Spec.VersionID) // validated
-	if _, err := s.orgs.get(ctx, t, dry.Spec.Organization); err != nil {
-		return s.coderErr(t, err, dry.Name)
-	}
-	v, err := s.versions.get(ctx, t, id)
+	_, err := s.orgs.get(ctx, t, dry.Spec.Organization)
 	if err != nil {
 		return s.coderErr(t, err, dry.Name)
+	}
+	var v codersdk.TemplateVersion
+	if t.caller != nil {
+		// As the caller, not from what the operator read: the real
+		// create reads it as them.
+		v, err = t.Client.TemplateVersion(ctx, id)
+	} else {
+		v, err = s.versions.get(ctx, t, id)
+	}
+	if err != nil {
+		return s.coderErr(t, err, dry.Name)
+	}
+	if v.TemplateID != nil && *v.TemplateID != uuid.Nil {
+		// coderd refuses it so (400); it reports a version of no
+		// template with the zero ID.
+		return s.invalid(dry.Name, field.ErrorList{field.Invalid(specPath.Child("versionID"), id.String(), "template version is already part of a template")})
 	}
 	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, v.Job.FileID, s.opts.Limits)
 	if err != nil {

@@ -29,6 +29,7 @@ func toTemplate(t target, tpl *codersdk.Template, active *codersdk.TemplateVersi
 		Status: aggv1.CoderTemplateStatus{
 			ID:                 tpl.ID.String(),
 			Organization:       tpl.OrganizationName,
+			OrganizationID:     tpl.OrganizationID.String(),
 			ActiveVersionID:    uuidString(tpl.ActiveVersionID),
 			Deprecated:         tpl.Deprecated,
 			DeprecationMessage: tpl.DeprecationMessage,

@@ -74,6 +74,7 @@ func TestToTemplateMapsCoderState(t *testing.T) {
 	wantStatus := aggv1.CoderTemplateStatus{
 		ID:                 fxTemplateID.String(),
 		Organization:       "acme",
+		OrganizationID:     fxOrgID.String(),
 		ActiveVersionID:    fxVersionID.String(),
 		ActiveVersionName:  "v3",
 		BuildStatus:        "succeeded",

@@ -547,6 +547,11 @@ func (s *WorkspaceStorage) Update(ctx context.Context, name string, objInfo rest
 		out, err := w.commit(ctx, ws, cur.DeepCopy(), nil)
 		return out, false, err
 	}
+	if !ch.none() {
+		if err := s.specChange(t, name); err != nil {
+			return nil, false, err
+		}
+	}
 	if !ch.none() && cur.DeletionTimestamp != nil {
 		return nil, false, apierrors.NewConflict(s.gr, name, errors.New("the workspace is being deleted"))
 	}

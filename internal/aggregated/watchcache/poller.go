@@ -280,6 +280,8 @@ type backoffState struct {
 	until time.Time
 	// retryAfter is what coderd asked for in its last failure, if anything.
 	retryAfter time.Duration
+	// since is when the streak's first failure happened.
+	since time.Time
 }
 
 // backoffOf returns key's state; listMu held.
@@ -511,6 +513,9 @@ func (c *Cache) backOff(key string, err error, kept int) {
 	}
 	c.listMu.Lock()
 	b := c.backoffOf(key)
+	if b.failures == 0 {
+		b.since = now
+	}
 	b.failures++
 	var wait time.Duration
 	if b.failures > 1 {
