@@ -128,6 +128,10 @@ bench-metadata: tools build ## kubectl apply --server-side of a template vs a Co
 bench-identity: tools build ## Mapped mode, 300 workspaces: a member's LIST of their 10 vs coderd's list with the member's token; coderd list requests per poll with 1 vs 50 different users watching.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Identity$$' -benchtime 1x -timeout 40m
 
+.PHONY: bench-shared
+bench-shared: tools build ## Two control planes, each with its own coderd (150 workspaces each): all-namespaces LIST with one coderd hung vs both up (target ≤ 1.2); authorization checks for a member's new watch of 300 templates (target ≤ 31).
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkSharedCluster$$' -benchtime 1x -timeout 40m
+
 .PHONY: bench-scale
 bench-scale: tools build ## 10,000 workspaces (BENCH_SCALE_WORKSPACES; output in bin/bench/scale.txt, table in bin/bench/scale-table.md) seeded with coderd's echo provisioner: seeding time, list ratio, RSS, coderd requests and CPU per poll with 1 and 50 watchers, watch latency after the poll.
 	@mkdir -p $(BIN)/bench

@@ -190,6 +190,7 @@ const (
 	tokens     = "BenchmarkTokensPerHour"
 	startup    = "BenchmarkStartup"
 	memory     = "BenchmarkMemory"
+	shared     = "BenchmarkSharedCluster"
 	scale      = "BenchmarkScale"
 )
 
@@ -254,6 +255,18 @@ var rows = []row{
 		ref: "1 user watching: %.2f", refUnits: []string{"lists-per-poll-1-user"}, target: sameAs("lists-per-poll-1-user", 0, "equal to 1 user's")},
 	{label: "tokens minted per user per hour of steady use", bench: tokens, unit: "tokens/user/h", shown: "", digits: 2,
 		ref: "6 simulated hours, a call every 5 minutes", target: atMost(2, "≤ 2")},
+	{label: "all-namespaces list, 1 of 2 coderds hung (cluster controller)", bench: shared, unit: "hung-list-ratio", shown: "×", digits: 2,
+		ref: "both up %.1f ms, hung %.1f ms, %.0f workspaces", refUnits: []string{"list-ms", "hung-list-ms", "workspaces"}, target: atMost(1.2, "≤ 1.2")},
+	{label: "first all-namespaces list after a coderd hung (learns that it fails)", bench: shared, unit: "hung-detect-s", shown: "s", digits: 1,
+		ref: "waits for coderd's request timeout (default 30 s)"},
+	{label: "all-namespaces list, 1 of 2 coderds hung (Coder owner, Mapped mode)", bench: shared, unit: "owner-hung-list-ratio", shown: "×", digits: 2,
+		ref: "both up %.1f ms, hung %.1f ms", refUnits: []string{"owner-list-ms", "owner-hung-list-ms"}},
+	{label: "workspaces missing from that list (Coder owner, Mapped mode)", bench: shared, unit: "owner-hung-missing", shown: "", digits: 0,
+		ref: "of %.0f", refUnits: []string{"workspaces"}, target: atMost(0, "0")},
+	{label: "authorization checks for a member's new watch of 300 templates (Mapped mode)", bench: shared, unit: "watch-authchecks", shown: "requests", digits: 0,
+		ref: "ceil(%.0f/10) = %.0f", refUnits: []string{"templates", "authcheck-least"}, target: atMost(31, "≤ 31")},
+	{label: "authorization checks ratio, per ceil(templates/10)", bench: shared, unit: "watch-authcheck-ratio", shown: "×", digits: 2,
+		ref: "coderd answers 10 resource IDs per request"},
 	{label: "RSS idle, no control plane", bench: startup, unit: "rss-idle-MiB", shown: "MiB", digits: 1},
 	{label: "RSS idle, control plane with workspaces", bench: startupCP, unit: "rss-idle-MiB", shown: "MiB", digits: 1},
 	{label: "RSS loaded, workspaces cached", bench: aggregated, unit: "rss-MiB", shown: "MiB", digits: 1,
