@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/metadata"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
@@ -36,9 +35,11 @@ import (
 // generation) as any resource does, in a store of their own in Kubernetes:
 // label and annotate, selectors, watch events for metadata-only changes,
 // server-side apply with two field managers, kubectl diff, apply --prune,
-// generation and observedGeneration, user finalizers, the garbage
-// collector, derived labels that cannot be overridden, dry runs that
-// return what the write keeps, and all of it across an operator restart.
+// generation and observedGeneration, user finalizers, derived labels
+// that cannot be overridden, dry runs that return what the write keeps,
+// and all of it across an operator restart. The garbage collector's
+// ownerReferences have a test of their own with kube-controller-manager
+// as clusters run it (TestClusterControllers).
 func TestMetadata(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
@@ -492,64 +493,6 @@ spec: {templateName: base, running: false}
 		s.must(t, "wait", "--for=delete", "cws/"+name, "-n", s.ns, "--timeout=90s")
 		if _, err := s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-fin", codersdk.WorkspaceOptions{}); err == nil {
 			t.Errorf("coderd still has ws-fin after its last finalizer was removed and the object disappeared")
-		}
-	})
-
-	t.Run("the garbage collector deletes a workspace whose owner is gone", func(t *testing.T) {
-		s.k.NewControllerManager(t, "garbage-collector-controller")
-		owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "ws-owner", Namespace: s.ns}}
-		if err := s.c.Create(ctx, owner); err != nil {
-			t.Fatal(err)
-		}
-		name := s.workspaceName("ws-gc")
-		s.must(t, "apply", "--server-side", "-f", writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
-kind: CoderWorkspace
-metadata:
-  name: %s
-  namespace: %s
-  ownerReferences:
-  - {apiVersion: v1, kind: ConfigMap, name: ws-owner, uid: %s}
-spec: {templateName: base, running: false}
-`, name, s.ns, owner.UID)))
-		want := []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "ws-owner", UID: owner.UID}}
-		if got := s.getObj(t, workspacesGVR, name).GetOwnerReferences(); !ownerRefsEqual(got, want) {
-			t.Errorf("ownerReferences %s, want %s", mustJSON(got), mustJSON(want))
-		}
-		// What the garbage collector lists and watches: metadata only.
-		mc, err := metadata.NewForConfig(s.k.Config)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pl, err := mc.Resource(workspacesGVR).Namespace(s.ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatalf("PartialObjectMetadata list: %v", err)
-		}
-		found := false
-		for _, it := range pl.Items {
-			if it.Name == name {
-				found = true
-				if !ownerRefsEqual(it.OwnerReferences, want) {
-					t.Errorf("PartialObjectMetadata of %s: ownerReferences %s", name, mustJSON(it.OwnerReferences))
-				}
-			}
-		}
-		if !found {
-			t.Errorf("PartialObjectMetadata list lacks %s", name)
-		}
-		s.must(t, "wait", "--for=condition=Building=False", "cws/"+name, "-n", s.ns, "--timeout=90s")
-
-		if err := s.c.Delete(ctx, owner); err != nil {
-			t.Fatal(err)
-		}
-		testenv.WaitFor(t, 120*time.Second, func() error {
-			_, err := s.dyn.Resource(workspacesGVR).Namespace(s.ns).Get(ctx, name, metav1.GetOptions{})
-			if !apierrors.IsNotFound(err) {
-				return errNotYet(fmt.Sprintf("%s still there after its owner was deleted: %v", name, err))
-			}
-			return nil
-		})
-		if _, err := s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-gc", codersdk.WorkspaceOptions{}); err == nil {
-			t.Errorf("coderd still has ws-gc after the garbage collector deleted it")
 		}
 	})
 
