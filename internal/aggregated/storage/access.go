@@ -16,6 +16,7 @@ import (
 	"k8s.io/apiserver/pkg/warning"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/identity"
 )
@@ -235,7 +236,7 @@ func (r *resource) viewerOf(ctx context.Context, ts []target, allNamespaces bool
 			warn.add(refused.reason, fmt.Sprintf("no %s of %s are shown", r.gr.Resource, t.describe()))
 			continue
 		case errs[i] != nil && allNamespaces:
-			warn.add(fmt.Sprintf("coder-k8s cannot ask %s who you are: %v", t.describe(), errMessage(errs[i])), fmt.Sprintf("its %s are not shown", r.gr.Resource))
+			warn.add(r.cannotAsk(t, errs[i], "who you are"), fmt.Sprintf("your %s there are not shown", r.gr.Resource))
 			continue
 		case errs[i] != nil:
 			return nil, nil, errs[i]
@@ -261,6 +262,22 @@ func (r *resource) quick(ctx context.Context, key string) context.Context {
 	c, cancel := context.WithCancel(ctx)
 	cancel()
 	return c
+}
+
+// cannotAsk says why coderd of t could not answer a question about the
+// caller: the outage it is known for, or the error.
+func (r *resource) cannotAsk(t target, err error, what string) string {
+	if out, down := r.cache.Outage(t.Key()); down {
+		return outageReason(t, out)
+	}
+	return fmt.Sprintf("coder-k8s cannot ask %s %s: %v", t.describe(), what, errMessage(err))
+}
+
+// backendOf is the backend a target key names (namespace and control
+// plane only).
+func backendOf(key string) backend.Backend {
+	ns, cp, _ := strings.Cut(key, "/")
+	return backend.Backend{Namespace: ns, ControlPlane: cp}
 }
 
 // errMessage is the message of an error that may be a Kubernetes status.
@@ -412,7 +429,7 @@ func (r *resource) filterListed(ctx context.Context, v viewer, listed []watchcac
 		if !allNamespaces {
 			return nil, apierrors.NewServiceUnavailable("ask coderd what the caller may read: " + err.Error())
 		}
-		warn.add(fmt.Sprintf("coder-k8s cannot ask %s what you may read: %v", describeKey(key), err), fmt.Sprintf("its %s are not shown", r.gr.Resource))
+		warn.add(r.cannotAsk(target{Backend: backendOf(key)}, err, "what you may read"), fmt.Sprintf("your %s there are not shown", r.gr.Resource))
 	}
 	out := make([]watchcache.Listed, 0, len(listed))
 	for i, l := range listed {

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -126,6 +127,13 @@ type resource struct {
 	// poller lists them, so that what is kept per backend is dropped
 	// once a backend is gone.
 	sourcesListed func([]target)
+
+	// bg is Run's context, which background probes of failing backends
+	// run in; probing holds the keys being probed, and probes waits for
+	// them when Run ends.
+	bg      atomic.Pointer[context.Context]
+	probing sync.Map
+	probes  sync.WaitGroup
 }
 
 const historySize = 2000
@@ -162,6 +170,8 @@ func startCache[T any, PT interface {
 // Run polls coderd for the watch cache, and keeps the records and the
 // cached objects' metadata in step, until ctx ends.
 func (r *resource) Run(ctx context.Context) {
+	r.bg.Store(&ctx)
+	defer r.probes.Wait()
 	if r.records.store != nil {
 		if err := r.records.store.OnChange(ctx, func(rec *records.Record, _ bool) { r.onRecordChange(rec) }); err != nil {
 			r.log.Error(err, "watching records; metadata changed elsewhere shows on the next poll")
@@ -235,7 +245,7 @@ func (r *resource) list(ctx context.Context, opts *metainternalversion.ListOptio
 		}
 	}
 	l := lister{cache: r.cache, maxAge: 2 * r.interval, list: r.listBackend, allNamespaces: all, warn: &warn, resource: r.gr.Resource,
-		mapErr: func(t target, err error) error { return r.coderErr(t, err, "") }}
+		mapErr: func(t target, err error) error { return r.coderErr(t, err, "") }, probe: r.probe}
 	objs, err := l.listTargets(ctx, lts, opts)
 	if err != nil {
 		return nil, "", err

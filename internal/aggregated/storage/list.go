@@ -29,6 +29,9 @@ type lister struct {
 	allNamespaces bool
 	warn          *warnings
 	resource      string
+	// probe, when set, lists a backend known to be failing in the
+	// background (see resource.probe).
+	probe func(target)
 }
 
 // listTargets returns the objects of every target, as the cache holds
@@ -54,6 +57,9 @@ func (l lister) listTargets(ctx context.Context, ts []target, opts *metainternal
 			fromCache[t.Key()] = true
 			if down && !fresh {
 				l.lastSeen(t, out)
+				if l.probe != nil && !time.Now().Before(out.Retry) {
+					l.probe(t)
+				}
 			}
 			continue
 		}
@@ -123,24 +129,48 @@ func (l lister) listOne(ctx context.Context, t target) ([]watchcache.Listed, err
 	}
 }
 
+// probe lists t, a backend known to be failing, in the background, at
+// most once at a time: lists across namespaces do not wait for it, and
+// without a watch open (the poller) nothing else would notice that its
+// coderd answers again. Until the resource runs there is no background.
+func (r *resource) probe(t target) {
+	bg := r.bg.Load()
+	if bg == nil || (*bg).Err() != nil {
+		return
+	}
+	if _, busy := r.probing.LoadOrStore(t.Key(), true); busy {
+		return
+	}
+	t.caller = nil
+	l := lister{cache: r.cache, list: r.listBackend}
+	r.probes.Go(func() {
+		defer r.probing.Delete(t.Key())
+		if _, err := l.listOne(*bg, t); err != nil && (*bg).Err() == nil {
+			r.cache.ListFailed(t.Key(), err)
+		}
+	})
+}
+
 // lastSeen warns that t's objects are answered as the cache last saw
 // them.
 func (l lister) lastSeen(t target, out watchcache.Outage) {
-	why := fmt.Sprintf("%s is unreachable", t.describe())
-	if t.URL != nil {
-		why = fmt.Sprintf("coderd of %s (%s) is unreachable", t.describe(), t.URL)
+	what := "its " + l.resource + " are shown as last seen"
+	if !l.cache.Synced(t.Key()) {
+		what = "none of its " + l.resource + " have been read yet"
 	}
+	l.warn.add(outageReason(t, out), what)
+}
+
+// outageReason says which coderd fails, since when and how.
+func outageReason(t target, out watchcache.Outage) string {
+	why := fmt.Sprintf("the coderd of %s is unreachable", t.describe())
 	if !out.Since.IsZero() {
 		why += " since " + out.Since.UTC().Format(time.RFC3339)
 	}
 	if out.Last != nil {
 		why += ": " + out.Last.Error()
 	}
-	what := "its " + l.resource + " are shown as last seen"
-	if !l.cache.Synced(t.Key()) {
-		what = "none of its " + l.resource + " have been read yet"
-	}
-	l.warn.add(why, what)
+	return why
 }
 
 // cached returns the cache's objects of the backends in keys.

@@ -15,9 +15,10 @@ import (
 // A new watch's initial events arrive back to back; the filter gathers
 // those that follow within batchWait of each other (at most maxBatch) and
 // asks coderd about them together, so that N objects cost about N/10
-// authorization checks rather than N.
+// authorization checks rather than N. The wait also delays each live
+// event by that much, against polls seconds apart.
 const (
-	batchWait = 2 * time.Millisecond
+	batchWait = 10 * time.Millisecond
 	maxBatch  = 500
 )
 

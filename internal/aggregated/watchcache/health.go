@@ -10,6 +10,8 @@ import (
 type Outage struct {
 	Since time.Time
 	Last  error
+	// Retry is when the backend's backoff lets it be listed again.
+	Retry time.Time
 }
 
 // Outage reports whether key's last List failed (the poller's or one a
@@ -22,7 +24,7 @@ func (c *Cache) Outage(key string) (Outage, bool) {
 	if b == nil || b.failures == 0 {
 		return Outage{}, false
 	}
-	return Outage{Since: b.since, Last: c.lastErrs[key]}, true
+	return Outage{Since: b.since, Last: c.lastErrs[key], Retry: b.until}, true
 }
 
 // ListFailed records a List of key that a request made and that failed, as
