@@ -2,22 +2,15 @@ package storage
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"time"
 
-	"github.com/coder/coder/v2/codersdk"
-	"github.com/go-logr/logr"
-	"github.com/google/uuid"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/util/workqueue"
 
-	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
 	"github.com/coder/coder-k8s/internal/coderapi"
-	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 // The promoter finishes templates' background builds: for every record
@@ -25,306 +18,344 @@ import (
 // templateBuildWait schedule) and, once the import succeeded, makes it
 // the template's active version and clears the build; a failed import is
 // recorded (Failed, Coder's error, the end of the log) and the active
-// version stays; an import running past templateBuildWait.timeout is
-// canceled and recorded as failed.
+// version stays; a build still running past templateBuildWait.timeout,
+// or whose coderd has not answered since before then, is canceled (best
+// effort) and recorded as failed (promoter_check.go).
+//
+// It is a controller: a client-go work queue of builds (named
+// promoterQueueName in the workqueue metrics) whose rate limiter is the
+// templateBuildWait schedule, fed by record events and a periodic resync
+// of the records informer. Each coderd gets at most
+// coderapi.MaxParallel checks at once, and only its own builds wait for
+// its slots, so a coderd that hangs holds up no other coderd's builds.
 //
 // Every replica runs it; there is no leader. The build lives only in the
 // record, so a restart or another replica carries on where one stopped.
 // Replicas claim each outcome through the record's optimistic
 // concurrency: the write that ends a build names the resourceVersion it
 // read, so exactly one replica records it and the others find the build
-// gone on their next pass. Promotion itself is idempotent (make version V
+// gone on their next look. Promotion itself is idempotent (make version V
 // active, then read the template back to check it is), so a replica that
 // dies between promoting and clearing the build leaves work that the next
-// pass repeats harmlessly: each build is promoted once and yields exactly
+// check repeats harmlessly: each build is promoted once and yields exactly
 // one new active version.
 
-// promoterMaxCheck bounds one build check's calls to coderd, so one slow
-// coderd does not hold up the other builds for long.
+// promoterMaxCheck bounds the coderd calls of one build check.
 const promoterMaxCheck = 30 * time.Second
 
-// buildSchedule is when a build is next polled.
-type buildSchedule struct {
-	next     time.Time
-	interval time.Duration
+// promoterDefaultInterval is the initial poll interval when none is
+// configured.
+const promoterDefaultInterval = 2 * time.Second
+
+// promoterQueueName names the promoter's work queue in the workqueue_*
+// metrics.
+const promoterQueueName = "codertemplate-builds"
+
+// buildItem is one piece of the promoter's work: a template's running
+// build to check (versionID set), or a template whose shown build went
+// stale to read again from Coder (versionID empty).
+type buildItem struct {
+	key       records.Key
+	versionID string
 }
 
-// runPromoter runs the promoter until ctx ends. Reads come from the
-// records informer; each pass looks only at records with a running build.
+// backend is the key of the backend whose coderd the item calls.
+func (i buildItem) backend() string { return i.key.Namespace + "/" + i.key.ControlPlane }
+
+// buildState is what the promoter remembers of a running build between
+// checks.
+type buildState struct {
+	started time.Time
+	// interval is the last pause between checks (0 before the first).
+	interval time.Duration
+	checks   int
+}
+
+// lane is one backend's share of the checks: how many run, and the items
+// waiting for one of its slots.
+type lane struct {
+	running int
+	waiting []buildItem
+}
+
+// promoter runs the checks of one TemplateStorage.
+type promoter struct {
+	s     *TemplateStorage
+	wait  templatesource.WaitConfig
+	queue workqueue.TypedRateLimitingInterface[buildItem]
+	// limit is the most checks that run at once per backend.
+	limit int
+	// checking runs every lane's goroutines.
+	checking sync.WaitGroup
+
+	mu     sync.Mutex
+	builds map[buildItem]*buildState
+	lanes  map[string]*lane
+	// failing holds, per backend whose last poll failed, when the first
+	// poll of that streak of failures began.
+	failing map[string]time.Time
+}
+
+func newPromoter(s *TemplateStorage) *promoter {
+	p := &promoter{s: s, wait: s.opts.BuildWait, limit: coderapi.MaxParallel, builds: map[buildItem]*buildState{}, lanes: map[string]*lane{}, failing: map[string]time.Time{}}
+	if p.wait.InitialPollInterval <= 0 {
+		p.wait.InitialPollInterval = promoterDefaultInterval
+	}
+	p.queue = workqueue.NewTypedRateLimitingQueueWithConfig[buildItem](p,
+		workqueue.TypedRateLimitingQueueConfig[buildItem]{Name: promoterQueueName})
+	return p
+}
+
+// runPromoter runs the promoter until ctx ends. Builds are found by
+// record events, and by a resync of the records informer every initial
+// poll interval.
 func (s *TemplateStorage) runPromoter(ctx context.Context) {
 	if s.records.store == nil {
 		return
 	}
-	wake := make(chan struct{}, 1)
-	var refresh staleBuilds
+	p := newPromoter(s)
+	dispatched := make(chan struct{})
+	go func() {
+		defer close(dispatched)
+		p.dispatch(ctx)
+	}()
+	defer func() {
+		// Checks see ctx ended and return; what they would requeue is
+		// dropped by the shut-down queue.
+		p.queue.ShutDown()
+		<-dispatched
+		p.checking.Wait()
+	}()
+
 	if err := s.records.store.OnChange(ctx, func(r *records.Record, deleted bool) {
 		if deleted || r.Spec.Resource != coderv1alpha1.RecordResourceTemplates {
 			return
 		}
-		if r.Spec.Build == nil || r.Spec.Build.Failed {
-			if !s.buildShownStale(r) {
-				return
-			}
-			refresh.add(records.KeyOf(r))
-		}
-		select {
-		case wake <- struct{}{}:
-		default:
+		switch b := r.Spec.Build; {
+		case b != nil && !b.Failed:
+			p.track(buildItem{key: records.KeyOf(r), versionID: b.VersionID}, b.StartedAt.Time)
+		case s.buildShownStale(r):
+			p.queue.Add(buildItem{key: records.KeyOf(r)})
 		}
 	}); err != nil {
-		// Builds are still found by the periodic pass.
+		// Builds are still found by the periodic resync.
 		s.log.Error(err, "template build promoter: no record events")
 	}
-	tick := s.opts.BuildWait.InitialPollInterval
-	if tick <= 0 {
-		tick = 2 * time.Second
-	}
-	ticker := time.NewTicker(tick)
+	ticker := time.NewTicker(p.wait.InitialPollInterval)
 	defer ticker.Stop()
-	schedule := map[string]buildSchedule{}
 	for {
-		s.promotePass(ctx, schedule)
-		s.refreshBuilds(ctx, refresh.take())
+		p.resync(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-		case <-wake:
 		}
 	}
 }
 
-// promotePass checks every running build that is due.
-func (s *TemplateStorage) promotePass(ctx context.Context, schedule map[string]buildSchedule) {
-	ts, err := s.targets(ctx, "")
+// track queues a running build the promoter does not know yet.
+func (p *promoter) track(item buildItem, started time.Time) {
+	p.mu.Lock()
+	known := p.builds[item] != nil
+	if !known {
+		p.builds[item] = &buildState{started: started}
+	}
+	p.mu.Unlock()
+	if !known {
+		p.queue.Add(item)
+	}
+}
+
+// resync queues every running build of a served backend that the
+// promoter does not know yet and forgets the builds that ended. It reads
+// only the records informer and the backends' cache, never coderd.
+func (p *promoter) resync(ctx context.Context) {
+	ts, err := p.s.targets(ctx, "")
 	if err != nil {
-		s.log.V(1).Info("template build promoter: no backends", "error", err.Error())
+		p.s.log.V(1).Info("template build promoter: no backends", "error", err.Error())
 		return
 	}
-	seen := map[string]bool{}
-	now := time.Now()
+	running := map[buildItem]time.Time{}
+	served, unread := map[string]bool{}, map[string]bool{}
 	for _, t := range ts {
-		recs, err := s.records.list(ctx, t.Namespace, coderv1alpha1.RecordResourceTemplates, t.ControlPlane)
+		served[t.Key()] = true
+		recs, err := p.s.records.list(ctx, t.Namespace, coderv1alpha1.RecordResourceTemplates, t.ControlPlane)
 		if err != nil {
-			s.log.Error(err, "template build promoter: list records", "namespace", t.Namespace)
+			p.s.log.Error(err, "template build promoter: list records", "namespace", t.Namespace)
+			unread[t.Key()] = true
 			continue
 		}
 		for _, rec := range recs {
-			b := rec.Spec.Build
-			if b == nil || b.Failed {
-				continue
+			if b := rec.Spec.Build; b != nil && !b.Failed {
+				running[buildItem{key: records.KeyOf(rec), versionID: b.VersionID}] = b.StartedAt.Time
 			}
-			key := rec.Namespace + "/" + rec.Name + "/" + b.VersionID
-			seen[key] = true
-			due, ok := schedule[key]
-			if ok && now.Before(due.next) {
-				continue
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			cctx, cancel := context.WithTimeout(ctx, promoterMaxCheck)
-			done := s.checkBuild(cctx, t, rec)
-			cancel()
-			if done {
-				delete(schedule, key)
-				continue
-			}
-			interval := s.opts.BuildWait.NextInterval(time.Since(b.StartedAt.Time), due.interval)
-			schedule[key] = buildSchedule{next: time.Now().Add(interval), interval: interval}
 		}
 	}
-	for k := range schedule {
-		if !seen[k] {
-			delete(schedule, k)
+	p.mu.Lock()
+	for b := range p.failing {
+		if !served[b] {
+			delete(p.failing, b)
 		}
+	}
+	for item := range p.builds {
+		if _, ok := running[item]; !ok && !unread[item.backend()] {
+			delete(p.builds, item)
+		}
+	}
+	p.mu.Unlock()
+	for item, started := range running {
+		p.track(item, started)
 	}
 }
 
-// checkBuild polls one build and finishes it when its import has ended
-// (or run too long). It reports whether the build needs no more polling
-// from this pass's view.
-func (s *TemplateStorage) checkBuild(ctx context.Context, t target, rec *records.Record) bool {
-	b := rec.Spec.Build
-	log := s.log.WithValues("namespace", rec.Namespace, "template", rec.Spec.Name, "templateVersion", b.VersionID)
-	versionID, err1 := uuid.Parse(b.VersionID)
-	templateID, err2 := uuid.Parse(rec.Spec.CoderID)
-	if err := errors.Join(err1, err2); err != nil {
-		log.Error(err, "template build promoter: malformed record; dropping its build")
-		return s.endBuild(ctx, rec, nil, log)
-	}
-	v, done, err := templatesource.Poll(ctx, t.Client, versionID)
-	var failed *templatesource.BuildFailedError
-	switch {
-	case errors.As(err, &failed):
-		outcome := metrics.BuildFailed
-		if failed.Status == codersdk.ProvisionerJobCanceled {
-			outcome = metrics.BuildCanceled
+// dispatch hands the queue's items to their backends' lanes until the
+// queue shuts down.
+func (p *promoter) dispatch(ctx context.Context) {
+	for {
+		item, shutdown := p.queue.Get()
+		if shutdown {
+			return
 		}
-		nb := b.DeepCopy()
-		nb.Failed, nb.Error, nb.Log = true, failed.Message, failed.Logs
-		if s.endBuild(ctx, rec, nb, log) {
-			metrics.ObserveBuildWait(outcome, time.Since(b.StartedAt.Time))
-			log.Info("template build did not succeed; the active version stays", "error", failed.Message)
+		p.mu.Lock()
+		l := p.lanes[item.backend()]
+		if l == nil {
+			l = &lane{}
+			p.lanes[item.backend()] = l
 		}
-		return true
-	case coderapi.IsNotFound(err):
-		log.Info("template build promoter: the version is gone from Coder; dropping the build")
-		return s.endBuild(ctx, rec, nil, log)
-	case err != nil:
-		log.V(1).Info("template build promoter: poll failed; retrying", "error", err.Error())
-		return false
-	case !done:
-		if timeout := s.opts.BuildWait.Timeout; timeout > 0 && time.Since(b.StartedAt.Time) > timeout {
-			s.abandonVersion(ctx, t, versionID)
-			nb := b.DeepCopy()
-			nb.Failed = true
-			nb.Error = fmt.Sprintf("the import did not finish within %s (aggregatedAPIServer.templateBuildWait.timeout; job %s); coder-k8s canceled it",
-				timeout, v.Job.Status)
-			if s.endBuild(ctx, rec, nb, log) {
-				metrics.ObserveBuildWait(metrics.BuildTimeout, time.Since(b.StartedAt.Time))
-				log.Info("template build timed out; canceled it", "timeout", timeout.String())
-			}
-			return true
-		}
-		return false
-	}
-	// Built: make it active, unless it is already (a new template's first
-	// version, or a promotion whose record write was lost).
-	tpl, err := t.Client.Template(ctx, templateID)
-	if err != nil {
-		if coderapi.IsNotFound(err) {
-			log.Info("template build promoter: the template is gone from Coder; dropping the build")
-			return s.endBuild(ctx, rec, nil, log)
-		}
-		log.V(1).Info("template build promoter: read the template; retrying", "error", err.Error())
-		return false
-	}
-	if tpl.ActiveVersionID != versionID {
-		// Only if the record still asks for this build: a request may
-		// have replaced it since this pass read it.
-		if cur, err := s.records.get(ctx, records.KeyOf(rec)); err != nil || cur == nil || cur.Spec.Build == nil || cur.Spec.Build.VersionID != b.VersionID {
-			return false
-		}
-		// codersdk's UpdateActiveTemplateVersion reports success when the
-		// request never reached coderd, so read the template back.
-		if err := t.Client.UpdateActiveTemplateVersion(ctx, templateID, codersdk.UpdateActiveTemplateVersion{ID: versionID}); err != nil {
-			log.Info("template build promoter: promote failed; retrying", "error", err.Error())
-			return false
-		}
-		if tpl, err = t.Client.Template(ctx, templateID); err != nil || tpl.ActiveVersionID != versionID {
-			log.Info("template build promoter: the promotion did not take; retrying", "error", fmt.Sprint(err))
-			return false
-		}
-	}
-	if s.endBuild(ctx, rec, nil, log) {
-		metrics.ObserveBuildWait(metrics.BuildSucceeded, time.Since(b.StartedAt.Time))
-		log.Info("template build succeeded; it is the active version")
-	}
-	return true
-}
-
-// endBuild claims a build's outcome: it writes nb (nil clears the build)
-// to the record read as rec, with rec's resourceVersion. It reports
-// whether this write won; a conflict means another replica or a request
-// changed the record first, and the next pass looks again.
-func (s *TemplateStorage) endBuild(ctx context.Context, rec *records.Record, nb *coderv1alpha1.TemplateBuildRecord, log logr.Logger) bool {
-	out := rec.DeepCopy()
-	out.Spec.Build = nb
-	if err := s.records.save(ctx, out, records.KeyOf(rec)); err != nil {
-		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
-			log.Error(err, "template build promoter: record the build's outcome")
-		}
-		return false
-	}
-	return true
-}
-
-// A build that ended (promoted, failed, or dropped) changes only the
-// template's record, and what the watch cache shows of the build comes
-// from Coder's versions, which the record change alone does not re-read.
-// Every replica's promoter therefore reads such a template again from
-// Coder as soon as its record changes, instead of at the next poll.
-
-// staleBuilds are the templates whose shown build an ended build made
-// stale, filled by record events and drained by the promoter.
-type staleBuilds struct {
-	mu   sync.Mutex
-	keys map[records.Key]bool
-}
-
-func (b *staleBuilds) add(k records.Key) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.keys == nil {
-		b.keys = map[records.Key]bool{}
-	}
-	b.keys[k] = true
-}
-
-func (b *staleBuilds) take() map[records.Key]bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	keys := b.keys
-	b.keys = nil
-	return keys
-}
-
-// buildShownStale reports whether the cached template of rec, a record
-// without a running build, still shows a build running (or a failure the
-// record no longer has, or no failure where it has one).
-func (s *TemplateStorage) buildShownStale(rec *records.Record) bool {
-	o := s.cachedByUID(rec.Namespace+"/"+rec.Spec.ControlPlane, rec.Spec.Name, rec.Spec.CoderID)
-	obj, ok := o.(*aggv1.CoderTemplate)
-	if !ok {
-		return false
-	}
-	reason := readyCondition(obj).Reason
-	if rec.Spec.Build != nil { // failed
-		return reason != aggv1.ReasonBuildFailed
-	}
-	// Building without a build in the record: a new template's first
-	// version, shown as it was before it built (or a template made in
-	// Coder whose active version still imports; reading it again is
-	// harmless).
-	return obj.Status.BuildingVersionID != "" || reason == aggv1.ReasonBuildFailed || reason == aggv1.ReasonBuilding
-}
-
-// refreshBuilds reads the templates of keys from Coder again and puts
-// them in the watch cache. A template that cannot be read now is left to
-// the next poll.
-func (s *TemplateStorage) refreshBuilds(ctx context.Context, keys map[records.Key]bool) {
-	for k := range keys {
-		ts, err := s.targets(ctx, k.Namespace)
-		if err != nil {
+		if l.running >= p.limit {
+			l.waiting = append(l.waiting, item)
+			p.mu.Unlock()
 			continue
 		}
-		for _, t := range ts {
-			if t.ControlPlane != k.ControlPlane {
-				continue
-			}
-			cctx, cancel := context.WithTimeout(ctx, promoterMaxCheck)
-			if err := s.refreshTemplate(cctx, t, k.CoderID); err != nil {
-				s.log.V(1).Info("template build promoter: re-read the template after its build ended; the next poll will", "namespace", k.Namespace, "template", k.CoderID, "error", err.Error())
-			}
-			cancel()
-		}
+		l.running++
+		p.mu.Unlock()
+		p.checking.Go(func() { p.runLane(ctx, item) })
 	}
 }
 
-func (s *TemplateStorage) refreshTemplate(ctx context.Context, t target, coderID string) error {
-	id, err := uuid.Parse(coderID)
-	if err != nil {
-		return err
+// runLane works on item, then on the items waiting in its backend's lane
+// until there are none: one of the lane's slots.
+func (p *promoter) runLane(ctx context.Context, item buildItem) {
+	for {
+		p.process(ctx, item)
+		p.mu.Lock()
+		l := p.lanes[item.backend()]
+		if len(l.waiting) == 0 {
+			if l.running--; l.running == 0 {
+				delete(p.lanes, item.backend())
+			}
+			p.mu.Unlock()
+			return
+		}
+		item = l.waiting[0]
+		l.waiting[0] = buildItem{}
+		l.waiting = l.waiting[1:]
+		p.mu.Unlock()
 	}
-	tpl, err := t.Client.Template(ctx, id)
-	if err != nil {
-		return err
-	}
-	obj, err := s.convert(ctx, t, &tpl)
-	if err != nil {
-		return err
-	}
-	_, err = s.publishRead(ctx, t, obj)
-	return err
 }
+
+// process checks one build, or reads one template again, and requeues a
+// build that is still running for its next check.
+func (p *promoter) process(ctx context.Context, item buildItem) {
+	defer p.queue.Done(item)
+	t, ok := p.s.backendOf(ctx, item.key)
+	if item.versionID == "" {
+		p.queue.Forget(item)
+		if ok {
+			p.s.refreshBuild(ctx, t, item.key)
+		}
+		return
+	}
+	p.mu.Lock()
+	st := p.builds[item]
+	p.mu.Unlock()
+	if st == nil {
+		// Ended, or replaced by a newer build, since it was queued.
+		p.queue.Forget(item)
+		return
+	}
+	done := false
+	if ok {
+		done = p.checkBuild(ctx, t, item)
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if done {
+		p.mu.Lock()
+		if p.builds[item] == st {
+			delete(p.builds, item)
+		}
+		p.mu.Unlock()
+		p.queue.Forget(item)
+		return
+	}
+	p.queue.AddRateLimited(item)
+}
+
+// pollFailed notes that a poll of backend that began at failed, and
+// returns when the first poll of its current streak of failures began.
+func (p *promoter) pollFailed(backend string, at time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	since, ok := p.failing[backend]
+	if !ok || at.Before(since) {
+		p.failing[backend] = at
+		return at
+	}
+	return since
+}
+
+// pollAnswered notes that a poll of backend got the version: the streak
+// of failures, if any, ended.
+func (p *promoter) pollAnswered(backend string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.failing, backend)
+}
+
+// backendOf finds the backend of a record's Coder object among those
+// served now.
+func (s *TemplateStorage) backendOf(ctx context.Context, k records.Key) (target, bool) {
+	ts, err := s.targets(ctx, k.Namespace)
+	if err != nil {
+		return target{}, false
+	}
+	for _, t := range ts {
+		if t.ControlPlane == k.ControlPlane {
+			return t, true
+		}
+	}
+	return target{}, false
+}
+
+// The promoter is its queue's rate limiter: the pause before a build's
+// next check follows templateBuildWait (InitialPollInterval until
+// BackoffAfter into the build, then doubling up to MaxPollInterval).
+var _ workqueue.TypedRateLimiter[buildItem] = (*promoter)(nil)
+
+// When is the pause before item's next check.
+func (p *promoter) When(item buildItem) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.builds[item]
+	if st == nil {
+		return p.wait.NextInterval(0, 0)
+	}
+	st.interval = p.wait.NextInterval(time.Since(st.started), st.interval)
+	st.checks++
+	return st.interval
+}
+
+// NumRequeues is how many times item's check found it still running.
+func (p *promoter) NumRequeues(item buildItem) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if st := p.builds[item]; st != nil {
+		return st.checks
+	}
+	return 0
+}
+
+// Forget is a no-op: a build's schedule is forgotten with the build.
+func (p *promoter) Forget(buildItem) {}

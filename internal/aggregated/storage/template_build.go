@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -123,17 +124,30 @@ func (s *TemplateStorage) requestErr(ctx context.Context, t target, err error, n
 
 // abandonVersion cancels the import of a version nothing will use (its
 // template could not be created, or newer files replaced it), so that
-// coderd's provisioners do not spend time on it. Best effort: coderd
-// refuses to cancel an import that has ended, which is fine.
+// coderd's provisioners do not spend time on it. Best effort, and done
+// even when the request that abandons it ends.
 func (s *TemplateStorage) abandonVersion(ctx context.Context, t target, id uuid.UUID) {
 	if id == uuid.Nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := t.Client.CancelTemplateVersion(ctx, id); err != nil && coderapi.StatusCode(err) != 400 {
+	if err := s.cancelImport(context.WithoutCancel(ctx), t, id); err != nil {
 		s.log.V(1).Info("could not cancel an abandoned template version's import", "templateVersion", id.String(), "error", err.Error())
 	}
+}
+
+// cancelImportTimeout bounds a request to cancel an import.
+const cancelImportTimeout = 10 * time.Second
+
+// cancelImport asks coderd to cancel template version id's import.
+// coderd refuses (400) to cancel an import that has ended, which is no
+// error here.
+func (s *TemplateStorage) cancelImport(ctx context.Context, t target, id uuid.UUID) error {
+	ctx, cancel := context.WithTimeout(ctx, cancelImportTimeout)
+	defer cancel()
+	if err := t.Client.CancelTemplateVersion(ctx, id); err != nil && coderapi.StatusCode(err) != http.StatusBadRequest {
+		return fmt.Errorf("cancel the import of template version %s: %w", id, err)
+	}
+	return nil
 }
 
 // buildPlan is what a write does to the template's background build:
