@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -25,10 +27,22 @@ import (
 
 // TestAggregatedStandaloneStaticBackend runs the binary in
 // aggregated-apiserver mode, serving one coderd given in the configuration
-// file (no CoderControlPlane anywhere), behind a real kube-apiserver.
+// file (no CoderControlPlane anywhere), behind a real kube-apiserver, in
+// both identity modes: Mapped (the default, the admin mapped to the
+// session token's owner) and Operator (every caller acts with the session
+// token).
 func TestAggregatedStandaloneStaticBackend(t *testing.T) {
+	t.Run("Mapped", func(t *testing.T) { testStandaloneStaticBackend(t, true) })
+	t.Run("Operator", func(t *testing.T) { testStandaloneStaticBackend(t, false) })
+}
+
+func testStandaloneStaticBackend(t *testing.T, mapped bool) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	s := newStack(t, withStaticBackend(tokenFile))
+	opts := []stackOption{withStaticBackend(tokenFile)}
+	if !mapped {
+		opts = append(opts, withOperatorIdentity())
+	}
+	s := newStack(t, opts...)
 	k, coder, op := s.k, s.coder, s.op
 	ctx := context.Background()
 	if _, err := coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
@@ -108,17 +122,32 @@ func TestAggregatedStandaloneStaticBackend(t *testing.T) {
 	})
 
 	t.Run("token file rotation: a new token is used, a refused one gives 403, restoring recovers", func(t *testing.T) {
+		const member = "member@example.com"
+		if mapped {
+			if _, err := coder.Client.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
+				Email: member, Username: "member", Password: "SomeSecurePassword!1", OrganizationIDs: []uuid.UUID{coder.OrganizationID},
+				UserLoginType: codersdk.LoginTypePassword,
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		newToken, err := coder.Client.CreateToken(ctx, codersdk.Me, codersdk.CreateTokenRequest{TokenName: "coder-k8s-rotated", Lifetime: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
+		// usingToken waits until the operator has logged picking up the
+		// token file's n-th change.
+		usingToken := func(n int) {
+			t.Helper()
+			testenv.WaitFor(t, 15*time.Second, func() error {
+				if log, _ := os.ReadFile(op.LogPath); strings.Count(string(log), "session token file changed: using the new token") < n {
+					return errNotYet(fmt.Sprintf("the operator has not logged picking up the token file's change %d", n))
+				}
+				return nil
+			})
+		}
 		writeTokenFile(t, tokenFile, newToken.Key)
-		testenv.WaitFor(t, 15*time.Second, func() error {
-			if log, _ := os.ReadFile(op.LogPath); !strings.Contains(string(log), "session token file changed: using the new token") {
-				return errNotYet("the operator has not logged picking up the new token")
-			}
-			return nil
-		})
+		usingToken(1)
 		// Revoke the original session: from now on only the new token
 		// can be the one in use.
 		original := coder.SessionToken
@@ -135,11 +164,37 @@ func TestAggregatedStandaloneStaticBackend(t *testing.T) {
 			t.Fatalf("after rotating to a new token, kubectl get does not list %s:\n%s", wsName, out)
 		}
 
-		// A token coderd refuses (the revoked one).
+		// A token coderd refuses (the revoked one). It refuses every
+		// caller in Operator mode; in Mapped mode every caller whose Coder
+		// user coder-k8s holds no token for yet, which only the session
+		// token can mint (callers it minted one for before keep acting
+		// with their own): here a Coder member, matched by email, in
+		// system:masters for RBAC.
+		caller, kubectl := workspaces, s.run
+		if mapped {
+			cfg, err := s.k.UserConfig(member, "system:masters")
+			if err != nil {
+				t.Fatal(err)
+			}
+			caller = dynamicFor(t, cfg).Resource(workspacesGVR)
+			kubeconfig, err := s.k.UserKubeconfig(member, "system:masters")
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "kubeconfig")
+			if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			kubectl = func(args ...string) (string, error) {
+				out, err := exec.CommandContext(ctx, s.kubectl, append([]string{"--kubeconfig", path}, args...)...).CombinedOutput()
+				return string(out), err
+			}
+		}
 		writeTokenFile(t, tokenFile, original)
+		usingToken(2)
 		var listErr error
 		testenv.WaitFor(t, 15*time.Second, func() error {
-			_, listErr = workspaces.Namespace(ns).List(ctx, metav1.ListOptions{})
+			_, listErr = caller.Namespace(ns).List(ctx, metav1.ListOptions{})
 			if !apierrors.IsForbidden(listErr) {
 				return errNotYet(fmt.Sprintf("list with a revoked token: %v, want 403 Forbidden", listErr))
 			}
@@ -149,20 +204,23 @@ func TestAggregatedStandaloneStaticBackend(t *testing.T) {
 		if !strings.Contains(listErr.Error(), hint) {
 			t.Errorf("LIST with a revoked token: the 403 does not name the static backend (%s): %v", hint, listErr)
 		}
-		_, getErr := workspaces.Namespace(ns).Get(ctx, wsName, metav1.GetOptions{})
+		_, getErr := caller.Namespace(ns).Get(ctx, wsName, metav1.GetOptions{})
 		if !apierrors.IsForbidden(getErr) || !strings.Contains(getErr.Error(), hint) {
 			t.Errorf("GET with a revoked token: %v, want 403 Forbidden naming %s", getErr, hint)
 		}
-		if out, err := s.run("get", "coderworkspaces", "-n", ns); err == nil || !strings.Contains(out, "Forbidden") {
+		if out, err := kubectl("get", "coderworkspaces", "-n", ns); err == nil || !strings.Contains(out, "Forbidden") {
 			t.Errorf("kubectl get with a revoked token: %v\n%s", err, out)
 		}
 
 		// Restoring a valid token recovers without a restart.
 		writeTokenFile(t, tokenFile, newToken.Key)
 		testenv.WaitFor(t, 15*time.Second, func() error {
-			_, err := workspaces.Namespace(ns).Get(ctx, wsName, metav1.GetOptions{})
+			_, err := caller.Namespace(ns).List(ctx, metav1.ListOptions{})
 			return err
 		})
+		if out, err := kubectl("get", "coderworkspaces", "-n", ns); err != nil {
+			t.Errorf("after restoring the token, kubectl get as the refused caller: %v\n%s", err, out)
+		}
 		out = s.must(t, "get", "coderworkspaces", "-n", ns)
 		if !strings.Contains(out, wsName) {
 			t.Errorf("after restoring the token, kubectl get does not list %s:\n%s", wsName, out)
