@@ -190,6 +190,7 @@ const (
 	tokens     = "BenchmarkTokensPerHour"
 	startup    = "BenchmarkStartup"
 	memory     = "BenchmarkMemory"
+	promoter   = "BenchmarkPromoter"
 	shared     = "BenchmarkSharedCluster"
 	scale      = "BenchmarkScale"
 )
@@ -255,6 +256,12 @@ var rows = []row{
 		ref: "1 user watching: %.2f", refUnits: []string{"lists-per-poll-1-user"}, target: sameAs("lists-per-poll-1-user", 0, "equal to 1 user's")},
 	{label: "tokens minted per user per hour of steady use", bench: tokens, unit: "tokens/user/h", shown: "", digits: 2,
 		ref: "6 simulated hours, a call every 5 minutes", target: atMost(2, "≤ 2")},
+	{label: "template promotion delay, 20 builds hung in another coderd, median", bench: promoter, unit: "promote-hung-ratio", shown: "× poll interval", digits: 2,
+		ref: "no hung builds %.2f; poll interval %.0f ms", refUnits: []string{"promote-ref-ratio", "poll-interval-ms"}, target: atMost(1, "≤ 1")},
+	// The longest wait for a poll is one interval, plus the promotion's
+	// own calls: the worst case can exceed 1 without a hung coderd.
+	{label: "template promotion delay, 20 builds hung in another coderd, max", bench: promoter, unit: "promote-hung-max-ratio", shown: "× poll interval", digits: 2,
+		ref: "no hung builds %.2f", refUnits: []string{"promote-ref-max-ratio"}},
 	{label: "all-namespaces list, 1 of 2 coderds hung (cluster controller)", bench: shared, unit: "hung-list-ratio", shown: "×", digits: 2,
 		ref: "both up %.1f ms, hung %.1f ms, %.0f workspaces", refUnits: []string{"list-ms", "hung-list-ms", "workspaces"}, target: atMost(1.2, "≤ 1.2")},
 	{label: "first all-namespaces list after a coderd hung (learns that it fails)", bench: shared, unit: "hung-detect-s", shown: "s", digits: 1,

@@ -14,7 +14,8 @@ import (
 // BenchmarkWorkspaces/Metadata line of a `make bench-metadata` run, and the
 // BenchmarkWorkspaces/Aggregated and MCP result lines of a
 // BENCH_WORKSPACES=20 run of both (the watch latency, kubectl table and
-// cold MCP figures) and the output of a `make bench-shared` run put in:
+// cold MCP figures), the output of a `make bench-shared` run and the result
+// line of a BenchmarkPromoter run put in:
 // the benchmarks' own printouts, a controller-runtime warning with a stack
 // trace, `--- BENCH:` log blocks, the goos/pkg header and the result lines.
 func readFixture(t *testing.T) results {
@@ -38,7 +39,7 @@ func TestParseRealOutput(t *testing.T) {
 	for n := range res {
 		names = append(names, n)
 	}
-	want := []string{"BenchmarkController", "BenchmarkMemory", "BenchmarkSharedCluster", "BenchmarkStartup", "BenchmarkTokensPerHour", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/Identity", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Metadata", "BenchmarkWorkspaces/Startup"}
+	want := []string{"BenchmarkController", "BenchmarkMemory", "BenchmarkPromoter", "BenchmarkSharedCluster", "BenchmarkStartup", "BenchmarkTokensPerHour", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/Identity", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Metadata", "BenchmarkWorkspaces/Startup"}
 	if len(names) != len(want) {
 		t.Fatalf("parsed benchmarks %v, want %v", names, want)
 	}
@@ -152,6 +153,8 @@ func TestRenderRealOutput(t *testing.T) {
 		{"RSS loaded, workspaces cached", "108.5", "NO", "20 workspaces cached; target ≤ 80 at 300 workspaces"},
 		{"start-to-ready, no control plane", "0.49", "yes", "kubectl get --raw /readyz 0.07 s"},
 		{"start-to-ready, control plane with workspaces", "0.58", "yes", ""},
+		{"template promotion delay, 20 builds hung in another coderd, median", "0.39", "yes", "no hung builds 0.39; poll interval 2000 ms; target ≤ 1"},
+		{"template promotion delay, 20 builds hung in another coderd, max", "0.97", "—", "no hung builds 1.09"},
 		{"all-namespaces list, 1 of 2 coderds hung (cluster controller)", "0.58", "yes", "both up 145.1 ms, hung 83.9 ms, 300 workspaces; target ≤ 1.2"},
 		{"workspaces missing from that list (Coder owner, Mapped mode)", "150", "NO", "of 300; target 0"},
 		{"authorization checks for a member's new watch of 300 templates (Mapped mode)", "31", "yes", "ceil(300/10) = 30; target ≤ 31"},
