@@ -25,9 +25,10 @@ import (
 // It is a controller: a client-go work queue of builds (named
 // promoterQueueName in the workqueue metrics) whose rate limiter is the
 // templateBuildWait schedule, fed by record events and a periodic resync
-// of the records informer. Each coderd gets at most
-// coderapi.MaxParallel checks at once, and only its own builds wait for
-// its slots, so a coderd that hangs holds up no other coderd's builds.
+// of the records informer. Each backend (a control plane's coderd) gets
+// at most coderapi.MaxParallel checks at once, and only its own builds
+// wait for its slots, so a coderd that hangs holds up no other coderd's
+// builds.
 //
 // Every replica runs it; there is no leader. The build lives only in the
 // record, so a restart or another replica carries on where one stopped.
