@@ -56,13 +56,17 @@ type checkEntry struct {
 // it can and otherwise from coderd's authorization check, sent with the
 // caller's own token. out[i] answers checks[i].
 func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
+	if c.token == nil {
+		// A cluster controller has no Coder user of its own to ask about.
+		return nil, fmt.Errorf("the Kubernetes user %q acts with the operator's session, not as a Coder user: coderd's authorization check does not answer for it", c.KubernetesUser)
+	}
 	s := c.svc
 	out := make([]bool, len(checks))
 	now := s.now()
 	var ask []int
 	s.mu.Lock()
 	for i, ch := range checks {
-		e, ok := s.checks[checkKey{c.token.cd.Key, c.UserID, ch}]
+		e, ok := s.checks[checkKey{c.token.key.coderd, c.UserID, ch}]
 		if ok && now.Before(e.expires) {
 			out[i] = e.allowed
 			continue
@@ -135,7 +139,7 @@ func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
 		}
 	}
 	for ch, ok := range answers {
-		s.checks[checkKey{c.token.cd.Key, c.UserID, ch}] = checkEntry{allowed: ok, expires: expires}
+		s.checks[checkKey{c.token.key.coderd, c.UserID, ch}] = checkEntry{allowed: ok, expires: expires}
 	}
 	s.mu.Unlock()
 	for _, i := range ask {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -19,8 +20,9 @@ import (
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
-// coderd is a real coderd with an owner (admin), two members (alice, bob)
-// and a suspended user (carol), reached by the operator's client.
+// coderd is a real coderd with an owner (admin), two members (alice, bob),
+// a suspended user (carol) and a user named as coder-k8s's operator user
+// (coder-k8s), reached by the operator's client.
 type coderd struct {
 	c     *testenv.Coder
 	owner *codersdk.Client
@@ -31,7 +33,7 @@ func newCoderd(t testing.TB, rules Rules) *coderd {
 	t.Helper()
 	c := testenv.NewCoder(t, testenv.CoderOptions{})
 	ctx := t.Context()
-	for _, u := range []string{"alice", "bob", "carol"} {
+	for _, u := range []string{"alice", "bob", "carol", "coder-k8s"} {
 		if _, err := c.Client.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
 			Email: u + "@example.com", Username: u, Password: "SomeSecurePassword!1",
 			OrganizationIDs: []uuid.UUID{c.OrganizationID}, UserLoginType: codersdk.LoginTypePassword,
@@ -78,13 +80,26 @@ func TestMapping(t *testing.T) {
 		{"explicit mapping to nobody", Rules{MatchField: MatchEmail, Mappings: []Mapping{{KubernetesUser: "x", CoderUser: "ghost"}}}, "x", "",
 			`Kubernetes user "x" (mapped explicitly to "ghost") has no Coder user in control plane ns/cp: no user's username is "ghost"`},
 		{"no user at all", Rules{MatchField: MatchEmail}, "", "", "the request has no authenticated user"},
+		{"not an email", Rules{MatchField: MatchEmail}, "https://issuer.example.com#1234", "",
+			`Kubernetes user "https://issuer.example.com#1234" has no Coder user in control plane ns/cp: no user's email is "https://issuer.example.com#1234"`},
+		{"no query coderd accepts", Rules{MatchField: MatchEmail}, "oidc:alice@example.com", "",
+			`Kubernetes user "oidc:alice@example.com" has no Coder user in control plane ns/cp: no user's email is "oidc:alice@example.com"`},
+		{"the operator user", Rules{MatchField: MatchUsername}, "coder-k8s", "",
+			`Kubernetes user "coder-k8s" maps to Coder user "coder-k8s" in control plane ns/cp, which coder-k8s uses for itself: map it to a Coder user of its own`},
+		{"the first user by email", Rules{MatchField: MatchEmail}, "Admin@example.com", "",
+			`Kubernetes user "Admin@example.com" maps to Coder user "admin" in control plane ns/cp, which coder-k8s uses for itself: map it to a Coder user of its own`},
+		{"the first user explicitly", Rules{MatchField: MatchEmail, Mappings: []Mapping{{KubernetesUser: "system:serviceaccount:ci:deployer", CoderUser: "ADMIN"}}}, "system:serviceaccount:ci:deployer", "",
+			`Kubernetes user "system:serviceaccount:ci:deployer" (mapped explicitly to "ADMIN") maps to Coder user "admin" in control plane ns/cp, which coder-k8s uses for itself: map it to a Coder user of its own`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := New(testr.New(t))
+			s := New(testr.New(t), Options{})
 			cd := d.cd
 			tc.rules.Mode = ModeMapped
 			cd.Rules = tc.rules
+			// As a control plane whose coderd coder-k8s set up: its
+			// operator user and the first user it created.
+			cd.Reserved = []string{"coder-k8s", "Admin"}
 			cd.Key += " " + tc.name // no answers shared between cases
 			c, err := s.Caller(t.Context(), cd, k8sUser(tc.user))
 			if tc.want == "" {
@@ -110,6 +125,188 @@ func TestMapping(t *testing.T) {
 				t.Errorf("the caller's client acts as %q, want %q", me.Username, tc.want)
 			}
 		})
+	}
+	// On the same coderd, to start one fewer.
+	t.Run("reserved after mapping", func(t *testing.T) { testReservedAfterMapping(t, d) })
+	t.Run("cluster controllers", func(t *testing.T) { testClusterControllers(t, d) })
+}
+
+// A Coder user that becomes reserved after it was mapped (the first
+// user's Secret appeared) is refused at once, not when the mapping is
+// looked up again.
+func testReservedAfterMapping(t *testing.T, d *coderd) {
+	s := New(testr.New(t), Options{})
+	c, err := s.Caller(t.Context(), d.cd, k8sUser("admin@example.com"))
+	if err != nil || c.Username != "admin" {
+		t.Fatalf("before admin is reserved: %+v, %v", c, err)
+	}
+	cd := d.cd
+	cd.Reserved = []string{"coder-k8s", "admin"}
+	_, err = s.Caller(t.Context(), cd, k8sUser("admin@example.com"))
+	want := `Kubernetes user "admin@example.com" maps to Coder user "admin" in control plane ns/cp, which coder-k8s uses for itself: map it to a Coder user of its own`
+	if !IsRefused(err) || err.Error() != want {
+		t.Fatalf("once admin is reserved: %v, want the refusal %q", err, want)
+	}
+	if c, err := s.Caller(t.Context(), cd, k8sUser("alice@example.com")); err != nil || c.Username != "alice" {
+		t.Errorf("alice, not reserved: %+v, %v", c, err)
+	}
+}
+
+// The cluster's controllers act with the operator's session in Mapped
+// mode, without a Coder user, a lookup or a token; everyone else is
+// mapped as before.
+func testClusterControllers(t *testing.T, d *coderd) {
+	ctx := t.Context()
+	const gc = "system:serviceaccount:kube-system:generic-garbage-collector"
+	s := New(testr.New(t), Options{ClusterControllers: []string{gc, "system:kube-controller-manager"}})
+
+	c, err := s.Caller(ctx, d.cd, k8sUser(gc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.ClusterController || c.Client != d.cd.Owner || c.UserID != uuid.Nil || c.Username != "" || c.KubernetesUser != gc {
+		t.Fatalf("caller of the garbage collector: %+v; want a cluster controller with the operator's client and no Coder user", c)
+	}
+	me, err := c.Client.User(ctx, codersdk.Me)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if me.Username != d.c.Username {
+		t.Errorf("the garbage collector acts as %q, want the operator's owner %q", me.Username, d.c.Username)
+	}
+	if _, err := c.Allowed(ctx, []Check{{Resource: codersdk.ResourceWorkspace, Action: codersdk.ActionRead}}); err == nil {
+		t.Error("Allowed answered for a cluster controller, which has no Coder user to ask about")
+	}
+	if s.Minted() != 0 {
+		t.Errorf("a cluster controller minted %d tokens", s.Minted())
+	}
+
+	// No call to coderd: it is served with a coderd that does not answer.
+	gone := d.cd
+	gone.Key += " gone"
+	gone.Owner = codersdk.New(&url.URL{Scheme: "http", Host: "127.0.0.1:1"})
+	if c, err := s.Caller(ctx, gone, k8sUser("system:kube-controller-manager")); err != nil || !c.ClusterController || c.Client != gone.Owner {
+		t.Errorf("kube-controller-manager with a coderd that does not answer: %+v, %v", c, err)
+	}
+
+	// Exact names only, and only these; in Operator mode nobody is
+	// mapped (storage acts as the operator), so nothing is special.
+	for _, name := range []string{"system:serviceaccount:kube-system:namespace-controller", gc + "-2"} {
+		_, err := s.Caller(ctx, d.cd, k8sUser(name))
+		want := fmt.Sprintf(`Kubernetes user %q is a system user, which maps to a Coder user only through an explicit mapping (spec.identity.mappings)`, name)
+		if !IsRefused(err) || err.Error() != want {
+			t.Errorf("%s: %v, want the refusal %q", name, err, want)
+		}
+	}
+	op := d.cd
+	op.Rules.Mode = ModeOperator
+	if c, err := s.Caller(ctx, op, k8sUser(gc)); err == nil && c.ClusterController {
+		t.Errorf("in Operator mode the garbage collector is a cluster controller: %+v", c)
+	}
+}
+
+// An operator token rotated and revoked is never used again: users mapped
+// before the rotation keep working, through a re-mint (their token
+// revoked in coderd), a renewal, and the revocation of their tokens.
+func TestOwnerTokenRotation(t *testing.T) {
+	d := newCoderd(t, Rules{Mode: ModeMapped, MatchField: MatchEmail})
+	ctx := t.Context()
+	clk := &clock{now: time.Now()}
+	s := New(testr.New(t), Options{})
+	s.now, s.grace = clk.Now, 0
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+
+	// Two operator tokens of the owner, as operatoraccess rotates them.
+	ownerSession := func(name string) (*codersdk.Client, string) {
+		res, err := d.c.Client.CreateToken(ctx, codersdk.Me, codersdk.CreateTokenRequest{Lifetime: 24 * time.Hour, TokenName: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return coderapi.NewClient(d.c.URL, res.Key, 0, coderapi.Target{}), keyID(res.Key)
+	}
+	ownerA, idA := ownerSession("operator-a")
+	ownerB, _ := ownerSession("operator-b")
+	cdA, cdB := d.cd, d.cd
+	cdA.Owner, cdB.Owner = ownerA, ownerB
+
+	// request is one request of a Kubernetes user as the storage makes
+	// it: the caller for the backend as it is now, then coderd.
+	request := func(cd Coderd, who string) *Caller {
+		t.Helper()
+		c, err := s.Caller(ctx, cd, k8sUser(who))
+		if err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+		if _, err := c.Client.Workspaces(ctx, codersdk.WorkspaceFilter{}); err != nil {
+			t.Fatalf("request of %s: %v", who, err)
+		}
+		return c
+	}
+	before := request(cdA, "alice@example.com")
+	request(cdA, "bob@example.com")
+	first := tokensOf(t, d.owner, "alice")
+	if len(first) != 1 {
+		t.Fatalf("alice's tokens: %+v", first)
+	}
+
+	// The operator token rotates: A is revoked, the backend serves B.
+	if err := d.owner.DeleteAPIKey(ctx, d.c.Username, idA); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ownerA.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
+		t.Fatalf("operator token A after its revocation: %v, want 401", err)
+	}
+	request(cdB, "alice@example.com")
+	if _, err := before.Client.Workspaces(ctx, codersdk.WorkspaceFilter{}); err != nil {
+		t.Fatalf("request with alice's caller from before the rotation: %v", err)
+	}
+
+	// A forced re-mint: alice's token revoked in coderd.
+	if err := d.owner.DeleteAPIKey(ctx, "alice", first[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	request(cdB, "alice@example.com")
+	second := tokensOf(t, d.owner, "alice")
+	if len(second) != 1 || second[0].ID == first[0].ID || s.Minted() != 3 {
+		t.Fatalf("after alice's token was revoked: tokens %+v, minted %d; want one new token, 3 minted", second, s.Minted())
+	}
+
+	// Bob made no request since the rotation: his idle token is revoked
+	// with B too (as is alice's).
+	clk.Add(16 * time.Minute)
+	s.evictIdle()
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		for _, u := range []string{"alice", "bob"} {
+			if left := tokensOf(t, d.owner, u); len(left) != 0 {
+				return fmt.Errorf("%s's tokens after they went idle: %+v", u, left)
+			}
+		}
+		return nil
+	})
+
+	// A renewal 46 minutes on: minted and the old token revoked with B.
+	request(cdB, "alice@example.com")
+	third := tokensOf(t, d.owner, "alice")
+	clk.Add(46 * time.Minute)
+	request(cdB, "alice@example.com")
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if next := tokensOf(t, d.owner, "alice"); len(next) != 1 || len(third) != 1 || next[0].ID == third[0].ID {
+			return fmt.Errorf("alice's tokens after renewal: %+v (before: %+v), want only a new one", next, third)
+		}
+		return nil
+	})
+	request(cdB, "bob@example.com")
+
+	// Shutdown revokes every token held, with B.
+	stop()
+	<-done
+	for _, u := range []string{"alice", "bob"} {
+		if left := tokensOf(t, d.owner, u); len(left) != 0 {
+			t.Errorf("%s's tokens after shutdown: %+v", u, left)
+		}
 	}
 }
 
@@ -146,7 +343,7 @@ func TestTokens(t *testing.T) {
 	d := newCoderd(t, Rules{Mode: ModeMapped, MatchField: MatchEmail})
 	ctx := t.Context()
 	clk := &clock{now: time.Now()}
-	s := New(testr.New(t))
+	s := New(testr.New(t), Options{})
 	s.now, s.grace = clk.Now, 0
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -243,7 +440,7 @@ func BenchmarkTokensPerHour(b *testing.B) {
 	d := newCoderd(b, Rules{Mode: ModeMapped, MatchField: MatchEmail})
 	ctx := context.Background()
 	clk := &clock{now: time.Now()}
-	s := New(logr.Discard())
+	s := New(logr.Discard(), Options{})
 	s.now, s.grace = clk.Now, 0
 	users := []string{"alice@example.com", "bob@example.com"}
 	const hours = 6

@@ -1,8 +1,11 @@
 // Package identity makes each caller of the aggregated API act in Coder as
 // their own Coder user: it maps a Kubernetes user onto a Coder user of one
-// coderd (Rules), mints and caches short-lived tokens for that user with the
-// operator's owner session (tokens), and asks coderd what the user may read
-// and change (authcheck), so that Coder, not coder-k8s, decides.
+// coderd (Rules), never onto one coder-k8s keeps for itself, mints and
+// caches short-lived tokens for that user with the operator's current owner
+// session (tokens), and asks coderd what the user may read and change
+// (authcheck), so that Coder, not coder-k8s, decides. The cluster's own
+// controllers (garbage collector, namespace controller) are not mapped:
+// they act with the operator's session, for the storage to restrict.
 package identity
 
 import (

@@ -59,9 +59,25 @@ type Coderd struct {
 	// Tag names the control plane in token names ("<namespace>_<name>",
 	// or "static").
 	Tag string
-	// Owner calls coderd as the operator's owner user.
+	// Owner calls coderd as the operator's owner user. It changes when
+	// the operator's token rotates: the service mints and revokes every
+	// caller's token with the Owner of the latest Caller call.
 	Owner *codersdk.Client
 	Rules Rules
+	// Reserved are the Coder usernames coder-k8s uses for itself in this
+	// coderd (its operator user, the first user it created): no
+	// Kubernetes user is mapped onto them.
+	Reserved []string
+}
+
+// reserves reports whether username is one cd keeps for coder-k8s.
+func (cd Coderd) reserves(username string) bool {
+	for _, r := range cd.Reserved {
+		if strings.EqualFold(r, username) {
+			return true
+		}
+	}
+	return false
 }
 
 // Refused is why a caller may not act in a coderd; the aggregated API
@@ -76,12 +92,19 @@ func IsRefused(err error) bool {
 	return errors.As(err, &r)
 }
 
-// Caller is a Kubernetes user acting as their Coder user in one coderd.
+// Caller is a Kubernetes user acting as their Coder user in one coderd,
+// or a cluster controller acting with the operator's session.
 type Caller struct {
 	// KubernetesUser is the authenticated Kubernetes username.
 	KubernetesUser string
-	UserID         uuid.UUID
-	Username       string
+	// ClusterController says KubernetesUser is one of the cluster's own
+	// controllers (Options.ClusterControllers): Client is the operator's
+	// owner session, UserID is uuid.Nil and Username "", and what it may
+	// do is for the caller of Caller to restrict (Allowed does not answer
+	// for it).
+	ClusterController bool
+	UserID            uuid.UUID
+	Username          string
 	// Client calls coderd as the Coder user, with a token the service
 	// keeps fresh: it is re-minted once when coderd answers 401.
 	Client *codersdk.Client
@@ -95,11 +118,16 @@ type Caller struct {
 type Service struct {
 	log logr.Logger
 	now func() time.Time
+	// clusterControllers are Options.ClusterControllers.
+	clusterControllers map[string]bool
 
 	mu     sync.Mutex
 	users  map[userKey]*userEntry
 	tokens map[tokenKey]*tokenEntry
 	checks map[checkKey]checkEntry
+	// owners is the Coderd.Owner of the latest Caller call per coderd
+	// key, for the token entries of that coderd.
+	owners map[string]*codersdk.Client
 	// revoking tracks revocations so that shutdown waits for them.
 	revoking sync.WaitGroup
 	stopped  bool
@@ -128,10 +156,17 @@ type tokenKey struct {
 // minting, so concurrent requests share one new token. Lock order: an
 // entry's mu before the service's.
 type tokenEntry struct {
-	key    tokenKey
-	cd     Coderd
-	userID uuid.UUID
-	client *codersdk.Client
+	key tokenKey
+	// name and tag are the coderd's Coderd.Name and Coderd.Tag.
+	name, tag string
+	userID    uuid.UUID
+	client    *codersdk.Client
+	// owner is the Coderd.Owner of the latest Caller call for this
+	// coderd (any user's): tokens are minted and revoked with it, so that
+	// an operator token rotated (and revoked) is not used again. It is
+	// swapped without mu, so that a Caller call never waits for a mint;
+	// a mint reads it once.
+	owner atomic.Pointer[codersdk.Client]
 	// lastUsed is in Unix nanoseconds.
 	lastUsed atomic.Int64
 
@@ -144,11 +179,24 @@ type tokenEntry struct {
 	evicted bool
 }
 
+// Options tune a Service.
+type Options struct {
+	// ClusterControllers are exact Kubernetes usernames of the cluster's
+	// own controllers (kube-controller-manager's garbage collector and
+	// namespace controller): in Mapped mode they act with the operator's
+	// owner session instead of being mapped onto a Coder user.
+	ClusterControllers []string
+}
+
 // New returns a service logging to log.
-func New(log logr.Logger) *Service {
-	return &Service{log: log.WithName("identity"), now: time.Now,
+func New(log logr.Logger, o Options) *Service {
+	cc := make(map[string]bool, len(o.ClusterControllers))
+	for _, name := range o.ClusterControllers {
+		cc[name] = true
+	}
+	return &Service{log: log.WithName("identity"), now: time.Now, clusterControllers: cc,
 		users: map[userKey]*userEntry{}, tokens: map[tokenKey]*tokenEntry{}, checks: map[checkKey]checkEntry{},
-		stop: make(chan struct{}), grace: revokeGrace}
+		owners: map[string]*codersdk.Client{}, stop: make(chan struct{}), grace: revokeGrace}
 }
 
 // Run revokes idle tokens until ctx ends, then revokes every token it
@@ -178,12 +226,17 @@ func (s *Service) Minted() uint64 {
 }
 
 // Caller maps u onto its Coder user in cd and returns a client acting as
-// that user. A *Refused error says why u may not act there; any other
-// error is coderd failing to answer.
+// that user; a cluster controller (Options.ClusterControllers) gets the
+// operator's session when cd maps identities, without a call to coderd.
+// A *Refused error says why u may not act there; any other error is
+// coderd failing to answer.
 func (s *Service) Caller(ctx context.Context, cd Coderd, u user.Info) (*Caller, error) {
 	name := ""
 	if u != nil {
 		name = u.GetName()
+	}
+	if cd.Rules.Mapped() && s.clusterControllers[name] {
+		return &Caller{KubernetesUser: name, ClusterController: true, Client: cd.Owner, svc: s}, nil
 	}
 	cu, err := s.coderUser(ctx, cd, name)
 	if err != nil {
@@ -198,7 +251,9 @@ func (s *Service) coderUser(ctx context.Context, cd Coderd, name string) (coders
 	key := userKey{cd.Key, name}
 	now := s.now()
 	s.mu.Lock()
-	if e, ok := s.users[key]; ok && now.Before(e.expires) {
+	// A user remembered before it became reserved (the first user's
+	// Secret appeared) is looked up again, and refused.
+	if e, ok := s.users[key]; ok && now.Before(e.expires) && (e.refused != nil || !cd.reserves(e.user.Username)) {
 		s.mu.Unlock()
 		return e.user, e.refused
 	}
@@ -249,11 +304,17 @@ func (s *Service) lookup(ctx context.Context, cd Coderd, name string) (codersdk.
 		case strings.EqualFold(u.Username, c.value):
 			matches = append(matches, u)
 		}
-	} else {
+	} else if strings.Contains(c.value, "@") {
 		// The search matches a substring of the email or the username;
-		// only exact (case-insensitive) email matches count.
+		// only exact (case-insensitive) email matches count. Something
+		// without an @ is no email and is not searched for; a search
+		// coderd refuses as a query (a "key:value" filter it does not
+		// know, as in an OIDC "issuer#subject" username) matches no one.
 		for offset := 0; ; {
 			res, err := cd.Owner.Users(ctx, codersdk.UsersRequest{Search: c.value, Pagination: codersdk.Pagination{Limit: 100, Offset: offset}})
+			if coderapi.StatusCode(err) == http.StatusBadRequest {
+				break
+			}
 			if err != nil {
 				return codersdk.User{}, fmt.Errorf("look up Coder users by email %q in %s: %w", c.value, cd.Name, err)
 			}
@@ -281,6 +342,8 @@ func (s *Service) lookup(ctx context.Context, cd Coderd, name string) (codersdk.
 			names[i] = m.Username
 		}
 		return codersdk.User{}, &Refused{Reason: fmt.Sprintf("%s matches several Coder users in %s (%s whose %s is %q): map it explicitly", what, cd.Name, strings.Join(names, ", "), field, c.value)}
+	case cd.reserves(matches[0].Username):
+		return codersdk.User{}, &Refused{Reason: fmt.Sprintf("%s maps to Coder user %q in %s, which coder-k8s uses for itself: map it to a Coder user of its own", what, matches[0].Username, cd.Name)}
 	case matches[0].Status == codersdk.UserStatusSuspended:
 		return codersdk.User{}, &Refused{Reason: fmt.Sprintf("%s maps to Coder user %q in %s, which is suspended", what, matches[0].Username, cd.Name)}
 	}
@@ -288,21 +351,34 @@ func (s *Service) lookup(ctx context.Context, cd Coderd, name string) (codersdk.
 }
 
 // tokenFor returns the token entry of a Coder user, creating it (without
-// a token yet: the first request mints one).
+// a token yet: the first request mints one), and makes cd's owner session
+// the one every token of cd is minted and revoked with from now on.
 func (s *Service) tokenFor(cd Coderd, userID uuid.UUID) *tokenEntry {
 	key := tokenKey{cd.Key, userID}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.owners[cd.Key] != cd.Owner {
+		// The operator token changed (the backend built a new client):
+		// every user of this coderd moves to it, including those who
+		// make no request until their token is revoked.
+		s.owners[cd.Key] = cd.Owner
+		for k, e := range s.tokens {
+			if k.coderd == cd.Key {
+				e.owner.Store(cd.Owner)
+			}
+		}
+	}
 	if e, ok := s.tokens[key]; ok {
 		return e
 	}
 	if len(s.tokens) >= maxTokens {
 		s.evictLRULocked()
 	}
-	e := &tokenEntry{key: key, cd: cd, userID: userID}
+	e := &tokenEntry{key: key, name: cd.Name, tag: cd.Tag, userID: userID}
+	e.owner.Store(cd.Owner)
 	e.lastUsed.Store(s.now().UnixNano())
 	e.client = codersdk.New(cd.Owner.URL, codersdk.WithHTTPClient(&http.Client{
-		Transport: &userTransport{svc: s, e: e, base: cd.Owner.HTTPClient.Transport},
+		Transport: &userTransport{svc: s, e: e},
 	}))
 	s.tokens[key] = e
 	return e
@@ -327,11 +403,17 @@ func (s *Service) current(ctx context.Context, e *tokenEntry, stale string) (str
 		}
 		e.evicted = false
 	}
+	owner := s.ownerLocked(e)
 	s.mu.Unlock()
 	if stopped {
 		return "", errors.New("coder-k8s is shutting down: no new Coder tokens are minted")
 	}
-	name, err := tokenName(e.cd.Tag, now)
+	if err := ctx.Err(); err != nil {
+		// The request has ended, or is one that must not wait for a
+		// coderd known to be failing: no mint on its behalf.
+		return "", fmt.Errorf("mint a token for Coder user %s: %w", e.userID, err)
+	}
+	name, err := tokenName(e.tag, now)
 	if err != nil {
 		return "", err
 	}
@@ -339,9 +421,9 @@ func (s *Service) current(ctx context.Context, e *tokenEntry, stale string) (str
 	// wait for this token too.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), revokeTimeout)
 	defer cancel()
-	res, err := e.cd.Owner.CreateToken(mctx, e.userID.String(), codersdk.CreateTokenRequest{Lifetime: TokenLifetime, TokenName: name})
+	res, err := owner.CreateToken(mctx, e.userID.String(), codersdk.CreateTokenRequest{Lifetime: TokenLifetime, TokenName: name})
 	if err != nil {
-		return "", fmt.Errorf("mint a token for Coder user %s in %s with the operator's session: %w", e.userID, e.cd.Name, err)
+		return "", fmt.Errorf("mint a token for Coder user %s in %s with the operator's session: %w", e.userID, e.name, err)
 	}
 	old, oldID := e.token, e.keyID
 	e.token, e.keyID, e.expires = res.Key, keyID(res.Key), now.Add(TokenLifetime)
@@ -349,9 +431,21 @@ func (s *Service) current(ctx context.Context, e *tokenEntry, stale string) (str
 	s.minted++
 	s.mu.Unlock()
 	if old != "" {
-		s.revokeLater(e.cd, e.userID, oldID, s.grace)
+		s.revokeLater(e, oldID, s.grace)
 	}
 	return e.token, nil
+}
+
+// ownerLocked returns the owner session to mint and revoke e's tokens
+// with: the latest Caller call's for e's coderd, which an entry out of
+// the map (evicted) missed, or, once the service forgot that coderd, the
+// last one e saw. s.mu is held.
+func (s *Service) ownerLocked(e *tokenEntry) *codersdk.Client {
+	if o := s.owners[e.key.coderd]; o != nil {
+		e.owner.Store(o)
+		return o
+	}
+	return e.owner.Load()
 }
 
 // tokenName names a token so that an administrator listing a user's
@@ -372,9 +466,9 @@ func keyID(token string) string {
 	return id
 }
 
-// revokeLater revokes a token after delay, unless the service is
-// stopping (shutdown revokes what is left at once).
-func (s *Service) revokeLater(cd Coderd, userID uuid.UUID, id string, delay time.Duration) {
+// revokeLater revokes a token of e's user after delay, unless the service
+// is stopping (shutdown revokes what is left at once).
+func (s *Service) revokeLater(e *tokenEntry, id string, delay time.Duration) {
 	if id == "" {
 		return
 	}
@@ -394,16 +488,21 @@ func (s *Service) revokeLater(cd Coderd, userID uuid.UUID, id string, delay time
 				t.Stop()
 			}
 		}
-		s.revoke(cd, userID, id)
+		s.revoke(e, id)
 	}()
 }
 
-func (s *Service) revoke(cd Coderd, userID uuid.UUID, id string) {
+// revoke deletes a token of e's user with the owner session current now,
+// which after a delay may not be the one that minted it.
+func (s *Service) revoke(e *tokenEntry, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
 	defer cancel()
-	err := cd.Owner.DeleteAPIKey(ctx, userID.String(), id)
+	s.mu.Lock()
+	owner := s.ownerLocked(e)
+	s.mu.Unlock()
+	err := owner.DeleteAPIKey(ctx, e.userID.String(), id)
 	if err != nil && !coderapi.IsNotFound(err) {
-		s.log.Info("could not revoke a caller's token; it expires within an hour", "coderd", cd.Name, "user", userID, "keyID", id, "error", err.Error())
+		s.log.Info("could not revoke a caller's token; it expires within an hour", "coderd", e.name, "user", e.userID, "keyID", id, "error", err.Error())
 	}
 }
 
@@ -413,9 +512,20 @@ func (s *Service) evictIdle() {
 	now := s.now()
 	s.mu.Lock()
 	var idle []*tokenEntry
-	for _, e := range s.tokens {
+	// used are the coderds someone still holds a token for; the owner
+	// sessions of the others (a control plane deleted, or its URL
+	// changed) are dropped.
+	used := map[string]bool{}
+	for k, e := range s.tokens {
 		if now.Sub(time.Unix(0, e.lastUsed.Load())) > idleAfter {
 			idle = append(idle, e)
+		} else {
+			used[k.coderd] = true
+		}
+	}
+	for k := range s.owners {
+		if !used[k] {
+			delete(s.owners, k)
 		}
 	}
 	for k, v := range s.checks {
@@ -445,7 +555,7 @@ func (s *Service) evict(e *tokenEntry, delay time.Duration) {
 	s.mu.Unlock()
 	e.evicted = true
 	if e.token != "" && s.now().Before(e.expires) {
-		s.revokeLater(e.cd, e.userID, e.keyID, delay)
+		s.revokeLater(e, e.keyID, delay)
 	}
 	e.token, e.keyID = "", ""
 }
@@ -483,7 +593,7 @@ func (s *Service) shutdown() {
 		e.token = ""
 		e.mu.Unlock()
 		if live {
-			wg.Go(func() { s.revoke(e.cd, e.userID, id) })
+			wg.Go(func() { s.revoke(e, id) })
 		}
 	}
 	wg.Wait()
@@ -492,11 +602,12 @@ func (s *Service) shutdown() {
 
 // userTransport sends a request with the Coder user's current token and,
 // when coderd answers 401 (the token was revoked or expired early),
-// mints a new one and sends the request once more.
+// mints a new one and sends the request once more. It sends through the
+// current owner client's transport (its timeout and metrics), so that a
+// replaced owner client is not kept in use.
 type userTransport struct {
-	svc  *Service
-	e    *tokenEntry
-	base http.RoundTripper
+	svc *Service
+	e   *tokenEntry
 }
 
 func (t *userTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -526,7 +637,7 @@ func (t *userTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err == nil && res.StatusCode == http.StatusUnauthorized {
 		// A fresh token refused too: the user is suspended (or gone).
 		// Look the mapping up again rather than mint for every request.
-		t.svc.forgetUser(t.e.cd.Key, t.e.userID)
+		t.svc.forgetUser(t.e.key.coderd, t.e.userID)
 	}
 	return res, err
 }
@@ -546,5 +657,9 @@ func (s *Service) forgetUser(coderd string, id uuid.UUID) {
 func (t *userTransport) send(req *http.Request, token string) (*http.Response, error) {
 	r := req.Clone(req.Context())
 	r.Header.Set(codersdk.SessionTokenHeader, token)
-	return t.base.RoundTrip(r)
+	base := t.e.owner.Load().HTTPClient.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return base.RoundTrip(r)
 }

@@ -109,7 +109,7 @@ func New(o Options) (*Server, error) {
 	if o.Records == nil {
 		return nil, fmt.Errorf("no records store given")
 	}
-	ident := identity.New(log)
+	ident := identity.New(log, identity.Options{ClusterControllers: cfg.Identity.ClusterControllers})
 	so := storage.Options{Backends: o.Backends, Records: o.Records, PollInterval: cfg.WatchPollInterval.Duration, Log: log, Identity: ident}
 	workspaces, err := storage.NewWorkspaces(so)
 	if err != nil {
