@@ -35,6 +35,10 @@ type Backend struct {
 	Client *codersdk.Client
 	// Identity says whose Coder identity callers act with.
 	Identity identity.Rules
+	// ReservedUsers are the Coder usernames coder-k8s created for itself
+	// in this coderd, which no Kubernetes user is mapped onto
+	// (identity.Coderd.Reserved); shared, never mutate it.
+	ReservedUsers []string
 }
 
 // Key identifies the backend: "<namespace>/<controlPlane>", and

@@ -23,6 +23,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 	"github.com/coder/coder-k8s/internal/identity"
 	"github.com/coder/coder-k8s/internal/metrics"
 )
@@ -290,11 +291,12 @@ func (p *ControlPlaneProvider) Backends(ctx context.Context, namespace string) (
 		}
 		live[key] = true
 		out = append(out, Backend{
-			Namespace:    ccp.Namespace,
-			ControlPlane: ccp.Name,
-			URL:          u,
-			Client:       p.client(ccp, u, &secret, token),
-			Identity:     controlPlaneIdentity(ccp),
+			Namespace:     ccp.Namespace,
+			ControlPlane:  ccp.Name,
+			URL:           u,
+			Client:        p.client(ccp, u, &secret, token),
+			Identity:      controlPlaneIdentity(ccp),
+			ReservedUsers: controlPlaneReserved(ccp),
 		})
 	}
 	p.forgetExcept(namespace, live)
@@ -310,6 +312,27 @@ func controlPlaneIdentity(ccp *coderv1alpha1.CoderControlPlane) identity.Rules {
 		mappings[i] = identity.Mapping{KubernetesUser: m.KubernetesUser, CoderUser: m.CoderUser}
 	}
 	return identityRules(id.Mode, id.UsernamePrefix, id.MatchBy, mappings)
+}
+
+// firstUsername is the username operatoraccess gives the first user when
+// it sets a coderd up itself (createFirstUser).
+const firstUsername = "admin"
+
+// The reserved users of control planes, shared by every backend.
+var (
+	reservedOperator         = []string{operatoraccess.OperatorUsername}
+	reservedOperatorAndFirst = []string{operatoraccess.OperatorUsername, firstUsername}
+)
+
+// controlPlaneReserved returns the Coder users coder-k8s created for
+// itself in a control plane's coderd: its operator user, and the first
+// user when the operator set coderd up (status.adminCredentialsSecretRef
+// names that user's Secret), from the status already read.
+func controlPlaneReserved(ccp *coderv1alpha1.CoderControlPlane) []string {
+	if ccp.Status.AdminCredentialsSecretRef != nil {
+		return reservedOperatorAndFirst
+	}
+	return reservedOperator
 }
 
 // listControlPlanes lists the control planes of namespace ("" for all)

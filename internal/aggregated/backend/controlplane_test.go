@@ -44,6 +44,9 @@ type controlPlane struct {
 	// issuedFor is the coderd URL the token Secret says its token was
 	// issued for (coderapi.AnnotationCoderURL); empty: the test coderd's.
 	issuedFor string
+	// firstUser says the operator created coderd's first user (its
+	// status names the first user's Secret).
+	firstUser bool
 }
 
 // createControlPlane stands in for the control plane reconciler (which
@@ -93,12 +96,17 @@ func createControlPlane(t *testing.T, c client.Client, ns string, cp controlPlan
 	if cp.notReady {
 		status = metav1.ConditionFalse
 	}
+	var admin *corev1.LocalObjectReference
+	if cp.firstUser {
+		admin = &corev1.LocalObjectReference{Name: cp.name + "-admin"}
+	}
 	ccp.Status = coderv1alpha1.CoderControlPlaneStatus{
-		ObservedGeneration:     ccp.Generation,
-		Phase:                  coderv1alpha1.PhaseReady,
-		URL:                    coderd.URL.String(),
-		OperatorUser:           "coder-k8s",
-		OperatorTokenSecretRef: &coderv1alpha1.SecretKeyReference{Name: secretName, Key: coderapi.TokenKey},
+		ObservedGeneration:        ccp.Generation,
+		Phase:                     coderv1alpha1.PhaseReady,
+		URL:                       coderd.URL.String(),
+		OperatorUser:              "coder-k8s",
+		OperatorTokenSecretRef:    &coderv1alpha1.SecretKeyReference{Name: secretName, Key: coderapi.TokenKey},
+		AdminCredentialsSecretRef: admin,
 		Conditions: []metav1.Condition{{
 			Type: coderv1alpha1.ConditionOperatorAccessReady, Status: status,
 			Reason: "Test", Message: "set by the test",
@@ -189,7 +197,7 @@ func TestControlPlaneBackends(t *testing.T) {
 	// Created out of order, to see them sorted.
 	createControlPlane(t, c, nsA, controlPlane{name: "beta"})
 	createControlPlane(t, c, nsA, controlPlane{name: "alpha"})
-	createControlPlane(t, c, nsB, controlPlane{name: "gamma"})
+	createControlPlane(t, c, nsB, controlPlane{name: "gamma", firstUser: true})
 	// Not served.
 	createControlPlane(t, c, nsA, controlPlane{name: "not-ready", notReady: true})
 	createControlPlane(t, c, nsA, controlPlane{name: "disabled", disabled: true})
@@ -218,6 +226,17 @@ func TestControlPlaneBackends(t *testing.T) {
 	waitBackends(t, p, nsB, nsB+"/gamma")
 	all := waitBackends(t, p, "", nsA+"/alpha", nsA+"/beta", nsB+"/gamma")
 	checkWorks(t, all[2])
+	// The operator's own user is never a caller's; nor is the first user
+	// of a coderd the operator set up.
+	for _, b := range all {
+		want := []string{"coder-k8s"}
+		if b.ControlPlane == "gamma" {
+			want = []string{"coder-k8s", "admin"}
+		}
+		if !slices.Equal(b.ReservedUsers, want) {
+			t.Errorf("%s: reserved users %q, want %q", b.Key(), b.ReservedUsers, want)
+		}
+	}
 
 	if bs, err := p.Backends(ctx, "no-such-namespace"); err != nil || len(bs) != 0 {
 		t.Errorf("Backends(no-such-namespace) = %v, %v; want none", keys(bs), err)

@@ -193,6 +193,8 @@ func (p *StaticProvider) Backends(_ context.Context, namespace string) ([]Backen
 	p.mu.RLock()
 	c := p.client
 	p.mu.RUnlock()
+	// No reserved users: the administrator chose the token's user, and
+	// coder-k8s creates none of its own here.
 	return []Backend{{Namespace: p.namespace, URL: p.url, Client: c, Identity: p.identity}}, nil
 }
 

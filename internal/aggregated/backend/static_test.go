@@ -139,6 +139,9 @@ func TestStaticProviderNamespaceLifecycle(t *testing.T) {
 	}
 	b := waitBackends(t, p, ns, ns+"/")[0]
 	checkWorks(t, b)
+	if len(b.ReservedUsers) != 0 {
+		t.Errorf("the static backend reserves %q; its token's user is the administrator's choice", b.ReservedUsers)
+	}
 	waitBackends(t, p, "", ns+"/")
 
 	deleteNamespace(t, c, ns)
