@@ -121,6 +121,9 @@ func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
 		})
 	}
 	if err := g.Wait(); err != nil {
+		if stale, ok := c.lastAnswers(checks, ask); ok {
+			return mergeAnswers(out, ask, stale), nil
+		}
 		return nil, err
 	}
 	now = s.now()
@@ -146,6 +149,34 @@ func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
 		out[i] = answers[checks[i]]
 	}
 	return out, nil
+}
+
+// lastAnswers returns coderd's last answers to checks[ask], however old
+// (up to keepStale), when it has one for each: what a caller sees of a
+// coderd that cannot answer now (down, hanging, or known to be failing),
+// so that its objects do not vanish from their lists and informers. Writes
+// never rely on them: coderd decides those when it answers.
+func (c *Caller) lastAnswers(checks []Check, ask []int) ([]bool, bool) {
+	s := c.svc
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]bool, len(ask))
+	for j, i := range ask {
+		e, ok := s.checks[checkKey{c.token.key.coderd, c.UserID, checks[i]}]
+		if !ok {
+			return nil, false
+		}
+		out[j] = e.allowed
+	}
+	return out, true
+}
+
+// mergeAnswers sets out[ask[j]] to answers[j].
+func mergeAnswers(out []bool, ask []int, answers []bool) []bool {
+	for j, i := range ask {
+		out[i] = answers[j]
+	}
+	return out
 }
 
 // authCheck sends one batch to coderd's POST /api/v2/authcheck.

@@ -40,6 +40,10 @@ const (
 	// who is not mapped does not cost a user lookup per request, while a
 	// user just created in Coder is found quickly.
 	refusedTTL = 5 * time.Second
+	// keepStale is how long past their time coderd's last answers (who a
+	// Kubernetes user is, what they may read) are kept to stand in while
+	// coderd cannot answer.
+	keepStale = time.Hour
 	// maxTokens bounds the tokens held; the least recently used go first.
 	maxTokens = 10000
 	// revokeGrace lets requests already sent with a replaced token finish
@@ -266,6 +270,15 @@ func (s *Service) coderUser(ctx context.Context, cd Coderd, name string) (coders
 		s.remember(key, &userEntry{user: u, expires: now.Add(userTTL)})
 	case errors.As(err, &refused):
 		s.remember(key, &userEntry{refused: err, expires: now.Add(refusedTTL)})
+	default:
+		// coderd did not answer: the user it last named, if any, so that
+		// reads of what the cache last saw go on (writes need coderd).
+		s.mu.Lock()
+		e, ok := s.users[key]
+		s.mu.Unlock()
+		if ok && e.refused == nil && !cd.reserves(e.user.Username) {
+			return e.user, nil
+		}
 	}
 	return u, err
 }
@@ -528,13 +541,15 @@ func (s *Service) evictIdle() {
 			delete(s.owners, k)
 		}
 	}
+	// Expired answers and users are kept a while: they stand in when
+	// coderd cannot answer (lastAnswers, coderUser).
 	for k, v := range s.checks {
-		if !now.Before(v.expires) {
+		if now.After(v.expires.Add(keepStale)) {
 			delete(s.checks, k)
 		}
 	}
 	for k, v := range s.users {
-		if !now.Before(v.expires) {
+		if now.After(v.expires.Add(keepStale)) {
 			delete(s.users, k)
 		}
 	}
