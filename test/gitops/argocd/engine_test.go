@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 )
 
@@ -71,27 +72,50 @@ spec:
   templateName: ` + templateName + `
   running: true`
 
+// application is an Argo CD Application: its name and destination
+// namespace, and the credentials the application controller syncs it with
+// (nil: the admin's).
+type application struct {
+	name, namespace string
+	cfg             *rest.Config
+}
+
+// coderApp is the Application of the Coder template and workspace, in the
+// control plane's namespace.
+func coderApp() application { return application{name: app, namespace: env.Namespace} }
+
 // targets are the manifests as Argo CD's controller hands them to the
 // engine: with the tracking annotation set.
 func targets(t *testing.T) []*unstructured.Unstructured {
 	t.Helper()
+	return coderApp().targets(t, fmt.Sprintf(manifests, env.Namespace))
+}
+
+// targets decodes manifests (YAML documents) with a's tracking annotation
+// set, as Argo CD's controller hands them to the engine.
+func (a application) targets(t *testing.T, manifests string) []*unstructured.Unstructured {
+	t.Helper()
 	var objs []*unstructured.Unstructured
-	for _, doc := range strings.Split(fmt.Sprintf(manifests, env.Namespace), "\n---\n") {
+	for _, doc := range strings.Split(manifests, "\n---\n") {
 		u := &unstructured.Unstructured{}
 		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
 			t.Fatalf("manifest: %v", err)
 		}
-		a := u.GetAnnotations()
-		a[trackingAnnotation] = trackingID(u)
-		u.SetAnnotations(a)
+		ann := u.GetAnnotations()
+		if ann == nil {
+			ann = map[string]string{}
+		}
+		ann[trackingAnnotation] = trackingID(a.name, u)
+		u.SetAnnotations(ann)
 		objs = append(objs, u)
 	}
 	return objs
 }
 
-func trackingID(u *unstructured.Unstructured) string {
+// trackingID is the tracking annotation of u in application appName.
+func trackingID(appName string, u *unstructured.Unstructured) string {
 	gvk := u.GroupVersionKind()
-	return fmt.Sprintf("%s:%s/%s:%s/%s", app, gvk.Group, gvk.Kind, u.GetNamespace(), u.GetName())
+	return fmt.Sprintf("%s:%s/%s:%s/%s", appName, gvk.Group, gvk.Kind, u.GetNamespace(), u.GetName())
 }
 
 // trackedApp is what Argo CD's cluster cache records for a resource: the
@@ -100,15 +124,16 @@ func trackingID(u *unstructured.Unstructured) string {
 func trackedApp(u *unstructured.Unstructured) string {
 	id := u.GetAnnotations()[trackingAnnotation]
 	name, _, ok := strings.Cut(id, ":")
-	if !ok || id != trackingID(u) {
+	if !ok || id != trackingID(name, u) {
 		return ""
 	}
 	return name
 }
 
-func isManaged(r *cache.Resource) bool {
+// isManaged reports whether the cluster cache recorded r as a's.
+func (a application) isManaged(r *cache.Resource) bool {
 	info, _ := r.Info.(string)
-	return info == app
+	return info == a.name
 }
 
 // luaHealth is the health check docs/gitops.md tells Argo CD users to add
@@ -211,9 +236,11 @@ func (s appStatus) synced() bool {
 	return true
 }
 
+// healthy reports whether every resource is Healthy or, like a ConfigMap,
+// has no health check (Argo CD leaves those out of the app's health).
 func (s appStatus) healthy() bool {
 	for _, r := range s.resources {
-		if r.health != health.HealthStatusHealthy {
+		if r.health != health.HealthStatusHealthy && r.health != noHealthCheck {
 			return false
 		}
 	}
@@ -227,7 +254,11 @@ func (s appStatus) String() string {
 		if !r.synced {
 			sync = "OutOfSync"
 		}
-		fmt.Fprintf(&b, "  %s: %s %s", r.key, sync, r.health)
+		h := string(r.health)
+		if r.health == noHealthCheck {
+			h = "(no health check)"
+		}
+		fmt.Fprintf(&b, "  %s: %s %s", r.key, sync, h)
 		if r.diff != "" {
 			fmt.Fprintf(&b, "\n    diff: %s", r.diff)
 		}
@@ -236,13 +267,23 @@ func (s appStatus) String() string {
 	return b.String()
 }
 
+// noHealthCheck is the health of a live resource without a health check.
+const noHealthCheck health.HealthStatusCode = ""
+
 func refresh(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Unstructured) appStatus {
 	t.Helper()
-	live, err := cc.GetManagedLiveObjs(targetObjs, isManaged)
+	return coderApp().refresh(t, cc, targetObjs)
+}
+
+// refresh computes a's status as Argo CD's controller does on a refresh.
+func (a application) refresh(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Unstructured) appStatus {
+	t.Helper()
+	requireSynced(t, cc)
+	live, err := cc.GetManagedLiveObjs(targetObjs, a.isManaged)
 	if err != nil {
 		t.Fatalf("managed live objects: %v", err)
 	}
-	res := sync.Reconcile(targetObjs, live, env.Namespace, cc)
+	res := sync.Reconcile(targetObjs, live, a.namespace, cc)
 	diffs, err := diff.DiffArray(res.Target, res.Live)
 	if err != nil {
 		t.Fatalf("diff: %v", err)
@@ -261,6 +302,7 @@ func refresh(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Uns
 			if err != nil {
 				t.Fatalf("health of %s: %v", r.key, err)
 			}
+			r.health = noHealthCheck
 			if h != nil {
 				r.health = h.Status
 			}
@@ -273,13 +315,30 @@ func refresh(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Uns
 	return st
 }
 
+// requireSynced fails t unless the cluster cache has synced, which Argo
+// CD's controller requires before every comparison and sync
+// (getSyncedCluster): otherwise every Application on the cluster shows a
+// ComparisonError.
+func requireSynced(t *testing.T, cc cache.ClusterCache) {
+	t.Helper()
+	if err := cc.EnsureSynced(); err != nil {
+		t.Fatalf("ComparisonError: the cluster cache has not synced: %v\ncoder-k8s log:\n%s", err, env.OperatorLogTail(30))
+	}
+}
+
 // waitStatus refreshes until ok says the status is the expected one.
 func waitStatus(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Unstructured, what string, ok func(appStatus) bool) appStatus {
+	t.Helper()
+	return coderApp().waitStatus(t, cc, targetObjs, what, ok)
+}
+
+// waitStatus refreshes a until ok says the status is the expected one.
+func (a application) waitStatus(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Unstructured, what string, ok func(appStatus) bool) appStatus {
 	t.Helper()
 	start := time.Now()
 	var st appStatus
 	for time.Since(start) < within {
-		st = refresh(t, cc, targetObjs)
+		st = a.refresh(t, cc, targetObjs)
 		if ok(st) {
 			t.Logf("%s after %s:\n%s", what, time.Since(start).Round(time.Millisecond), st)
 			return st
@@ -299,6 +358,12 @@ func waitStatus(t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.
 // wave; Argo CD does not use it.)
 func syncApp(ctx context.Context, t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Unstructured, revision string) []common.ResourceSyncResult {
 	t.Helper()
+	return coderApp().sync(ctx, t, cc, targetObjs, revision)
+}
+
+// sync runs one sync operation of a (see syncApp).
+func (a application) sync(ctx context.Context, t *testing.T, cc cache.ClusterCache, targetObjs []*unstructured.Unstructured, revision string) []common.ResourceSyncResult {
+	t.Helper()
 	log := testr.NewWithOptions(t, testr.Options{Verbosity: 0})
 	kubectl := &kube.KubectlCmd{Log: log, Tracer: tracing.NopTracer{}}
 	start := time.Now()
@@ -309,12 +374,17 @@ func syncApp(ctx context.Context, t *testing.T, cc cache.ClusterCache, targetObj
 		results []common.ResourceSyncResult
 	)
 	for {
-		live, err := cc.GetManagedLiveObjs(targetObjs, isManaged)
+		requireSynced(t, cc)
+		live, err := cc.GetManagedLiveObjs(targetObjs, a.isManaged)
 		if err != nil {
 			t.Fatalf("managed live objects: %v", err)
 		}
-		res := sync.Reconcile(targetObjs, live, env.Namespace, cc)
-		syncCtx, cleanup, err := sync.NewSyncContext(revision, res, restCfg, restCfg, kubectl, env.Namespace, cc.GetOpenAPISchema(),
+		res := sync.Reconcile(targetObjs, live, a.namespace, cc)
+		cfg := a.cfg
+		if cfg == nil {
+			cfg = restCfg
+		}
+		syncCtx, cleanup, err := sync.NewSyncContext(revision, res, cfg, cfg, kubectl, a.namespace, cc.GetOpenAPISchema(),
 			sync.WithInitialState(phase, message, results, startedAt),
 			sync.WithPrune(true), sync.WithHealthOverride(healthCheck), sync.WithLogr(log))
 		if err != nil {
@@ -411,8 +481,8 @@ func TestArgoCDEngine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := live.GetAnnotations()[trackingAnnotation]; got != trackingID(live) {
-				t.Errorf("%s %s: %s = %q, want %q", o.gvr.Resource, o.name, trackingAnnotation, got, trackingID(live))
+			if got := live.GetAnnotations()[trackingAnnotation]; got != trackingID(app, live) {
+				t.Errorf("%s %s: %s = %q, want %q", o.gvr.Resource, o.name, trackingAnnotation, got, trackingID(app, live))
 			}
 		}
 	})
