@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -27,7 +30,10 @@ import (
 // this machine. The operator creates coderd's first user through the pod,
 // then reaches coderd through its Service by name (cluster DNS) and holds
 // its own token; coderd serves through that Service; and a template and a
-// workspace created with kubectl build in that coderd.
+// workspace created with kubectl build in that coderd. The control plane
+// runs in identity mode Mapped, the default: the cluster admin signs in
+// with the first user's credentials, creates their own owner account, and
+// maps their Kubernetes user to it, which then builds the workspace.
 func TestDeployedCoderd(t *testing.T) {
 	on := newOnNode(t, "deploy")
 	c, node, ctx := on.cluster, on.node, t.Context()
@@ -57,7 +63,9 @@ func TestDeployedCoderd(t *testing.T) {
 		t.Fatalf("helm install: %v\n%s%s\n%s", err, out, stderr, podsReport(c, "coder-system"))
 	}
 
-	const ns = "coder"
+	// ns holds the control plane; coderOwner is the Coder owner the
+	// cluster admin's Kubernetes user maps to.
+	const ns, coderOwner = "coder", "ops"
 	if _, err := c.k.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -84,8 +92,10 @@ metadata:
 spec:
   image: %s
   replicas: 1
-  # kubectl acts as the Kubernetes user admin, which has no Coder user.
-  identity: {mode: Operator}
+  # kubectl acts as the Kubernetes user admin: the Coder owner %[2]s, whom
+  # the test creates below.
+  identity:
+    mappings: [{kubernetesUser: admin, coderUser: %[2]s}]
   env:
     - name: CODER_PG_CONNECTION_URL
       valueFrom:
@@ -97,7 +107,7 @@ spec:
   service:
     type: ClusterIP
     port: 80
-`, coderRef))
+`, coderRef, coderOwner))
 
 	start := time.Now()
 	for _, cond := range []string{"Initialized", "OperatorAccessReady", "Available"} {
@@ -117,13 +127,15 @@ spec:
 	var info struct {
 		Version string `json:"version"`
 	}
+	coderURL := "http://" + net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port)))
 	// kube-proxy programs a new Service's endpoints asynchronously.
 	testenv.WaitFor(t, 30*time.Second, func() error {
-		return getJSON(ctx, "http://"+net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port)))+"/api/v2/buildinfo", &info)
+		return getJSON(ctx, coderURL+"/api/v2/buildinfo", &info)
 	})
 	if !strings.HasPrefix(info.Version, "v2.30.0") {
 		t.Errorf("coderd reports version %q, want v2.30.0", info.Version)
 	}
+	createOwner(t, c, coderURL, ns, coderOwner)
 
 	// A template and a workspace, with kubectl, built by the deployed
 	// coderd's Terraform provisioner (OpenTofu in its image).
@@ -140,23 +152,28 @@ spec:
 `, files))
 	if out, stderr, err := c.runKubectl("wait", "-n", ns, "codertemplate/coder.demo", "--for=condition=Ready", "--timeout=3m"); err != nil {
 		yaml, _, _ := c.runKubectl("get", "-n", ns, "codertemplate/coder.demo", "-o", "yaml")
-		t.Fatalf("the template did not build: %v\n%s%s\n%s", err, out, stderr, yaml)
+		t.Fatalf("the template did not build: %v\n%s%s\n%s\ncoder-k8s log:\n%s", err, out, stderr, yaml, operatorLogTail(c))
 	}
-	apply(`apiVersion: aggregation.coder.com/v1alpha1
+	workspace := "coder." + coderOwner + ".demo"
+	apply(fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
 kind: CoderWorkspace
 metadata:
-  name: coder.admin.demo
+  name: %s
 spec:
   templateName: demo
   running: true
-`)
-	if out, stderr, err := c.runKubectl("wait", "-n", ns, "coderworkspace/coder.admin.demo", "--for=jsonpath={.status.phase}=running", "--timeout=3m"); err != nil {
-		yaml, _, _ := c.runKubectl("get", "-n", ns, "coderworkspace/coder.admin.demo", "-o", "yaml")
-		t.Fatalf("the workspace did not start: %v\n%s%s\n%s", err, out, stderr, yaml)
+`, workspace))
+	if out, stderr, err := c.runKubectl("wait", "-n", ns, "coderworkspace/"+workspace, "--for=jsonpath={.status.phase}=running", "--timeout=3m"); err != nil {
+		yaml, _, _ := c.runKubectl("get", "-n", ns, "coderworkspace/"+workspace, "-o", "yaml")
+		t.Fatalf("the workspace did not start: %v\n%s%s\n%s\ncoder-k8s log:\n%s", err, out, stderr, yaml, operatorLogTail(c))
 	}
 	out := c.kubectl(t, "get", "-n", ns, "coderworkspaces")
-	if !strings.Contains(out, "coder.admin.demo") || !strings.Contains(out, "running") {
-		t.Errorf("kubectl get coderworkspaces:\n%s\nwant coder.admin.demo running", out)
+	if !strings.Contains(out, workspace) || !strings.Contains(out, "running") {
+		t.Errorf("kubectl get coderworkspaces:\n%s\nwant %s running", out, workspace)
+	}
+	// Built as the admin's own Coder user, not as coder-k8s.
+	if initiator := c.kubectl(t, "get", "-n", ns, "coderworkspace/"+workspace, "-o", "jsonpath={.status.latestBuild.initiator}"); initiator != coderOwner {
+		t.Errorf("the workspace's build was started by %q, want %s", initiator, coderOwner)
 	}
 }
 
@@ -179,4 +196,53 @@ func getJSON(ctx context.Context, url string, v any) error {
 		return fmt.Errorf("%s: %.300s", resp.Status, body)
 	}
 	return json.Unmarshal(body, v)
+}
+
+// operatorLogTail is the end of the coder-k8s pod's log, for failure
+// messages.
+func operatorLogTail(c *cluster) string {
+	out, errOut, _ := c.runKubectl("logs", "-n", "coder-system", "-l", "app.kubernetes.io/name=coder-k8s", "--tail=60")
+	return out + errOut
+}
+
+// createOwner signs in to the coderd at coderURL as the first user
+// coder-k8s created for control plane ns/coder (Secret coder-admin), as
+// the cluster's administrator can, creates Coder user name with the owner
+// role, and signs out.
+func createOwner(t *testing.T, c *cluster, coderURL, ns, name string) {
+	t.Helper()
+	ctx := t.Context()
+	secret, err := c.k.Clientset.CoreV1().Secrets(ns).Get(ctx, "coder-admin", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(coderURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := codersdk.New(u)
+	login, err := first.LoginWithPassword(ctx, codersdk.LoginWithPasswordRequest{Email: string(secret.Data["email"]), Password: string(secret.Data["password"])})
+	if err != nil {
+		t.Fatalf("sign in as the first user: %v", err)
+	}
+	first.SetSessionToken(login.SessionToken)
+	defer func() {
+		if err := first.Logout(ctx); err != nil {
+			t.Errorf("sign out the first user: %v", err)
+		}
+	}()
+	org, err := first.OrganizationByName(ctx, "coder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, err := first.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
+		Email: name + "@example.com", Username: name, Password: "Deployed-" + name + "-Owner!1",
+		OrganizationIDs: []uuid.UUID{org.ID}, UserLoginType: codersdk.LoginTypePassword,
+	})
+	if err != nil {
+		t.Fatalf("create Coder user %s: %v", name, err)
+	}
+	if _, err := first.UpdateUserRoles(ctx, user.ID.String(), codersdk.UpdateRoles{Roles: []string{codersdk.RoleOwner}}); err != nil {
+		t.Fatalf("make %s an owner: %v", name, err)
+	}
 }
