@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -299,6 +300,24 @@ func testTokenRevoked(t *testing.T, s *aggStack, wsName string) {
 		t.Fatal(err)
 	}
 	oldToken := operatorToken(t, s, &ccp)
+	// In Mapped mode the admin lists with a token of their own that
+	// coder-k8s minted earlier; a caller it has no token for yet needs the
+	// operator's to be mapped: a second Coder owner, matched by email.
+	const owner2 = "owner2@example.com"
+	u, err := s.coder.Client.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
+		Email: owner2, Username: "owner2", Password: "SomeSecurePassword!1", OrganizationIDs: []uuid.UUID{s.coder.OrganizationID},
+		UserLoginType: codersdk.LoginTypePassword,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.coder.Client.UpdateUserRoles(ctx, u.ID.String(), codersdk.UpdateRoles{Roles: []string{codersdk.RoleOwner}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := s.k.UserConfig(owner2, "system:masters")
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The token's ID is the part of the key before the dash.
 	oldID, _, ok := strings.Cut(oldToken, "-")
 	if !ok {
@@ -316,7 +335,7 @@ func testTokenRevoked(t *testing.T, s *aggStack, wsName string) {
 
 	// The controller's next check finds the token refused and issues a
 	// new one; the aggregated API picks the new Secret up.
-	workspaces := s.dyn.Resource(workspacesGVR).Namespace(s.ns)
+	workspaces := dynamicFor(t, cfg).Resource(workspacesGVR).Namespace(s.ns)
 	var seen []string
 	bound := cfCheckInterval + 2*cfCoderTimeout + cfSlack
 	testenv.WaitFor(t, bound, func() error {
