@@ -35,9 +35,10 @@ type ControllerManagerOptions struct {
 	// certificate, with the RBAC kube-apiserver bootstraps for it), with
 	// --use-service-account-credentials, so that each controller calls
 	// kube-apiserver as its own ServiceAccount in kube-system (for example
-	// system:serviceaccount:kube-system:generic-garbage-collector) with
-	// the bootstrap role system:controller:<name>, and with the service
-	// account signing key, so the token controller runs. The shared
+	// system:serviceaccount:kube-system:generic-garbage-collector, with a
+	// token from the TokenRequest API) with the bootstrap role
+	// system:controller:<name>, and with the service account signing key,
+	// as kubeadm passes it, so the token controller runs too. The shared
 	// informers (the garbage collector's lists and watches among them)
 	// stay with system:kube-controller-manager. Off: everything as the
 	// admin user (system:masters).
