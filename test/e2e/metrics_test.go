@@ -371,6 +371,10 @@ func checkCountedAsForwarded(t *testing.T, families map[string]*dto.MetricFamily
 			t.Errorf("%s: coder_k8s_coder_api_requests_total{control_plane=%q} adds up to %v, coderd was asked %v times", op, cp, counted[op], forwarded[op])
 		}
 	}
+	if t.Failed() {
+		t.Logf("counted by operation: %v", counted)
+		t.Logf("forwarded by operation: %v", forwarded)
+	}
 }
 
 // processOutputs is what an operator process wrote to its log and serves
