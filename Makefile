@@ -202,6 +202,7 @@ generate: $(BIN)/controller-gen $(BIN)/openapi-gen ## Regenerate deepcopy, OpenA
 	rm -rf config/rbac && mkdir -p config/rbac
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-controller paths=./internal/controller/... output:rbac:artifacts:config=config/rbac/controller
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-aggregated paths=./internal/aggregated/backend/... paths=./internal/aggregated/records/... output:rbac:artifacts:config=config/rbac/aggregated
+	$(BIN)/controller-gen rbac:roleName=coder-k8s-admission paths=./internal/aggregated/admission/... output:rbac:artifacts:config=config/rbac/admission
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-autotls paths=./internal/aggregated/autotls/... output:rbac:artifacts:config=config/rbac/autotls
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-mcp paths=./internal/mcpserver/... output:rbac:artifacts:config=config/rbac/mcp
 	$(GO) test ./internal/config/ -run TestDefaultsGolden -update >/dev/null
@@ -211,7 +212,7 @@ generate: $(BIN)/controller-gen $(BIN)/openapi-gen ## Regenerate deepcopy, OpenA
 	rm -f charts/coder-k8s/files/crds/*.yaml
 	cp config/crd/bases/*.yaml charts/coder-k8s/files/crds/
 	rm -f charts/coder-k8s/files/rbac/*.yaml
-	for c in controller aggregated autotls mcp; do cp config/rbac/$$c/role.yaml charts/coder-k8s/files/rbac/$$c-role.yaml; done
+	for c in controller aggregated admission autotls mcp; do cp config/rbac/$$c/role.yaml charts/coder-k8s/files/rbac/$$c-role.yaml; done
 
 # The apimachinery packages whose OpenAPI definitions the aggregated API
 # server serves next to its own.

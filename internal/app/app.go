@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/coder/coder-k8s/internal/aggregated/admission"
 	"github.com/coder/coder-k8s/internal/aggregated/apiserver"
 	"github.com/coder/coder-k8s/internal/aggregated/autotls"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
@@ -146,7 +147,8 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 			backends = backend.Join(static, cps)
 		}
 		opts := apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: backends,
-			Records: records.New(mgr.GetCache(), mgr.GetClient()), Log: log}
+			Records:   records.New(mgr.GetCache(), mgr.GetClient()),
+			Admission: &admission.Options{REST: kube.rest, Cache: mgr.GetCache()}, Log: log}
 		rot, err := autoTLS(cfg, kube, log)
 		if err != nil {
 			return err
@@ -238,7 +240,10 @@ func runAggregatedAPIServer(ctx context.Context, cfg *config.Configuration, kube
 		return err
 	}
 	opts := apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: static,
-		Records: records.New(recordCache, direct), Log: log}
+		Records: records.New(recordCache, direct),
+		// Cluster-scoped, the admission configuration is cached whole
+		// whatever the cache's namespaces.
+		Admission: &admission.Options{REST: kube.rest, Cache: recordCache}, Log: log}
 	rot, err := autoTLS(cfg, kube, log)
 	if err != nil {
 		return err

@@ -74,6 +74,9 @@ func Default() Configuration {
 			// Who deletes orphans and empties deleted namespaces in every
 			// cluster; see DefaultClusterControllers.
 			Identity: AggregatedIdentity{ClusterControllers: DefaultClusterControllers()},
+			// The cluster's policies apply to coder-k8s's kinds as to
+			// every other kind.
+			Admission: AggregatedAdmission{Enabled: true},
 		},
 		MCP: MCP{
 			BindAddress:       ":8090",

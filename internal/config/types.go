@@ -183,6 +183,23 @@ type AggregatedAPIServer struct {
 	// Identity configures, for every backend whose identity mode is
 	// Mapped, the callers that are not mapped onto a Coder user.
 	Identity AggregatedIdentity `json:"identity"`
+	// Admission configures the admission chain run on writes.
+	Admission AggregatedAdmission `json:"admission"`
+}
+
+// AggregatedAdmission configures the admission chain of the aggregated
+// API server. kube-apiserver does not run admission on requests it proxies
+// to an aggregated API server, so this server runs kube-apiserver's
+// chain itself: NamespaceLifecycle, MutatingAdmissionPolicy (where the
+// cluster serves it), MutatingAdmissionWebhook, ValidatingAdmissionPolicy
+// and ValidatingAdmissionWebhook, fed by the cluster's own webhook
+// configurations, policies and bindings.
+type AggregatedAdmission struct {
+	// Enabled runs the chain. Off, the cluster's admission policies and
+	// webhooks never see a CoderWorkspace or CoderTemplate, and the
+	// process does not watch namespaces or the cluster's admission
+	// configuration.
+	Enabled bool `json:"enabled"`
 }
 
 // AggregatedIdentity configures callers of the aggregated API that act

@@ -13,6 +13,7 @@
 package kubecache
 
 import (
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
@@ -42,8 +43,10 @@ func Selector() labels.Selector {
 //     HTTPRoutes included, which cannot be named in ByObject while their
 //     CRD may be missing);
 //   - except the kinds coder-k8s reads whole: its own CRDs, which users
-//     create, and Namespaces (the aggregated API checks whether one is
-//     terminating);
+//     create, Namespaces (the aggregated API checks whether one is
+//     terminating) and the cluster's admission configuration (webhook
+//     configurations, admission policies and their bindings, which the
+//     aggregated API's admission chain runs);
 //   - every cached object loses its managedFields and last-applied
 //     annotation (Strip).
 //
@@ -60,6 +63,14 @@ func Options() cache.Options {
 			&coderv1alpha1.CoderProvisioner{}:    whole,
 			&coderv1alpha1.CoderWorkspaceProxy{}: whole,
 			&corev1.Namespace{}:                  whole,
+			// Informers start only for the kinds admission reads: the
+			// mutating policies' only where the cluster serves them.
+			&admissionregistrationv1.MutatingWebhookConfiguration{}:     whole,
+			&admissionregistrationv1.ValidatingWebhookConfiguration{}:   whole,
+			&admissionregistrationv1.ValidatingAdmissionPolicy{}:        whole,
+			&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}: whole,
+			&admissionregistrationv1.MutatingAdmissionPolicy{}:          whole,
+			&admissionregistrationv1.MutatingAdmissionPolicyBinding{}:   whole,
 		},
 		DefaultTransform: Strip,
 	}

@@ -26,6 +26,7 @@ var chartOwnedConfigKeys = []string{
 	"aggregatedAPIServer.autoTLS",
 	"aggregatedAPIServer.coder.staticBackend",
 	"aggregatedAPIServer.identity",
+	"aggregatedAPIServer.admission",
 	"mcp.bindAddress",
 }
 

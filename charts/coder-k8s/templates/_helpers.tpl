@@ -177,6 +177,7 @@ their values.
 {{- $_ := set $agg "securePort" (int .Values.ports.aggregatedAPI) -}}
 {{- if include "coder-k8s.runsAggregated" . -}}
 {{- $_ := set $agg "identity" (dict "clusterControllers" (.Values.aggregatedAPI.clusterControllers | default list)) -}}
+{{- $_ := set $agg "admission" (dict "enabled" .Values.aggregatedAPI.admission.enabled) -}}
 {{- if eq .Values.tls.mode "auto" -}}
 {{- $_ := set $agg "autoTLS" (dict
       "enabled" true

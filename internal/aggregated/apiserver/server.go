@@ -25,6 +25,7 @@ import (
 	"k8s.io/component-base/compatibility"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/admission"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/storage"
@@ -56,6 +57,7 @@ type Server struct {
 	templates  *storage.TemplateStorage
 	records    *records.Store
 	identity   *identity.Service
+	admission  *admission.Options
 }
 
 // Options are what the server is built from.
@@ -73,7 +75,10 @@ type Options struct {
 	// is ignored, and Start waits until it has a certificate. It is
 	// required when Config.AutoTLS is enabled.
 	ServingCert ServingCert
-	Log         logr.Logger
+	// Admission is what the admission chain reads the cluster's
+	// configuration through; required unless Config.Admission is off.
+	Admission *admission.Options
+	Log       logr.Logger
 }
 
 // ServingCert is a serving certificate that may change while the server
@@ -109,6 +114,9 @@ func New(o Options) (*Server, error) {
 	if o.Records == nil {
 		return nil, fmt.Errorf("no records store given")
 	}
+	if cfg.Admission.Enabled && o.Admission == nil {
+		return nil, fmt.Errorf("admission is enabled but no Kubernetes connection was given for it")
+	}
 	ident := identity.New(log, identity.Options{ClusterControllers: cfg.Identity.ClusterControllers})
 	so := storage.Options{Backends: o.Backends, Records: o.Records, PollInterval: cfg.WatchPollInterval.Duration, Log: log, Identity: ident}
 	workspaces, err := storage.NewWorkspaces(so)
@@ -134,6 +142,7 @@ func New(o Options) (*Server, error) {
 		templates:  templates,
 		records:    o.Records,
 		identity:   ident,
+		admission:  o.Admission,
 	}, nil
 }
 
@@ -155,7 +164,7 @@ func (s *Server) Start(ctx context.Context) error {
 			return nil // stopped before there was one
 		}
 	}
-	gs, err := s.build()
+	gs, err := s.build(ctx)
 	if err != nil {
 		return err
 	}
@@ -187,7 +196,7 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-func (s *Server) build() (*genericapiserver.GenericAPIServer, error) {
+func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer, error) {
 	serving := options.NewSecureServingOptions().WithLoopback()
 	serving.BindAddress = net.ParseIP(s.cfg.BindAddress)
 	serving.BindPort = s.cfg.SecurePort
@@ -254,6 +263,16 @@ func (s *Server) build() (*genericapiserver.GenericAPIServer, error) {
 	rc.Authentication.Authenticator = anonymousOnlyFor(rc.Authentication.Authenticator, healthPaths)
 	if err := authz.ApplyTo(&rc.Authorization); err != nil {
 		return nil, fmt.Errorf("delegated authorization: %w", err)
+	}
+	// kube-apiserver does not run admission on the requests it proxies
+	// here: the cluster's policies and webhooks apply only if this server
+	// runs them (after authorization, as kube-apiserver does).
+	if s.cfg.Admission.Enabled {
+		o := *s.admission
+		o.Log = s.log.WithName("admission")
+		if err := admission.Apply(ctx, rc, o); err != nil {
+			return nil, err
+		}
 	}
 	// Until the client CA bundles from kube-apiserver have loaded, every
 	// proxied request would be refused; do not report ready before then.

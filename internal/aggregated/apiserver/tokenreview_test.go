@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/coder/coder-k8s/internal/aggregated/admission"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/config"
@@ -59,7 +60,8 @@ func TestRejectedTokensAreRemembered(t *testing.T) {
 	cacheDone := make(chan struct{})
 	go func() { _ = rc.Start(ctx); close(cacheDone) }()
 	t.Cleanup(func() { cancel(); <-cacheDone })
-	srv, err := New(Options{Config: cfg, Kubeconfig: k.KubeconfigPath, Backends: noBackends{}, Records: records.New(rc, kc), Log: testr.New(t)})
+	srv, err := New(Options{Config: cfg, Kubeconfig: k.KubeconfigPath, Backends: noBackends{}, Records: records.New(rc, kc),
+		Admission: &admission.Options{REST: k.Config, Cache: rc}, Log: testr.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
