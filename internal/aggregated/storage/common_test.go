@@ -136,16 +136,21 @@ func TestResolveAgreesWithNames(t *testing.T) {
 
 func TestCheckResourceVersion(t *testing.T) {
 	r := fxResource(nil)
-	const cur = "1700000000000123456"
+	const cur = "0123456789ab.17.00000001e240"
 	for _, tc := range []struct {
 		given    string
 		conflict bool
 	}{
 		{"", false},
 		{cur, false},
-		// Same content (low six digits), stamped by another replica.
-		{"1700000000555123456", false},
-		{"1700000000000123457", true},
+		// Same content (fingerprint), stamped by another replica or
+		// before a restart.
+		{"ba9876543210.5.00000001e240", false},
+		{"0123456789ab.17.00000001e241", true},
+		// A list version describes no content.
+		{"0123456789ab.17", true},
+		// The previous binary's decimal format.
+		{"1700000000000123456", true},
 		{"abc", true},
 	} {
 		err := r.checkResourceVersion("obj", tc.given, cur)
@@ -158,7 +163,7 @@ func TestCheckResourceVersion(t *testing.T) {
 func TestCheckDeletePreconditions(t *testing.T) {
 	r := fxResource(nil)
 	cur := toWorkspace(fxTarget(t, "prod", false), fxWorkspace(), nil)
-	cur.ResourceVersion = "1700000000000123456"
+	cur.ResourceVersion = "0123456789ab.17.00000001e240"
 	uid, otherUID := cur.UID, types.UID("other")
 	for _, tc := range []struct {
 		name     string
@@ -169,8 +174,8 @@ func TestCheckDeletePreconditions(t *testing.T) {
 		{"no preconditions", &metav1.DeleteOptions{}, false},
 		{"matching UID", &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}, false},
 		{"other UID", &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &otherUID}}, true},
-		{"matching resourceVersion", &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: fxPtr("1700000000999123456")}}, false},
-		{"stale resourceVersion", &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: fxPtr("1700000000000000001")}}, true},
+		{"matching resourceVersion", &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: fxPtr("ba9876543210.5.00000001e240")}}, false},
+		{"stale resourceVersion", &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: fxPtr("0123456789ab.17.000000000001")}}, true},
 		{"matching UID, stale resourceVersion", &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: fxPtr("1")}}, true},
 	} {
 		err := r.checkDeletePreconditions(cur.Name, cur, tc.opts)

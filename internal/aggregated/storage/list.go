@@ -46,7 +46,9 @@ type lister struct {
 // A target with a caller (callerLists) is listed as that caller: coderd
 // answers only what they may read.
 func (l lister) listTargets(ctx context.Context, ts []target, opts *metainternalversion.ListOptions) ([]watchcache.Listed, error) {
-	if l.servableFromCache(ts, opts) {
+	if ok, err := l.servableFromCache(ts, opts); err != nil {
+		return nil, err
+	} else if ok {
 		return l.cached(keysOf(ts)), nil
 	}
 	fromCache := map[string]bool{}
@@ -190,30 +192,46 @@ func keysOf(ts []target) map[string]bool {
 	return keys
 }
 
-// servableFromCache reports whether a list may be answered wholly from
-// the cache: a resourceVersion the cache has reached, with "not older
-// than" semantics (what the next page of a paged list asks for).
-func (l lister) servableFromCache(ts []target, opts *metainternalversion.ListOptions) bool {
+// servableFromCache reports whether a list at a resourceVersion may be
+// answered wholly from the cache, or returns the 410 Expired a list with
+// resourceVersionMatch=Exact gets when the cache cannot answer it (the
+// client lists again without it).
+//
+// "Not older than" X (what the next page of a paged list asks for) is
+// answered from the cache when X is a version it issued and every target
+// is synced and fresh; a fresh cache is newer than X. A version of
+// another replica or process says nothing about this cache's state, so
+// that list reads coderd, a consistent read: never older than what the
+// client already saw. Exact X is answered from the cache only at its
+// latest version, with every target synced.
+func (l lister) servableFromCache(ts []target, opts *metainternalversion.ListOptions) (bool, error) {
 	if opts == nil || opts.ResourceVersion == "" || opts.ResourceVersion == "0" {
-		return false
+		return false, nil
 	}
-	if opts.ResourceVersionMatch != "" && opts.ResourceVersionMatch != metav1.ResourceVersionMatchNotOlderThan {
-		return false
-	}
-	want, err := watchcache.ParseResourceVersion(opts.ResourceVersion)
-	if err != nil {
-		return false
-	}
-	have, err := watchcache.ParseResourceVersion(l.cache.ResourceVersion())
-	if err != nil || have < want {
-		return false
-	}
-	for _, t := range ts {
-		if !l.cache.Synced(t.Key()) {
-			return false
+	switch opts.ResourceVersionMatch {
+	case metav1.ResourceVersionMatchExact:
+		if err := l.cache.CheckExact(opts.ResourceVersion); err != nil {
+			return false, err
 		}
+		for _, t := range ts {
+			if !l.cache.Synced(t.Key()) {
+				return false, apierrors.NewResourceExpired(fmt.Sprintf(
+					"resourceVersion %s: the state of %s at that version is not held here; list again without resourceVersionMatch=Exact", opts.ResourceVersion, t.describe()))
+			}
+		}
+		return true, nil
+	case "", metav1.ResourceVersionMatchNotOlderThan:
+		if !l.cache.Issued(opts.ResourceVersion) {
+			return false, nil
+		}
+		for _, t := range ts {
+			if !l.fresh(t.Key()) {
+				return false, nil
+			}
+		}
+		return true, nil
 	}
-	return true
+	return false, nil
 }
 
 // fresh reports whether the cache holds the backend's state as read

@@ -144,11 +144,11 @@ func rvOf(t *testing.T, o any) string {
 
 func seqOf(t *testing.T, rv string) uint64 {
 	t.Helper()
-	s, err := ParseResourceVersion(rv)
+	v, err := parseVersion(rv)
 	if err != nil {
-		t.Fatalf("ParseResourceVersion(%q): %v", rv, err)
+		t.Fatalf("parseVersion(%q): %v", rv, err)
 	}
-	return s
+	return v.seq
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

@@ -77,7 +77,7 @@ func fingerprint(o Object) (uint64, error) {
 	}
 	h := fnv.New64a()
 	_, _ = h.Write(data) // hash.Hash writes never fail
-	return h.Sum64() % rvFactor, nil
+	return h.Sum64() & fpMask, nil
 }
 
 // Fingerprint is the content fingerprint the cache stamps into o's
@@ -207,7 +207,7 @@ func (c *Cache) recordLocked(key string, b *backend, p prepared, batch []*event)
 		return nil, false, batch
 	}
 	seq := c.nextSeqLocked()
-	cp.SetResourceVersion(formatRV(seq, p.fp))
+	cp.SetResourceVersion(c.objectRV(seq, p.fp))
 	e := &entry{obj: cp, fp: p.fp, seq: seq}
 	b.objs[name] = e
 	if p.held != nil {
@@ -233,7 +233,7 @@ func (c *Cache) removeLocked(key string, b *backend, name string, batch []*event
 	delete(b.objs, name)
 	seq := c.nextSeqLocked()
 	gone := deepCopy(old.obj)
-	gone.SetResourceVersion(formatRV(seq, old.fp))
+	gone.SetResourceVersion(c.objectRV(seq, old.fp))
 	return append(batch, &event{typ: watch.Deleted, key: key, seq: seq, obj: gone})
 }
 
@@ -529,7 +529,7 @@ func (c *Cache) Get(key, name string) (Object, bool) {
 func (c *Cache) Snapshot(match func(key string) bool) ([]Object, string) {
 	c.mu.Lock()
 	stored := c.entriesLocked(match)
-	rv := listRV(c.lastSeq)
+	rv := c.listRV(c.lastSeq)
 	c.mu.Unlock()
 	return copies(stored), rv
 }
@@ -539,7 +539,7 @@ func (c *Cache) Snapshot(match func(key string) bool) ([]Object, string) {
 func (c *Cache) SnapshotShared(match func(key string) bool) ([]Listed, string) {
 	c.mu.Lock()
 	stored := c.entriesLocked(match)
-	rv := listRV(c.lastSeq)
+	rv := c.listRV(c.lastSeq)
 	c.mu.Unlock()
 	out := listed(stored)
 	if out == nil {

@@ -2,8 +2,10 @@ package watchcache
 
 import (
 	"encoding/json"
+	"fmt"
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,24 +21,34 @@ func TestNewRequiresNewObject(t *testing.T) {
 	}
 }
 
-func TestParseResourceVersion(t *testing.T) {
-	for rv, want := range map[string]uint64{
-		"0":                       0,
-		"999999":                  0,
-		"1000000":                 1,
-		"1700000000001123456":     1700000000001,
-		"18446744073709551615":    18446744073709,
-		"1700000000001999999":     1700000000001,
-		"00000000000000001000000": 1,
+func TestParseVersion(t *testing.T) {
+	for rv, want := range map[string]version{
+		"0123456789ab.0":                                 {incarnation: "0123456789ab"},
+		"0123456789ab.42":                                {incarnation: "0123456789ab", seq: 42},
+		"0123456789ab.42.000000000007":                   {incarnation: "0123456789ab", seq: 42, fp: 7, hasFP: true},
+		"ffffffffffff.18446744073709551615.ffffffffffff": {incarnation: "ffffffffffff", seq: 18446744073709551615, fp: fpMask, hasFP: true},
 	} {
-		got, err := ParseResourceVersion(rv)
+		got, err := parseVersion(rv)
 		if err != nil || got != want {
-			t.Errorf("ParseResourceVersion(%q) = %d, %v; want %d", rv, got, err, want)
+			t.Errorf("parseVersion(%q) = %+v, %v; want %+v", rv, got, err, want)
+		}
+		if got.String() != rv {
+			t.Errorf("version %+v formats as %q, want %q", got, got.String(), rv)
 		}
 	}
-	for _, rv := range []string{"", "abc", "-1", "1.5", "18446744073709551616", " 1"} {
-		if _, err := ParseResourceVersion(rv); err == nil {
-			t.Errorf("ParseResourceVersion(%q) succeeded", rv)
+	for _, rv := range []string{
+		"", "0", "abc",
+		// The previous format: decimals.
+		"1700000000001123456", "1700000000001999999",
+		// Not canonical: leading zeros, upper case, short or long parts.
+		"0123456789ab.042", "0123456789AB.42", "0123456789ab.42.00000000000A", "0123456789ab.42.7",
+		"0123456789ab.42.0000000000007", "0123456789a.42", "0123456789abc.42",
+		// Malformed.
+		"0123456789ab", "0123456789ab.", "0123456789ab.-1", "0123456789ab.1.2.3",
+		"0123456789ab.18446744073709551616", "0123456789ab.42.1000000000000", "g123456789ab.42", " 0123456789ab.42",
+	} {
+		if v, err := parseVersion(rv); err == nil {
+			t.Errorf("parseVersion(%q) = %+v; want an error", rv, v)
 		}
 	}
 }
@@ -46,12 +58,19 @@ func TestSameContent(t *testing.T) {
 		a, b string
 		want bool
 	}{
-		{"5000123", "9000123", true},
-		{"5000123", "5000124", false},
-		{"123", "7000123", true},
+		// Same content stamped by two replicas (or a replica before and
+		// after a restart) at different sequences.
+		{"0123456789ab.5.00000001e240", "ba9876543210.9000.00000001e240", true},
+		{"0123456789ab.5.00000001e240", "0123456789ab.5.00000001e241", false},
+		// List and bookmark versions describe no content.
+		{"0123456789ab.5", "0123456789ab.5", false},
+		{"0123456789ab.5.00000001e240", "0123456789ab.5", false},
+		// The previous (decimal) format: a precondition conflicts.
+		{"5000123", "5000123", false},
+		{"5000123", "0123456789ab.5.00000001e240", false},
 		{"", "", false},
 		{"x", "x", false},
-		{"5000123", "", false},
+		{"0123456789ab.5.00000001e240", "", false},
 	}
 	for _, tc := range cases {
 		if got := SameContent(tc.a, tc.b); got != tc.want {
@@ -71,13 +90,16 @@ func expectedFP(t *testing.T, o Object) uint64 {
 	}
 	h := fnv.New64a()
 	_, _ = h.Write(data)
-	return h.Sum64() % 1_000_000
+	return h.Sum64() & (1<<48 - 1)
 }
 
 func TestResourceVersionFormat(t *testing.T) {
 	c, fc := newTestCache(t, Options{})
-	created := uint64(start.UnixMilli())
-	if got, want := c.ResourceVersion(), strconv.FormatUint(created*1_000_000+999_999, 10); got != want {
+	inc := c.incarnation
+	if len(inc) != 12 || strings.Trim(inc, "0123456789abcdef") != "" {
+		t.Fatalf("incarnation %q is not 12 lower-case hex digits", inc)
+	}
+	if got, want := c.ResourceVersion(), inc+".0"; got != want {
 		t.Fatalf("initial list RV = %s; want %s", got, want)
 	}
 
@@ -89,37 +111,30 @@ func TestResourceVersionFormat(t *testing.T) {
 	if len(out) != 1 {
 		t.Fatalf("Upsert returned %d objects", len(out))
 	}
-	// The clock has not moved, so the first event is created+1.
-	want := strconv.FormatUint((created+1)*1_000_000+fp, 10)
+	want := fmt.Sprintf("%s.1.%012x", inc, fp)
 	if got := out[0].GetResourceVersion(); got != want {
 		t.Fatalf("object RV = %s; want %s", got, want)
 	}
-	if got, want := c.ResourceVersion(), strconv.FormatUint((created+1)*1_000_000+999_999, 10); got != want {
+	if got, want := c.ResourceVersion(), inc+".1"; got != want {
 		t.Fatalf("list RV = %s; want %s", got, want)
 	}
 
-	// A clock jump moves seq to the clock.
-	fc.Step(time.Hour)
-	out = c.Upsert("ns1/cp1", obj("ns1", "a", lbl("k", "v2")))
-	if got, want := seqOf(t, out[0].GetResourceVersion()), uint64(start.Add(time.Hour).UnixMilli()); got != want {
-		t.Fatalf("seq after clock jump = %d; want %d", got, want)
+	// Sequences count changes whatever the clock does.
+	for i, step := range []time.Duration{time.Hour, -2 * time.Hour, 0} {
+		fc.SetTime(fc.Now().Add(step))
+		out = c.Upsert("ns1/cp1", obj("ns1", "a", lbl("k", strconv.Itoa(i))))
+		if got, want := seqOf(t, out[0].GetResourceVersion()), uint64(i+2); got != want {
+			t.Fatalf("seq = %d after clock step %s; want %d", got, step, want)
+		}
+	}
+	if got, want := c.ResourceVersion(), inc+".4"; got != want {
+		t.Fatalf("list RV = %s; want %s", got, want)
 	}
 
-	// A clock going backwards (restart on a skewed node) keeps seq monotonic.
-	fc.SetTime(start.Add(-time.Hour))
-	prev := seqOf(t, out[0].GetResourceVersion())
-	for i := range 5 {
-		out = c.Upsert("ns1/cp1", obj("ns1", "a", lbl("k", strconv.Itoa(i))))
-		s := seqOf(t, out[0].GetResourceVersion())
-		if s != prev+1 {
-			t.Fatalf("seq = %d after %d; want %d", s, prev, prev+1)
-		}
-		prev = s
-	}
-	listRV, _ := strconv.ParseUint(c.ResourceVersion(), 10, 64)
-	objRV, _ := strconv.ParseUint(out[0].GetResourceVersion(), 10, 64)
-	if listRV < objRV {
-		t.Fatalf("list RV %d < object RV %d", listRV, objRV)
+	// Every cache is an incarnation of its own.
+	other, _ := newTestCache(t, Options{})
+	if other.incarnation == inc {
+		t.Fatalf("two caches share incarnation %q", inc)
 	}
 }
 
@@ -350,7 +365,7 @@ func TestWithFingerprint(t *testing.T) {
 	if got := a.GetResourceVersion(); got != "" {
 		t.Errorf("the object handed over was stamped %q: the cache must store a copy", got)
 	}
-	if want := strconv.FormatUint(seqOf(t, rv)*rvFactor+fp, 10); rv != want {
+	if want := fmt.Sprintf("%s.%d.%012x", c.incarnation, seqOf(t, rv), fp); rv != want {
 		t.Errorf("resourceVersion %q, want %q", rv, want)
 	}
 	events := c.Stats().Events

@@ -99,9 +99,10 @@ var _ watch.Interface = (*watcher)(nil)
 //   - ResourceVersion "" or "0", SendInitialEvents nil: ADDED for every
 //     current matching object, then live changes.
 //   - ResourceVersion X: every change after X, then live changes. X older
-//     than the retained history, or than this cache's creation (versions of
-//     an earlier process or replica), fails with 410 Expired; a future X
-//     starts from now; a non-numeric X is a BadRequest.
+//     than the retained history fails with 410 Expired, and so does an X
+//     this cache did not issue (another replica's, an earlier process's,
+//     the previous format's, or not a resourceVersion at all) or one newer
+//     than its latest change: the client lists again.
 //   - SendInitialEvents true: ADDED for every current matching object
 //     whatever the ResourceVersion (the caller ensures freshness first),
 //     then, with AllowBookmarks, one BOOKMARK with the list resourceVersion
@@ -119,15 +120,7 @@ var _ watch.Interface = (*watcher)(nil)
 // BookmarkInterval. Stop or cancelling ctx ends the watch.
 func (c *Cache) Watch(ctx context.Context, opts WatchOptions) (watch.Interface, error) {
 	sendInitial := opts.SendInitialEvents != nil && *opts.SendInitialEvents
-	var fromSeq uint64
 	fromNow := opts.ResourceVersion == "" || opts.ResourceVersion == "0"
-	if !fromNow {
-		v, err := parseRV(opts.ResourceVersion)
-		if err != nil {
-			return nil, apierrors.NewBadRequest(fmt.Sprintf("invalid resourceVersion: %v", err))
-		}
-		fromSeq = v / rvFactor
-	}
 
 	w := &watcher{
 		c:         c,
@@ -152,15 +145,22 @@ func (c *Cache) Watch(ctx context.Context, opts WatchOptions) (watch.Interface, 
 		// into sendInitialEvents=true without bookmarks; those clients get
 		// the initial events but no bookmark, as from kube-apiserver.
 		if sendInitial && opts.AllowBookmarks {
-			w.initial.push(item{typ: watch.Bookmark, rv: listRV(c.lastSeq), initialEnd: true})
+			w.initial.push(item{typ: watch.Bookmark, rv: c.listRV(c.lastSeq), initialEnd: true})
 		}
-	case fromNow || fromSeq > c.lastSeq:
-		// Nothing to replay; a future version is treated as now.
+	case fromNow:
+		// sendInitialEvents=false: nothing to replay.
 	default:
-		if floor := max(c.createdSeq, c.droppedSeq); fromSeq < floor {
+		// Never "now" for a version this cache cannot place: the
+		// client would miss what happened after it (see the package
+		// doc).
+		fromSeq, err := c.ownSeqLocked(opts.ResourceVersion)
+		if err == nil && fromSeq < c.droppedSeq {
+			err = apierrors.NewResourceExpired(fmt.Sprintf(
+				"too old resource version: %s (oldest retained %s)", opts.ResourceVersion, c.listRV(c.droppedSeq)))
+		}
+		if err != nil {
 			c.mu.Unlock()
-			return nil, apierrors.NewResourceExpired(fmt.Sprintf(
-				"too old resource version: %s (oldest retained %s)", opts.ResourceVersion, listRV(floor)))
+			return nil, err
 		}
 		for _, ev := range c.history.since(fromSeq) {
 			if it, ok := w.translate(ev); ok {
@@ -200,7 +200,7 @@ func (w *watcher) translate(ev *event) (item, bool) {
 		case cur:
 			return item{typ: watch.Added, obj: ev.obj}, true
 		case old:
-			return item{typ: watch.Deleted, obj: ev.prev, rv: formatRV(ev.seq, ev.prevFP)}, true
+			return item{typ: watch.Deleted, obj: ev.prev, rv: w.c.objectRV(ev.seq, ev.prevFP)}, true
 		}
 		return item{}, false
 	default:
@@ -271,7 +271,7 @@ func (w *watcher) run(ctx context.Context) {
 	for {
 		it, ok, seq := w.next()
 		if !ok && bookmarkDue {
-			it, ok = item{typ: watch.Bookmark, rv: listRV(seq)}, true
+			it, ok = item{typ: watch.Bookmark, rv: w.c.listRV(seq)}, true
 			bookmarkDue = false
 			timer.Reset(w.c.bookmarkInterval)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,18 +90,14 @@ func TestWatchResumeRVsAreIncreasing(t *testing.T) {
 	c.Delete("k", "a")
 	var last uint64
 	for range 6 {
-		rv, err := strconv.ParseUint(rvOf(t, nextEvent(t, w).Object), 10, 64)
-		if err != nil {
-			t.Fatal(err)
+		seq := seqOf(t, rvOf(t, nextEvent(t, w).Object))
+		if seq <= last {
+			t.Fatalf("seq %d not greater than %d", seq, last)
 		}
-		if rv <= last {
-			t.Fatalf("RV %d not greater than %d", rv, last)
-		}
-		last = rv
+		last = seq
 	}
-	listRV, _ := strconv.ParseUint(c.ResourceVersion(), 10, 64)
-	if listRV < last {
-		t.Fatalf("list RV %d < last event RV %d", listRV, last)
+	if list := seqOf(t, c.ResourceVersion()); list != last {
+		t.Fatalf("list seq %d, last event seq %d", list, last)
 	}
 }
 
@@ -125,48 +122,152 @@ func TestWatchTooOldResourceVersion(t *testing.T) {
 	expectNoEvent(t, w)
 }
 
-func TestWatchResourceVersionBeforeCreation(t *testing.T) {
-	c, _ := newTestCache(t, Options{})
-	created := seqOf(t, c.ResourceVersion())
-	// A version of an earlier process: this cache cannot know what happened
-	// between it and its own creation.
-	old := strconv.FormatUint((created-1)*1_000_000+999_999, 10)
-	if _, err := c.Watch(context.Background(), WatchOptions{ResourceVersion: old}); !apierrors.IsResourceExpired(err) {
-		t.Fatalf("err = %v; want 410 Expired", err)
+// wantExpired checks that a watch from rv is refused with the 410 Expired
+// that makes client-go's reflector list again, saying why.
+func wantExpired(t *testing.T, c *Cache, rv, why string) {
+	t.Helper()
+	w, err := c.Watch(context.Background(), WatchOptions{ResourceVersion: rv})
+	if err == nil {
+		w.Stop()
+		t.Fatalf("watch from %q started; want 410 Expired", rv)
 	}
-	c.Upsert("k", obj("ns", "a", nil))
-	if _, err := c.Watch(context.Background(), WatchOptions{ResourceVersion: old}); !apierrors.IsResourceExpired(err) {
-		t.Fatalf("err = %v; want 410 Expired", err)
+	status, ok := err.(apierrors.APIStatus)
+	if !apierrors.IsResourceExpired(err) || !ok || status.Status().Code != 410 {
+		t.Fatalf("watch from %q: %#v; want 410 Expired", rv, err)
 	}
-	// The creation version itself is resumable.
-	w := startWatch(t, c, WatchOptions{ResourceVersion: strconv.FormatUint(created*1_000_000+999_999, 10)})
-	equalStrings(t, nextEvents(t, w, 1), []string{"ADDED ns/a"})
-}
-
-func TestWatchFutureResourceVersionStartsNow(t *testing.T) {
-	c, _ := newTestCache(t, Options{})
-	c.Upsert("k", obj("ns", "a", nil))
-	future := strconv.FormatUint((seqOf(t, c.ResourceVersion())+1000)*1_000_000, 10)
-	w := startWatch(t, c, WatchOptions{ResourceVersion: future})
-	expectNoEvent(t, w)
-	c.Upsert("k", obj("ns", "b", nil))
-	equalStrings(t, nextEvents(t, w, 1), []string{"ADDED ns/b"})
-}
-
-func TestWatchBadRequests(t *testing.T) {
-	c, _ := newTestCache(t, Options{})
-	for name, opts := range map[string]WatchOptions{
-		"non-numeric":            {ResourceVersion: "abc"},
-		"negative":               {ResourceVersion: "-5"},
-		"initial events, bad rv": {SendInitialEvents: ptr.To(true), AllowBookmarks: true, ResourceVersion: "x"},
-	} {
-		_, err := c.Watch(context.Background(), opts)
-		if !apierrors.IsBadRequest(err) {
-			t.Errorf("%s: err = %v; want BadRequest", name, err)
-		}
+	if msg := err.Error(); !strings.Contains(msg, why) || !strings.Contains(msg, "list again") {
+		t.Errorf("watch from %q: message %q does not say %q and that the client must list again", rv, msg, why)
 	}
 	if n := c.Stats().Watchers; n != 0 {
-		t.Fatalf("failed watches left %d watchers", n)
+		t.Fatalf("the refused watch left %d watchers", n)
+	}
+}
+
+// TestWatchForeignResourceVersion is issue 29's two replicas behind one
+// Service: B has counted a change that A had not seen when it answered a
+// LIST. A watch on B from A's version must not start at "now" (it would
+// miss the change A's list lacks) but answer 410, so the client lists
+// again.
+func TestWatchForeignResourceVersion(t *testing.T) {
+	a, _ := newTestCache(t, Options{})
+	b, _ := newTestCache(t, Options{})
+	a.Replace("k", []Object{obj("ns", "x", nil)})
+	b.Replace("k", []Object{obj("ns", "x", nil)})
+	b.Upsert("k", obj("ns", "x", lbl("changed", "yes")))
+	for i := range 5 {
+		// A's versions run ahead of B's: they must not read as B's future
+		// or past.
+		a.Upsert("k", obj("ns", "y", lbl("i", strconv.Itoa(i))))
+	}
+	listA := a.ResourceVersion()
+	objA, _ := a.Get("k", "x")
+
+	const foreign = "issued by another replica or another instance"
+	wantExpired(t, b, listA, foreign)
+	wantExpired(t, b, objA.GetResourceVersion(), foreign)
+	// The previous format (an older binary before an upgrade), and what
+	// is no resourceVersion at all.
+	for _, rv := range []string{"1700000000001999999", "1000000", "abc", "-5", b.incarnation} {
+		wantExpired(t, b, rv, foreign)
+	}
+	// B's own format, but newer than anything B issued.
+	wantExpired(t, b, b.listRV(seqOf(t, b.ResourceVersion())+1), "newer than any this instance")
+	wantExpired(t, b, b.objectRV(seqOf(t, b.ResourceVersion())+1000, 7), "newer than any this instance")
+
+	// After relisting on B, the watch from B's version resumes.
+	w := startWatch(t, b, WatchOptions{ResourceVersion: b.ResourceVersion()})
+	b.Delete("k", "x")
+	equalStrings(t, nextEvents(t, w, 1), []string{"DELETED ns/x"})
+}
+
+// TestWatchResumesOwnVersionExactly: a watch from one of the cache's own
+// versions, a list's or an object's, gets exactly the changes after it.
+func TestWatchResumesOwnVersionExactly(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	// The version of a new cache, before any change, is resumable too.
+	created := c.ResourceVersion()
+	first := c.Upsert("k", obj("ns", "a", nil))[0].GetResourceVersion()
+	c.Upsert("k", obj("ns", "b", nil))
+	mid := c.ResourceVersion()
+	c.Upsert("k", obj("ns", "a", lbl("v", "2")))
+	c.Delete("k", "b")
+
+	for _, tc := range []struct {
+		rv   string
+		want []string
+	}{
+		{created, []string{"ADDED ns/a", "ADDED ns/b", "MODIFIED ns/a", "DELETED ns/b"}},
+		{first, []string{"ADDED ns/b", "MODIFIED ns/a", "DELETED ns/b"}},
+		{mid, []string{"MODIFIED ns/a", "DELETED ns/b"}},
+		{c.ResourceVersion(), nil},
+	} {
+		w := startWatch(t, c, WatchOptions{ResourceVersion: tc.rv})
+		equalStrings(t, nextEvents(t, w, len(tc.want)), tc.want)
+		expectNoEvent(t, w)
+		w.Stop()
+	}
+}
+
+// TestPreconditionAcrossCaches: an update's resourceVersion precondition
+// handed out by one replica is checked against another replica's version
+// of the object: the same content matches, other content does not.
+func TestPreconditionAcrossCaches(t *testing.T) {
+	a, _ := newTestCache(t, Options{})
+	b, _ := newTestCache(t, Options{})
+	// B numbers differently: it has seen more changes.
+	for i := range 3 {
+		b.Upsert("k", obj("ns", "other", lbl("i", strconv.Itoa(i))))
+	}
+	fromA := a.Upsert("k", obj("ns", "x", lbl("team", "a")))[0].GetResourceVersion()
+	onB := b.Upsert("k", obj("ns", "x", lbl("team", "a")))[0].GetResourceVersion()
+	if fromA == onB {
+		t.Fatalf("two caches issued the same version %q", fromA)
+	}
+	if !SameContent(fromA, onB) {
+		t.Errorf("SameContent(%q, %q) = false for the same content on two replicas", fromA, onB)
+	}
+	changed := b.Upsert("k", obj("ns", "x", lbl("team", "b")))[0].GetResourceVersion()
+	if SameContent(fromA, changed) {
+		t.Errorf("SameContent(%q, %q) = true after the content changed", fromA, changed)
+	}
+	// A list version is no object's version.
+	if SameContent(a.ResourceVersion(), onB) {
+		t.Errorf("a list version matched object version %q", onB)
+	}
+}
+
+func TestCheckExact(t *testing.T) {
+	a, _ := newTestCache(t, Options{})
+	b, _ := newTestCache(t, Options{})
+	a.Upsert("k", obj("ns", "x", nil))
+	old := a.ResourceVersion()
+	objRV := a.Upsert("k", obj("ns", "y", nil))[0].GetResourceVersion()
+	if err := a.CheckExact(a.ResourceVersion()); err != nil {
+		t.Errorf("Exact at the latest list version: %v", err)
+	}
+	if err := a.CheckExact(objRV); err != nil {
+		t.Errorf("Exact at the latest object version: %v", err)
+	}
+	for _, rv := range []string{old, b.ResourceVersion(), "1700000000001999999", a.listRV(99)} {
+		if err := a.CheckExact(rv); !apierrors.IsResourceExpired(err) {
+			t.Errorf("Exact at %q: %v; want 410 Expired", rv, err)
+		}
+	}
+	if !a.Issued(old) || !a.Issued(a.ResourceVersion()) || a.Issued(b.ResourceVersion()) || a.Issued(a.listRV(99)) || a.Issued("0") {
+		t.Error("Issued does not tell this cache's versions from others")
+	}
+}
+
+func TestWatchInitialEventsIgnoreForeignVersion(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	other, _ := newTestCache(t, Options{})
+	c.Upsert("k", obj("ns", "a", nil))
+	// sendInitialEvents=true serves the current state whatever the version
+	// (the storage made it fresh first).
+	for _, rv := range []string{other.ResourceVersion(), "1700000000001999999", "x"} {
+		w := startWatch(t, c, WatchOptions{SendInitialEvents: ptr.To(true), AllowBookmarks: true, ResourceVersion: rv})
+		equalStrings(t, nextEvents(t, w, 2), []string{"ADDED ns/a", "BOOKMARK " + c.ResourceVersion()})
+		w.Stop()
 	}
 }
 

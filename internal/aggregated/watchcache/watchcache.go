@@ -9,24 +9,50 @@
 //
 // # resourceVersions
 //
-// Every change event gets a cache-global sequence number
-// seq = max(last+1, now in Unix milliseconds), so versions stay monotonic
-// across process restarts. An object's resourceVersion is the decimal of
-// seq*1_000_000 + fp, where fp is a fingerprint of the object's content
-// (FNV-1a 64 of its JSON without resourceVersion, modulo
-// 1_000_000). The list resourceVersion is lastSeq*1_000_000 + 999_999, so it
-// is at least every object's resourceVersion. The low six digits identify
-// content, which lets optimistic-concurrency checks work across replicas
-// (see SameContent).
+// Each replica of the API server polls coderd on its own, so replicas see
+// the same change at different moments and in different polls: nothing
+// orders one replica's changes against another's, and a shared order
+// would need state shared between replicas, which coderd cannot hold. A
+// resourceVersion therefore names the cache that issued it. Every Cache
+// draws a random incarnation when it is created (once per process and
+// kind: a restarted replica is a new incarnation) and numbers its change
+// events 1, 2, 3, ... (seq). Its resourceVersions are
+//
+//	<incarnation>.<seq>                list and bookmark versions
+//	<incarnation>.<seq>.<fingerprint>  object versions
+//
+// with the incarnation as 12 lower-case hex digits, seq in decimal and the
+// fingerprint as 12 hex digits: the low 48 bits of FNV-1a 64 of the
+// object's JSON without its resourceVersion. Kubernetes clients treat
+// resourceVersions as opaque strings, so the format is this package's
+// business; parseVersion is its only parser.
+//
+// A request that continues from a resourceVersion (a watch from it, a LIST
+// with resourceVersionMatch=Exact) is served only from one this cache
+// issued and still covers. A version of another incarnation (the other
+// replica behind the Service, a process before a restart, the decimal
+// format of earlier releases, or anything unparseable), or one of this
+// incarnation newer than anything it issued, answers 410 Gone with reason
+// Expired, as kube-apiserver answers a compacted one: client-go's
+// reflector, kubectl and the other clients then list again and watch from
+// the new list's version. Treating such a version as "now", or comparing
+// it with this cache's numbers, would silently drop changes the other
+// replica had already counted in and this one had not, or the reverse.
+// A LIST "not older than" a foreign version reads coderd (a consistent
+// read), so a client never sees older data than it already had.
+//
+// The fingerprint identifies content, and every replica computes it the
+// same way from the same content: optimistic-concurrency preconditions
+// compare fingerprints (SameContent), so an update with a resourceVersion
+// another replica handed out succeeds when the object is unchanged and
+// conflicts when it changed.
 package watchcache
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,11 +91,6 @@ type Source interface {
 var ErrIncomplete = errors.New("the list may be incomplete")
 
 const (
-	rvFactor = 1_000_000
-	// listSuffix makes a list resourceVersion >= every object version of
-	// the same seq.
-	listSuffix = rvFactor - 1
-
 	defaultInterval         = 5 * time.Second
 	defaultHistorySize      = 10_000
 	defaultBookmarkInterval = time.Minute
@@ -105,8 +126,8 @@ type Options struct {
 	// MaxBackoff caps the wait after repeated failed Lists of one backend
 	// (a Retry-After from coderd may ask for longer). Default 5m.
 	MaxBackoff time.Duration
-	// Clock is used for sequence numbers, timers and LastReplaced. Default
-	// the real clock.
+	// Clock is used for timers, backoffs and LastReplaced. Default the
+	// real clock.
 	Clock clock.WithTicker
 	// Logger receives poll failures. Default discards.
 	Logger logr.Logger
@@ -167,14 +188,16 @@ type Cache struct {
 	log              logr.Logger
 	// kind labels the cache's metrics: the Go type name of its objects.
 	kind string
+	// incarnation names this cache in its resourceVersions (version.go).
+	incarnation string
 
 	// mu guards the snapshot, the history and the watcher set together so
 	// that a watcher's initial state and its event stream are consistent.
-	mu         sync.Mutex
-	backends   map[string]*backend
-	lastSeq    uint64
-	createdSeq uint64
-	history    ring
+	mu       sync.Mutex
+	backends map[string]*backend
+	// lastSeq is the seq of the latest change event, 0 before the first.
+	lastSeq uint64
+	history ring
 	// droppedSeq is the seq of the newest event evicted from history (0 if
 	// none); resuming from an older seq would miss it.
 	droppedSeq uint64
@@ -243,6 +266,7 @@ func New(opts Options) (*Cache, error) {
 		clock:            opts.Clock,
 		log:              opts.Logger,
 		kind:             kindOf(opts.NewObject()),
+		incarnation:      newIncarnation(),
 		backends:         map[string]*backend{},
 		watchers:         map[*watcher]struct{}{},
 		wake:             make(chan struct{}, 1),
@@ -258,10 +282,6 @@ func New(opts Options) (*Cache, error) {
 		c.log = logr.Discard()
 	}
 	c.history = newRing(orDefault(opts.HistorySize, defaultHistorySize))
-	// Versions handed out by an earlier process are older than this, so
-	// they cannot be resumed here (see Watch).
-	c.createdSeq = c.nowSeq()
-	c.lastSeq = c.createdSeq
 	return c, nil
 }
 
@@ -284,73 +304,18 @@ func orDefault[T int | time.Duration](v, def T) T {
 	return v
 }
 
-// nowSeq is the clock in Unix milliseconds, clamped at 0 for clocks before
-// 1970 (fake clocks at the zero time).
-func (c *Cache) nowSeq() uint64 {
-	ms := c.clock.Now().UnixMilli()
-	if ms < 0 {
-		return 0
-	}
-	return uint64(ms)
-}
-
 // nextSeqLocked allocates the seq of a new change event.
 func (c *Cache) nextSeqLocked() uint64 {
-	s := c.lastSeq + 1
-	if now := c.nowSeq(); now > s {
-		s = now
-	}
-	c.lastSeq = s
-	return s
+	c.lastSeq++
+	return c.lastSeq
 }
 
-func formatRV(seq, fp uint64) string {
-	return strconv.FormatUint(seq*rvFactor+fp, 10)
-}
-
-func listRV(seq uint64) string {
-	return formatRV(seq, listSuffix)
-}
-
-func parseRV(rv string) (uint64, error) {
-	v, err := strconv.ParseUint(rv, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("resourceVersion %q is not a non-negative integer", rv)
-	}
-	return v, nil
-}
-
-// ParseResourceVersion returns the sequence part of a resourceVersion issued
-// by a Cache (rv / 1_000_000). It fails for anything that is not a decimal
-// unsigned integer, including "".
-func ParseResourceVersion(rv string) (uint64, error) {
-	v, err := parseRV(rv)
-	if err != nil {
-		return 0, err
-	}
-	return v / rvFactor, nil
-}
-
-// SameContent reports whether two resourceVersions carry the same content
-// fingerprint. Unlike comparing the strings it also holds across server
-// replicas and restarts, whose sequence parts differ; use it for
-// optimistic-concurrency preconditions. The fingerprint has 10^6 values, so
-// an unrelated change matches with probability 1e-6.
-func SameContent(rvA, rvB string) bool {
-	a, errA := parseRV(rvA)
-	b, errB := parseRV(rvB)
-	if errA != nil || errB != nil {
-		return false
-	}
-	return a%rvFactor == b%rvFactor
-}
-
-// ResourceVersion is the current list resourceVersion: at least every stored
-// object's version, and the point a watcher resumes from after a LIST.
+// ResourceVersion is the current list resourceVersion: the point a
+// watcher resumes from after a LIST.
 func (c *Cache) ResourceVersion() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return listRV(c.lastSeq)
+	return c.listRV(c.lastSeq)
 }
 
 // Stats returns current counters.
