@@ -150,7 +150,7 @@ spec:
 		}
 	})
 
-	t.Run("webhooks see the caller and the object as stored; a mutation is stored; a denial changes nothing; a dry run runs them and answers the mutated object", func(t *testing.T) {
+	t.Run("webhooks see the caller and the object as stored on create, server-side apply and delete; a mutation is stored; a denial changes nothing; a dry run runs them and answers the mutated object", func(t *testing.T) {
 		hook := startAdmissionWebhook(t)
 		s.must(t, "apply", "-f", writeManifest(t, hook.configurations()))
 		t.Cleanup(func() {
@@ -195,6 +195,37 @@ spec:
 		}
 		if _, ok := s.kubectlJSON(t, "get", "cws", name, "-n", s.ns, "-o", "json").GetLabels()["deny"]; ok {
 			t.Errorf("a label change the webhook denied was stored")
+		}
+
+		// Server-side apply is an update (a patch) to admission.
+		hook.reset()
+		s.must(t, "apply", "--server-side", "-f", workspace("hooked", map[string]string{"webhook-test": "1", "ssa": "1"}))
+		if v := hook.requests("validate"); len(v) != 1 || v[0].Operation != admissionv1.Update || objectLabels(t, v[0].Object.Raw)["ssa"] != "1" {
+			t.Errorf("server-side apply: the validating webhook got %d requests, want one UPDATE with the applied label", len(v))
+		}
+		if got := s.kubectlJSON(t, "get", "cws", name, "-n", s.ns, "-o", "json").GetLabels(); got["ssa"] != "1" || got["mutated-by"] != "e2e-hook" {
+			t.Errorf("labels after server-side apply: %v, want ssa=1 and mutated-by=e2e-hook", got)
+		}
+
+		// A delete the webhook denies, for real and as a dry run, starts no
+		// delete build.
+		s.must(t, "label", "cws", name, "-n", s.ns, "deny-delete=1")
+		before := s.coderWorkspace(t, "hooked")
+		for _, args := range [][]string{{"--dry-run=server"}, {"--wait=false"}} {
+			hook.reset()
+			out, err := s.run(append([]string{"delete", "cws", name, "-n", s.ns}, args...)...)
+			if err == nil || !strings.Contains(out, hookDenial) {
+				t.Errorf("delete %v refused by the validating webhook: %v, want %q", args, err, hookDenial)
+			}
+			if v := hook.requests("validate"); len(v) != 1 || v[0].Operation != admissionv1.Delete || (v[0].DryRun != nil && *v[0].DryRun) != (args[0] == "--dry-run=server") {
+				t.Errorf("delete %v: the validating webhook got %+v, want one DELETE with dryRun as asked", args, v)
+			}
+		}
+		if after := s.coderWorkspace(t, "hooked"); after.LatestBuild.ID != before.LatestBuild.ID {
+			t.Errorf("a delete the webhook denied started build %d (%s)", after.LatestBuild.BuildNumber, after.LatestBuild.Transition)
+		}
+		if obj := s.kubectlJSON(t, "get", "cws", name, "-n", s.ns, "-o", "json"); obj.GetDeletionTimestamp() != nil {
+			t.Errorf("a delete the webhook denied marked the object deleted")
 		}
 
 		hook.reset()
@@ -336,7 +367,7 @@ func objectLabels(t *testing.T, raw []byte) map[string]string {
 }
 
 // hookDenial is the validating webhook's message.
-const hookDenial = "the e2e webhook denies objects labelled deny"
+const hookDenial = "the e2e webhook denies objects labelled deny, and deletes of objects labelled deny-delete"
 
 // admissionWebhook is a mutating and a validating admission webhook over
 // HTTPS on loopback, as a platform team's (Kyverno, Gatekeeper, their own)
@@ -393,8 +424,13 @@ func (h *admissionWebhook) serve(w http.ResponseWriter, r *http.Request, kind st
 		pt := admissionv1.PatchTypeJSONPatch
 		res.Patch, res.PatchType = []byte(patch), &pt
 	case "validate":
+		// A delete has only the object as it was.
+		raw, denyLabel := req.Object.Raw, "deny"
+		if req.Operation == admissionv1.Delete {
+			raw, denyLabel = req.OldObject.Raw, "deny-delete"
+		}
 		var o metav1.PartialObjectMetadata
-		if err := json.Unmarshal(req.Object.Raw, &o); err == nil && o.Labels["deny"] != "" {
+		if err := json.Unmarshal(raw, &o); err == nil && o.Labels[denyLabel] != "" {
 			res.Allowed = false
 			res.Result = &metav1.Status{Message: hookDenial, Code: http.StatusForbidden}
 		}
@@ -409,19 +445,23 @@ func (h *admissionWebhook) serve(w http.ResponseWriter, r *http.Request, kind st
 func (h *admissionWebhook) configurations() string {
 	ca := base64.StdEncoding.EncodeToString(h.caPEM)
 	hook := func(kind string) string {
+		ops := "CREATE, UPDATE"
+		if kind == "validate" {
+			ops += ", DELETE"
+		}
 		return fmt.Sprintf(`- name: %s.e2e.coder.com
   clientConfig: {url: %q, caBundle: %s}
   rules:
   - apiGroups: [aggregation.coder.com]
     apiVersions: ["*"]
-    operations: [CREATE, UPDATE]
+    operations: [%s]
     resources: [coderworkspaces]
   objectSelector: {matchLabels: {webhook-test: "1"}}
   sideEffects: None
   admissionReviewVersions: [v1]
   failurePolicy: Fail
   timeoutSeconds: 10
-`, kind, h.url+"/"+kind, ca)
+`, kind, h.url+"/"+kind, ca, ops)
 	}
 	return "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata: {name: e2e-hook}\nwebhooks:\n" + hook("mutate") +
 		"---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata: {name: e2e-hook}\nwebhooks:\n" + hook("validate")
