@@ -45,8 +45,9 @@ func Selector() labels.Selector {
 //   - except the kinds coder-k8s reads whole: its own CRDs, which users
 //     create, Namespaces (the aggregated API checks whether one is
 //     terminating) and the cluster's admission configuration (webhook
-//     configurations, admission policies and their bindings, which the
-//     aggregated API's admission chain runs);
+//     configurations, validating admission policies and their bindings,
+//     which the aggregated API's admission chain runs; see
+//     Admission);
 //   - every cached object loses its managedFields and last-applied
 //     annotation (Strip).
 //
@@ -56,23 +57,34 @@ func Selector() labels.Selector {
 // this cache.
 func Options() cache.Options {
 	whole := cache.ByObject{Label: labels.Everything()}
+	byObject := map[client.Object]cache.ByObject{
+		&coderv1alpha1.CoderControlPlane{}:   whole,
+		&coderv1alpha1.CoderProvisioner{}:    whole,
+		&coderv1alpha1.CoderWorkspaceProxy{}: whole,
+	}
+	for _, obj := range Admission() {
+		byObject[obj] = whole
+	}
 	return cache.Options{
 		DefaultLabelSelector: Selector(),
-		ByObject: map[client.Object]cache.ByObject{
-			&coderv1alpha1.CoderControlPlane{}:   whole,
-			&coderv1alpha1.CoderProvisioner{}:    whole,
-			&coderv1alpha1.CoderWorkspaceProxy{}: whole,
-			&corev1.Namespace{}:                  whole,
-			// Informers start only for the kinds admission reads: the
-			// mutating policies' only where the cluster serves them.
-			&admissionregistrationv1.MutatingWebhookConfiguration{}:     whole,
-			&admissionregistrationv1.ValidatingWebhookConfiguration{}:   whole,
-			&admissionregistrationv1.ValidatingAdmissionPolicy{}:        whole,
-			&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}: whole,
-			&admissionregistrationv1.MutatingAdmissionPolicy{}:          whole,
-			&admissionregistrationv1.MutatingAdmissionPolicyBinding{}:   whole,
-		},
-		DefaultTransform: Strip,
+		ByObject:             byObject,
+		DefaultTransform:     Strip,
+	}
+}
+
+// Admission are the kinds the aggregated API's admission chain reads
+// through this cache, which holds them whole: Namespaces (also for the
+// aggregated API's backends) and the cluster's admission configuration.
+// Not the mutating admission policies: the cache refuses to start with a
+// kind the cluster does not serve (they are served from 1.36 on), so
+// admission watches those itself where they are served.
+func Admission() []client.Object {
+	return []client.Object{
+		&corev1.Namespace{},
+		&admissionregistrationv1.MutatingWebhookConfiguration{},
+		&admissionregistrationv1.ValidatingWebhookConfiguration{},
+		&admissionregistrationv1.ValidatingAdmissionPolicy{},
+		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{},
 	}
 }
 

@@ -62,6 +62,10 @@ type KubeAPIOptions struct {
 	// Service endpoints, and runs the ServiceAccount admission plugin that
 	// gives pods their API credentials.
 	Node bool
+	// Args are more kube-apiserver flags, set as given: for example
+	// runtime-config and disable-admission-plugins, to serve what an older
+	// Kubernetes serves.
+	Args map[string]string
 }
 
 // kubeAPIStartTimeout bounds each attempt to start etcd and kube-apiserver.
@@ -165,6 +169,9 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 	if err := k.writeServingCerts(certDir, servingIPs); err != nil {
 		k.Stop()
 		return nil, err
+	}
+	for flag, value := range opts.Args {
+		args.Set(flag, value)
 	}
 	args.Set("requestheader-client-ca-file", filepath.Join(dir, "front-proxy-ca.crt"))
 	args.Set("requestheader-allowed-names", frontProxyUser)

@@ -17,14 +17,16 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/coder/coder-k8s/internal/kubecache"
 )
 
 // sharedCache is the informers.SharedInformerFactory the admission plugins
-// are given: the informers of the groups they read (core and
-// admissionregistration) come from a controller-runtime cache, so the
-// process lists and watches each kind once. Every other group, and a kind
-// the cache cannot serve, falls back to a factory of its own, which Start
-// starts.
+// are given: the informers of the kinds the process's controller-runtime
+// cache holds whole (kubecache.Admission) come from that cache, so the
+// process lists and watches each kind once. Every other kind (the
+// mutating admission policies) falls back to a factory of its own, which
+// Start starts.
 type sharedCache struct {
 	informers.SharedInformerFactory
 
@@ -65,7 +67,7 @@ func (f *sharedCache) InformerFor(obj runtime.Object, newFunc internalinterfaces
 	if inf, ok := f.handedOut[typ]; ok {
 		return inf
 	}
-	if o, ok := obj.(client.Object); ok {
+	if o, ok := obj.(client.Object); ok && cachedWhole(o) {
 		got, err := f.cache.GetInformer(f.ctx, o, cache.BlockUntilSynced(false))
 		if err == nil {
 			if inf, ok := got.(toolscache.SharedIndexInformer); ok {
@@ -77,6 +79,17 @@ func (f *sharedCache) InformerFor(obj runtime.Object, newFunc internalinterfaces
 		f.log.Error(err, "admission reads this kind through an informer of its own", "kind", typ.String())
 	}
 	return f.SharedInformerFactory.InformerFor(obj, newFunc)
+}
+
+// cachedWhole reports whether the shared cache holds obj's kind whole
+// (kubecache.Admission); it holds other kinds only in part, by label.
+func cachedWhole(obj client.Object) bool {
+	for _, o := range kubecache.Admission() {
+		if reflect.TypeOf(o) == reflect.TypeOf(obj) {
+			return true
+		}
+	}
+	return false
 }
 
 // WaitForCacheSync reports the cache's informers handed out and the
