@@ -396,6 +396,7 @@ type rbacComponent struct {
 var rbacComponents = []rbacComponent{
 	{suffix: "manager", dir: "controller", packages: []string{"internal/controller"}},
 	{suffix: "aggregated", dir: "aggregated", packages: []string{"internal/aggregated/backend", "internal/aggregated/records"}},
+	{suffix: "admission", dir: "admission", packages: []string{"internal/aggregated/admission"}},
 	{suffix: "autotls", dir: "autotls", packages: []string{"internal/aggregated/autotls"}},
 	{suffix: "mcp", dir: "mcp", packages: []string{"internal/mcpserver"}},
 }
@@ -457,6 +458,7 @@ func (r *rendered) checkComponentRoles(t *testing.T) {
 	runs := map[string]bool{
 		"manager":    r.runsController(),
 		"aggregated": r.cfg.App == config.AppAll,
+		"admission":  r.runsAdmission(),
 		"mcp":        r.runsMCP(),
 	}
 	for _, c := range rbacComponents {
@@ -513,6 +515,12 @@ func (r *rendered) checkComponentRoles(t *testing.T) {
 	}
 	if !r.runsAggregated() {
 		forbidden = append(forbidden, grant{resource: "namespaces"})
+	}
+	if !r.runsAdmission() {
+		for _, res := range []string{"mutatingwebhookconfigurations", "validatingwebhookconfigurations", "validatingadmissionpolicies",
+			"validatingadmissionpolicybindings", "mutatingadmissionpolicies", "mutatingadmissionpolicybindings"} {
+			forbidden = append(forbidden, grant{group: "admissionregistration.k8s.io", resource: res})
+		}
 	}
 	if !r.runsAggregated() || tls != "auto" {
 		forbidden = append(forbidden, grant{group: "apiregistration.k8s.io", resource: "apiservices"})

@@ -80,6 +80,11 @@ func (r *rendered) runsAggregated() bool {
 	return r.cfg.App == config.AppAll || r.cfg.App == config.AppAggregatedAPIServer
 }
 
+// runsAdmission: the aggregated API server runs the admission chain.
+func (r *rendered) runsAdmission() bool {
+	return r.runsAggregated() && r.cfg.AggregatedAPIServer.Admission.Enabled
+}
+
 func (r *rendered) runsMCP() bool {
 	return r.cfg.App == config.AppAll || r.cfg.App == config.AppMCPHTTP
 }
