@@ -34,12 +34,14 @@
 // format of earlier releases, or anything unparseable), or one of this
 // incarnation newer than anything it issued, answers 410 Gone with reason
 // Expired, as kube-apiserver answers a compacted one: client-go's
-// reflector, kubectl and the other clients then list again and watch from
-// the new list's version. Treating such a version as "now", or comparing
-// it with this cache's numbers, would silently drop changes the other
-// replica had already counted in and this one had not, or the reverse.
-// A LIST "not older than" a foreign version reads coderd (a consistent
-// read), so a client never sees older data than it already had.
+// reflector then lists again and watches from the new list's version.
+// Treating such a version as "now", or comparing it with this cache's
+// numbers, would silently drop changes the other replica had already
+// counted in and this one had not, or the reverse. The price is a relist
+// whenever a client's WATCH reaches another replica than its LIST did;
+// no event is lost. A LIST "not older than" a foreign version reads
+// coderd (a consistent read; see the storage package), so a client never
+// sees older data than it already had.
 //
 // The fingerprint identifies content, and every replica computes it the
 // same way from the same content: optimistic-concurrency preconditions
