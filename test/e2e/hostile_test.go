@@ -428,7 +428,7 @@ func hostileAggregatedCases(ws string) []hostileCase {
 		{name: "list: unsupported field selector", path: "?fieldSelector=spec.evil%3Dx", method: http.MethodGet,
 			want: 400, reason: bad, msg: `field label "spec.evil" is not supported for CoderWorkspace; supported: [metadata.name`},
 		{name: "watch: malformed resourceVersion", path: "?watch=1&resourceVersion=evil", method: http.MethodGet,
-			want: 400, reason: bad, msg: `invalid resourceVersion: resourceVersion "evil" is not a non-negative integer`},
+			want: 400, reason: bad, msg: `invalid resourceVersion: "evil" is not a resourceVersion of this API server`},
 		{name: "list: garbage limit", path: "?limit=-5x", method: http.MethodGet, want: 400, reason: bad, msg: `parsing "-5x": invalid syntax`},
 		// headers: Go's HTTP server answers before any handler.
 		{name: "huge header", path: "obj", method: http.MethodGet, extra: map[string]string{"X-Evil": strings.Repeat("x", 2<<20)},

@@ -57,7 +57,8 @@ func (v version) String() string {
 
 // parseVersion is the one parser of resourceVersions. It accepts exactly
 // what version.String produces, of any incarnation; everything else
-// (decimals of the previous format, "", "0", anything made up) fails.
+// (decimals of the previous format, "", "0", anything made up) fails;
+// callers tell the previous format (410, a relist) from garbage (400).
 func parseVersion(rv string) (version, error) {
 	bad := fmt.Errorf("%q is not a resourceVersion of this API server (<incarnation>.<sequence>[.<fingerprint>])", rv)
 	parts := strings.Split(rv, ".")
@@ -101,12 +102,17 @@ func (c *Cache) listRV(seq uint64) string {
 
 // ownSeqLocked returns the seq of rv, a resourceVersion that a request
 // continues from, or the 410 Expired error on which clients list again:
-// rv is not this cache's (another replica's, an earlier process's, the
-// previous format's, or not a resourceVersion at all), or it is this
-// cache's but newer than anything it issued, so it cannot say what
-// happened after rv.
+// rv is not this cache's (another replica's, an earlier process's or the
+// previous, decimal format's), or it is this cache's but newer than
+// anything it issued, so it cannot say what happened after rv. A string
+// of neither format is a 400.
 func (c *Cache) ownSeqLocked(rv string) (uint64, error) {
 	v, err := parseVersion(rv)
+	if _, decimal := strconv.ParseUint(rv, 10, 64); err != nil && decimal != nil {
+		// No API server ever issued it: a client's bug, not a reason to
+		// list again.
+		return 0, apierrors.NewBadRequest(fmt.Sprintf("invalid resourceVersion: %v", err))
+	}
 	if err != nil || v.incarnation != c.incarnation {
 		return 0, apierrors.NewResourceExpired(fmt.Sprintf(
 			"resourceVersion %q was issued by another replica or another instance of this API server (this one's begin with %q); list again to get a current resourceVersion",

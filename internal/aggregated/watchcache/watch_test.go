@@ -165,10 +165,16 @@ func TestWatchForeignResourceVersion(t *testing.T) {
 	const foreign = "issued by another replica or another instance"
 	wantExpired(t, b, listA, foreign)
 	wantExpired(t, b, objA.GetResourceVersion(), foreign)
-	// The previous format (an older binary before an upgrade), and what
-	// is no resourceVersion at all.
-	for _, rv := range []string{"1700000000001999999", "1000000", "abc", "-5", b.incarnation} {
+	// The previous format (an older binary before an upgrade): a relist.
+	for _, rv := range []string{"1700000000001999999", "1000000"} {
 		wantExpired(t, b, rv, foreign)
+	}
+	// What no API server issued is the client's bug: 400.
+	for _, rv := range []string{"abc", "-5", b.incarnation} {
+		_, err := b.Watch(context.Background(), WatchOptions{ResourceVersion: rv})
+		if !apierrors.IsBadRequest(err) || !strings.Contains(err.Error(), "is not a resourceVersion of this API server") {
+			t.Errorf("watch from %q: %v; want 400 BadRequest", rv, err)
+		}
 	}
 	// B's own format, but newer than anything B issued.
 	wantExpired(t, b, b.listRV(seqOf(t, b.ResourceVersion())+1), "newer than any this instance")
