@@ -124,6 +124,10 @@ bench-mcp: tools build ## list_workspaces over MCP vs a LIST ?resourceVersion=0 
 bench-metadata: tools build ## kubectl apply --server-side of a template vs a ConfigMap of the same files; a label change to an open watch (p50/p99); list ratio with stored metadata vs without (300 workspaces).
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Metadata$$' -benchtime 1x -timeout 40m
 
+.PHONY: bench-admission
+bench-admission: tools build ## 300 workspaces, the operator restarted with admission on (one ValidatingAdmissionPolicy bound) and off in alternating pairs: aggregated LIST, kubectl apply --server-side of a template and RSS, on ÷ off (targets ≤ 1.05, ≤ 1.05, ≤ 1.10 beyond the run's noise).
+	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Admission$$' -benchtime 1x -timeout 40m
+
 .PHONY: bench-identity
 bench-identity: tools build ## Mapped mode, 300 workspaces: a member's LIST of their 10 vs coderd's list with the member's token; coderd list requests per poll with 1 vs 50 different users watching.
 	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Identity$$' -benchtime 1x -timeout 40m

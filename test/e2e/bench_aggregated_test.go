@@ -72,13 +72,16 @@ func benchWorkspaceCount() int {
 // BenchmarkWorkspaces builds one stack with benchWorkspaces real
 // workspaces and runs on it, in this order, Aggregated (below), MCP
 // (bench_mcp_test.go), Metadata (bench_metadata_test.go, which gives every
-// workspace stored metadata, hence after the figures taken without) and
+// workspace stored metadata, hence after the figures taken without),
+// Admission (bench_admission_test.go, which restarts the operator with
+// admission on and off, ending on) and
 // Startup (bench_startup_test.go, which restarts the operator, hence last). BENCH_KUBE_QPS overrides the operator's
 // Kubernetes client rate limit (default kubernetes.qps 50).
 //
 //	make bench-aggregated   # -bench '^BenchmarkWorkspaces$/^Aggregated$'
 //	make bench-mcp          # -bench '^BenchmarkWorkspaces$/^MCP$'
 //	make bench-metadata     # -bench '^BenchmarkWorkspaces$/^Metadata$'
+//	make bench-admission    # -bench '^BenchmarkWorkspaces$/^Admission$'
 //	make bench              # every benchmark, sharing this stack
 func BenchmarkWorkspaces(b *testing.B) {
 	n := benchWorkspaceCount()
@@ -88,6 +91,7 @@ func BenchmarkWorkspaces(b *testing.B) {
 	b.Run("Aggregated", func(b *testing.B) { st.benchAggregated(b, n) })
 	b.Run("MCP", func(b *testing.B) { benchMCP(b, st, n, qps) })
 	b.Run("Metadata", func(b *testing.B) { st.benchMetadata(b, n) })
+	b.Run("Admission", func(b *testing.B) { st.benchAdmission(b, n) })
 	b.Run("Startup", st.benchStartup)
 	// Last: it switches the control plane to Mapped mode and back.
 	b.Run("Identity", func(b *testing.B) { st.benchIdentity(b, n) })
