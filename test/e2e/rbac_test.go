@@ -94,6 +94,8 @@ func TestOperatorRunsWithTheChartRBAC(t *testing.T) {
 			"ClusterRoleBinding " + release + "-manager",
 			"ClusterRole " + release + "-aggregated",
 			"ClusterRoleBinding " + release + "-aggregated",
+			"ClusterRole " + release + "-admission",
+			"ClusterRoleBinding " + release + "-admission",
 			"ClusterRole " + release + "-mcp",
 			"ClusterRoleBinding " + release + "-mcp",
 			"ClusterRole " + release + "-workspace-bind",
