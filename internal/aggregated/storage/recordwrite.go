@@ -165,13 +165,23 @@ func (w *write) publish(out object, rec *records.Record) object {
 	return w.r.cache.Upsert(w.t.Key(), out)[0].(object)
 }
 
-// forget deletes the record after Coder deleted the object.
+// forget deletes the record after Coder deleted the object. The record is
+// of no use without the object, so a record another writer (upkeep, a
+// promoter, another replica) changed meanwhile is read again and deleted.
 func (w *write) forget(ctx context.Context) error {
-	if w.prev == nil {
-		return nil
-	}
-	if err := w.r.records.delete(ctx, w.prev, w.key); err != nil {
-		return apierrors.NewInternalError(fmt.Errorf("the object was deleted in Coder, but deleting its Kubernetes metadata failed: %w", err))
+	for attempt := 0; w.prev != nil; attempt++ {
+		err := w.r.records.delete(ctx, w.prev, w.key)
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) || attempt == 3 {
+			return apierrors.NewInternalError(fmt.Errorf("the object was deleted in Coder, but deleting its Kubernetes metadata failed: %w", err))
+		}
+		prev, gerr := w.r.records.waitNewer(ctx, w.key, w.prev.ResourceVersion)
+		if gerr != nil {
+			return apierrors.NewInternalError(fmt.Errorf("the object was deleted in Coder, but deleting its Kubernetes metadata failed: %w", err))
+		}
+		w.prev = prev
 	}
 	return nil
 }
