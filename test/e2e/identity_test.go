@@ -448,10 +448,10 @@ func TestIdentityMapped(t *testing.T) {
 			t.Fatalf("alice's coder-k8s tokens after the revocation: %+v, want one new token", after)
 		}
 		if code := s.op.Terminate(t, 30*time.Second); code != 0 {
-			t.Fatalf("operator exited with %d", code)
+			t.Fatalf("operator exited with %d after SIGTERM; log tail:\n%s", code, s.op.LogTail(40))
 		}
 		if left := mine(); len(left) != 0 {
-			t.Errorf("alice still has coder-k8s tokens after the operator stopped: %+v", left)
+			t.Errorf("alice still has coder-k8s tokens after the operator stopped: %+v; log tail:\n%s", left, s.op.LogTail(40))
 		}
 	})
 }
