@@ -433,20 +433,52 @@ func TestAudienceAwareReviews(t *testing.T) {
 	}
 }
 
-// TestCallerCacheIsBounded: with the cache full of live callers, a new one
-// still gets in and the cache stays at its bound.
-func TestCallerCacheIsBounded(t *testing.T) {
-	r := newTokenReviewer(authenticatedAs("alice"), nil, func(string) (Kube, error) { return Kube{}, nil })
-	for i := range maxCachedCallers {
-		if _, err := r.verify(t.Context(), fmt.Sprint("token-", i), nil); err != nil {
-			t.Fatal(err)
+// TestReviewsAreRememberedButNotFailures: a verdict, acceptance or
+// rejection, is reused with its reason and its caller; a TokenReview that
+// failed is not, and the next check asks again.
+func TestReviewsAreRememberedButNotFailures(t *testing.T) {
+	var reviews int
+	failing := true
+	cs := fake.NewClientset()
+	cs.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		reviews++
+		if failing {
+			return true, nil, errors.New("connection refused")
+		}
+		token := a.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview).Spec.Token
+		return true, &authenticationv1.TokenReview{Status: authenticationv1.TokenReviewStatus{
+			Authenticated: token == "good", Error: map[bool]string{false: "no such token"}[token == "good"],
+			User: authenticationv1.UserInfo{Username: "alice"},
+		}}, nil
+	})
+	r := newTokenReviewer(cs, nil, func(string) (Kube, error) { return Kube{}, nil })
+	for i := range 2 {
+		if _, err := r.verify(t.Context(), "good", nil); err == nil || errors.Is(err, auth.ErrInvalidToken) || !strings.Contains(err.Error(), "check the token with kube-apiserver: connection refused") {
+			t.Fatalf("verify while kube-apiserver fails: %v, want an error that is not ErrInvalidToken", err)
+		}
+		if reviews != i+1 {
+			t.Fatalf("%d failed checks cost %d TokenReviews, want one each", i+1, reviews)
 		}
 	}
-	if _, err := r.verify(t.Context(), "one-more", nil); err != nil {
-		t.Fatal(err)
+	failing, reviews = false, 0
+	var first *auth.TokenInfo
+	for range 3 {
+		info, err := r.verify(t.Context(), "good", nil)
+		if err != nil || info.UserID != "alice" || !info.Expiration.After(time.Now()) {
+			t.Fatalf("verify: %v, %+v", err, info)
+		}
+		if first == nil {
+			first = info
+		} else if info.Extra[callerKey] != first.Extra[callerKey] {
+			t.Errorf("a second check of the token has a new caller, want the one of the first (its clients)")
+		}
+		const want = "the bearer token is not valid for this cluster: no such token: invalid token"
+		if _, err := r.verify(t.Context(), "bad", nil); !errors.Is(err, auth.ErrInvalidToken) || err.Error() != want {
+			t.Fatalf("verify of a bad token: %v, want %s", err, want)
+		}
 	}
-	if len(r.cache) != maxCachedCallers {
-		t.Errorf("%d callers cached, bound %d", len(r.cache), maxCachedCallers)
+	if reviews != 2 {
+		t.Errorf("three checks each of a good and a bad token cost %d TokenReviews, want 2", reviews)
 	}
 }
 
