@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/semaphore"
 	"k8s.io/client-go/util/workqueue"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
@@ -20,26 +21,32 @@ import (
 // recorded (Failed, Coder's error, the end of the log) and the active
 // version stays; a build still running past templateBuildWait.timeout,
 // or whose coderd has not answered since before then, is canceled (best
-// effort) and recorded as failed (promoter_check.go).
+// effort) and recorded as failed (promoter_check.go). Once a build has
+// ended, it reads the template again so open watches see the outcome.
 //
-// It is a controller: a client-go work queue of builds (named
-// promoterQueueName in the workqueue metrics) whose rate limiter is the
-// templateBuildWait schedule, fed by record events and a periodic resync
-// of the records informer. Each backend (a control plane's coderd) gets
-// at most coderapi.MaxParallel checks at once, and only its own builds
-// wait for its slots, so a coderd that hangs holds up no other coderd's
-// builds.
+// It is a controller: a client-go rate-limited work queue of record keys
+// (named promoterQueueName in the workqueue metrics), fed by the records
+// informer's events. Working on a key reads the record: a running build
+// is checked and, while it runs, requeued after InitialPollInterval until
+// BackoffAfter into the build, then with the queue's per-item exponential
+// backoff up to MaxPollInterval. A plain queue rather than a
+// controller-runtime controller because the aggregated-apiserver mode has
+// no manager, and because checks are bounded per backend rather than by a
+// fixed pool of workers: each backend (a control plane's coderd) gets at
+// most coderapi.MaxParallel checks at once, and only its own builds wait
+// for its slots, so a coderd that hangs holds up no other coderd's builds.
 //
 // Every replica runs it; there is no leader. The build lives only in the
-// record, so a restart or another replica carries on where one stopped.
-// Replicas claim each outcome through the record's optimistic
-// concurrency: the write that ends a build names the resourceVersion it
-// read, so exactly one replica records it and the others find the build
-// gone on their next look. Promotion itself is idempotent (make version V
-// active, then read the template back to check it is), so a replica that
-// dies between promoting and clearing the build leaves work that the next
-// check repeats harmlessly: each build is promoted once and yields exactly
-// one new active version.
+// record, so a restart or another replica carries on where one stopped
+// (the informer's initial list queues every record). Replicas claim each
+// outcome through the record's optimistic concurrency: the write that
+// ends a build names the resourceVersion it read, so exactly one replica
+// records it and the others find the build gone on their next look.
+// Promotion itself is idempotent (make version V active, then read the
+// template back to check it is), so a replica that dies between promoting
+// and clearing the build leaves work that the next check repeats
+// harmlessly: each build is promoted once and yields exactly one new
+// active version.
 
 // promoterMaxCheck bounds the coderd calls of one build check.
 const promoterMaxCheck = 30 * time.Second
@@ -52,64 +59,45 @@ const promoterDefaultInterval = 2 * time.Second
 // metrics.
 const promoterQueueName = "codertemplate-builds"
 
-// buildItem is one piece of the promoter's work: a template's running
-// build to check (versionID set), or a template whose shown build went
-// stale to read again from Coder (versionID empty).
-type buildItem struct {
-	key       records.Key
-	versionID string
-}
-
-// backend is the key of the backend whose coderd the item calls.
-func (i buildItem) backend() string { return i.key.Namespace + "/" + i.key.ControlPlane }
-
-// buildState is what the promoter remembers of a running build between
-// checks.
-type buildState struct {
-	started time.Time
-	// interval is the last pause between checks (0 before the first).
-	interval time.Duration
-	checks   int
-}
-
-// lane is one backend's share of the checks: how many run, and the items
-// waiting for one of its slots.
-type lane struct {
-	running int
-	waiting []buildItem
-}
+// backendOfKey is the key of the backend whose coderd holds k's object.
+func backendOfKey(k records.Key) string { return k.Namespace + "/" + k.ControlPlane }
 
 // promoter runs the checks of one TemplateStorage.
 type promoter struct {
 	s     *TemplateStorage
 	wait  templatesource.WaitConfig
-	queue workqueue.TypedRateLimitingInterface[buildItem]
-	// limit is the most checks that run at once per backend.
-	limit int
-	// checking runs every lane's goroutines.
+	queue workqueue.TypedRateLimitingInterface[records.Key]
+	// backoff is queue's rate limiter, read for the pauses of builds
+	// past BackoffAfter.
+	backoff workqueue.TypedRateLimiter[records.Key]
+	slots   *backendSlots
+	// checking runs the checks taken from the queue.
 	checking sync.WaitGroup
 
-	mu     sync.Mutex
-	builds map[buildItem]*buildState
-	lanes  map[string]*lane
+	mu sync.Mutex
 	// failing holds, per backend whose last poll failed, when the first
 	// poll of that streak of failures began.
 	failing map[string]time.Time
 }
 
 func newPromoter(s *TemplateStorage) *promoter {
-	p := &promoter{s: s, wait: s.opts.BuildWait, limit: coderapi.MaxParallel, builds: map[buildItem]*buildState{}, lanes: map[string]*lane{}, failing: map[string]time.Time{}}
+	p := &promoter{s: s, wait: s.opts.BuildWait, failing: map[string]time.Time{},
+		slots: &backendSlots{limit: coderapi.MaxParallel, sems: map[string]*backendSem{}}}
 	if p.wait.InitialPollInterval <= 0 {
 		p.wait.InitialPollInterval = promoterDefaultInterval
 	}
-	p.queue = workqueue.NewTypedRateLimitingQueueWithConfig[buildItem](p,
-		workqueue.TypedRateLimitingQueueConfig[buildItem]{Name: promoterQueueName})
+	// Past BackoffAfter the pause doubles on each check from twice the
+	// initial interval (the first doubling) up to the maximum, which is
+	// never below the initial interval.
+	p.backoff = workqueue.NewTypedItemExponentialFailureRateLimiter[records.Key](
+		2*p.wait.InitialPollInterval, max(p.wait.MaxPollInterval, p.wait.InitialPollInterval))
+	p.queue = workqueue.NewTypedRateLimitingQueueWithConfig(p.backoff,
+		workqueue.TypedRateLimitingQueueConfig[records.Key]{Name: promoterQueueName})
 	return p
 }
 
-// runPromoter runs the promoter until ctx ends. Builds are found by
-// record events, and by a resync of the records informer every initial
-// poll interval.
+// runPromoter runs the promoter until ctx ends, and returns once its
+// goroutines have stopped.
 func (s *TemplateStorage) runPromoter(ctx context.Context) {
 	if s.records.store == nil {
 		return
@@ -127,171 +115,114 @@ func (s *TemplateStorage) runPromoter(ctx context.Context) {
 		<-dispatched
 		p.checking.Wait()
 	}()
+	p.watchRecords(ctx)
+	<-ctx.Done()
+}
 
-	if err := s.records.store.OnChange(ctx, func(r *records.Record, deleted bool) {
-		if deleted || r.Spec.Resource != coderv1alpha1.RecordResourceTemplates {
+// watchRecords queues the key of every template record with a build
+// running, or whose build's end the watch cache does not show yet, as
+// the records informer sees it added or changed. Registering fails only
+// when the informer cannot be had; it is retried until ctx ends, as no
+// build is found without it.
+func (p *promoter) watchRecords(ctx context.Context) {
+	for {
+		err := p.s.records.store.OnChange(ctx, func(r *records.Record, deleted bool) {
+			if deleted || r.Spec.Resource != coderv1alpha1.RecordResourceTemplates {
+				return
+			}
+			if b := r.Spec.Build; (b != nil && !b.Failed) || p.s.buildShownStale(r) {
+				p.queue.Add(records.KeyOf(r))
+			}
+		})
+		if err == nil {
 			return
 		}
-		switch b := r.Spec.Build; {
-		case b != nil && !b.Failed:
-			p.track(buildItem{key: records.KeyOf(r), versionID: b.VersionID}, b.StartedAt.Time)
-		case s.buildShownStale(r):
-			p.queue.Add(buildItem{key: records.KeyOf(r)})
-		}
-	}); err != nil {
-		// Builds are still found by the periodic resync.
-		s.log.Error(err, "template build promoter: no record events")
-	}
-	ticker := time.NewTicker(p.wait.InitialPollInterval)
-	defer ticker.Stop()
-	for {
-		p.resync(ctx)
+		p.s.log.Error(err, "template build promoter: no record events; retrying")
 		select {
 		case <-ctx.Done():
 			return
-		case <-ticker.C:
+		case <-time.After(p.wait.InitialPollInterval):
 		}
 	}
 }
 
-// track queues a running build the promoter does not know yet.
-func (p *promoter) track(item buildItem, started time.Time) {
-	p.mu.Lock()
-	known := p.builds[item] != nil
-	if !known {
-		p.builds[item] = &buildState{started: started}
-	}
-	p.mu.Unlock()
-	if !known {
-		p.queue.Add(item)
-	}
-}
-
-// resync queues every running build of a served backend that the
-// promoter does not know yet and forgets the builds that ended. It reads
-// only the records informer and the backends' cache, never coderd.
-func (p *promoter) resync(ctx context.Context) {
-	ts, err := p.s.targets(ctx, "")
-	if err != nil {
-		p.s.log.V(1).Info("template build promoter: no backends", "error", err.Error())
-		return
-	}
-	running := map[buildItem]time.Time{}
-	served, unread := map[string]bool{}, map[string]bool{}
-	for _, t := range ts {
-		served[t.Key()] = true
-		recs, err := p.s.records.list(ctx, t.Namespace, coderv1alpha1.RecordResourceTemplates, t.ControlPlane)
-		if err != nil {
-			p.s.log.Error(err, "template build promoter: list records", "namespace", t.Namespace)
-			unread[t.Key()] = true
-			continue
-		}
-		for _, rec := range recs {
-			if b := rec.Spec.Build; b != nil && !b.Failed {
-				running[buildItem{key: records.KeyOf(rec), versionID: b.VersionID}] = b.StartedAt.Time
-			}
-		}
-	}
-	p.mu.Lock()
-	for b := range p.failing {
-		if !served[b] {
-			delete(p.failing, b)
-		}
-	}
-	for item := range p.builds {
-		if _, ok := running[item]; !ok && !unread[item.backend()] {
-			delete(p.builds, item)
-		}
-	}
-	p.mu.Unlock()
-	for item, started := range running {
-		p.track(item, started)
-	}
-}
-
-// dispatch hands the queue's items to their backends' lanes until the
-// queue shuts down.
+// dispatch starts a check for each key the queue hands out, until the
+// queue shuts down. Each check waits for one of its backend's slots.
 func (p *promoter) dispatch(ctx context.Context) {
 	for {
-		item, shutdown := p.queue.Get()
+		key, shutdown := p.queue.Get()
 		if shutdown {
 			return
 		}
-		p.mu.Lock()
-		l := p.lanes[item.backend()]
-		if l == nil {
-			l = &lane{}
-			p.lanes[item.backend()] = l
-		}
-		if l.running >= p.limit {
-			l.waiting = append(l.waiting, item)
-			p.mu.Unlock()
-			continue
-		}
-		l.running++
-		p.mu.Unlock()
-		p.checking.Go(func() { p.runLane(ctx, item) })
-	}
-}
-
-// runLane works on item, then on the items waiting in its backend's lane
-// until there are none: one of the lane's slots.
-func (p *promoter) runLane(ctx context.Context, item buildItem) {
-	for {
-		p.process(ctx, item)
-		p.mu.Lock()
-		l := p.lanes[item.backend()]
-		if len(l.waiting) == 0 {
-			if l.running--; l.running == 0 {
-				delete(p.lanes, item.backend())
+		p.checking.Go(func() {
+			defer p.queue.Done(key)
+			release, ok := p.slots.acquire(ctx, backendOfKey(key))
+			if !ok {
+				return
 			}
-			p.mu.Unlock()
-			return
-		}
-		item = l.waiting[0]
-		l.waiting[0] = buildItem{}
-		l.waiting = l.waiting[1:]
-		p.mu.Unlock()
+			defer release()
+			p.process(ctx, key)
+		})
 	}
 }
 
-// process checks one build, or reads one template again, and requeues a
-// build that is still running for its next check.
-func (p *promoter) process(ctx context.Context, item buildItem) {
-	defer p.queue.Done(item)
-	t, ok := p.s.backendOf(ctx, item.key)
-	if item.versionID == "" {
-		p.queue.Forget(item)
-		if ok {
-			p.s.refreshBuild(ctx, t, item.key)
+// process works on one record: it checks its running build and requeues
+// it while it runs, or reads the template again once its build ended.
+func (p *promoter) process(ctx context.Context, key records.Key) {
+	if ctx.Err() != nil {
+		return
+	}
+	s := p.s
+	rec, err := s.records.get(ctx, key)
+	if err != nil {
+		s.log.Error(err, "template build promoter: read the record", "namespace", key.Namespace, "template", key.CoderID)
+		p.queue.AddRateLimited(key)
+		return
+	}
+	if rec == nil {
+		p.queue.Forget(key)
+		return
+	}
+	b := rec.Spec.Build
+	if b == nil || b.Failed {
+		// The build ended, here or on another replica: show its outcome
+		// if the watch cache does not yet.
+		p.queue.Forget(key)
+		if s.buildShownStale(rec) {
+			if t, ok := s.backendOf(ctx, key); ok {
+				s.refreshBuild(ctx, t, key)
+			}
 		}
 		return
 	}
-	p.mu.Lock()
-	st := p.builds[item]
-	p.mu.Unlock()
-	if st == nil {
-		// Ended, or replaced by a newer build, since it was queued.
-		p.queue.Forget(item)
+	t, ok := s.backendOf(ctx, key)
+	if !ok {
+		// Not served now (its control plane not ready, say): look again
+		// later. A streak of failed polls does not outlive its serving.
+		p.pollAnswered(backendOfKey(key))
+		p.queue.AddAfter(key, p.pause(key, b.StartedAt.Time))
 		return
 	}
-	done := false
-	if ok {
-		done = p.checkBuild(ctx, t, item)
+	if p.checkBuild(ctx, t, key, rec) {
+		p.queue.Forget(key)
+		return
 	}
 	if ctx.Err() != nil {
 		return
 	}
-	if done {
-		p.mu.Lock()
-		if p.builds[item] == st {
-			delete(p.builds, item)
-		}
-		p.mu.Unlock()
-		p.queue.Forget(item)
-		return
+	p.queue.AddAfter(key, p.pause(key, b.StartedAt.Time))
+}
+
+// pause is how long key's build, started at started, waits before its
+// next check, as templateBuildWait says: InitialPollInterval until
+// BackoffAfter into the build, then the queue's exponential backoff.
+func (p *promoter) pause(key records.Key, started time.Time) time.Duration {
+	if time.Since(started) < p.wait.BackoffAfter {
+		// The backoff starts from its first step once BackoffAfter passes.
+		p.queue.Forget(key)
+		return p.wait.InitialPollInterval
 	}
-	p.queue.AddRateLimited(item)
+	return p.backoff.When(key)
 }
 
 // pollFailed notes that a poll of backend that began at failed, and
@@ -315,6 +246,47 @@ func (p *promoter) pollAnswered(backend string) {
 	delete(p.failing, backend)
 }
 
+// backendSlots lets at most limit checks of one backend run at once;
+// the checks waiting for a backend's slot get them in arrival order.
+type backendSlots struct {
+	limit int64
+
+	mu   sync.Mutex
+	sems map[string]*backendSem
+}
+
+// backendSem is one backend's slots and the number of checks holding or
+// waiting for one, so that an idle backend's entry is dropped.
+type backendSem struct {
+	sem   *semaphore.Weighted
+	users int
+}
+
+// acquire waits for one of backend's slots; ok is false when ctx ended
+// first. release gives the slot back.
+func (b *backendSlots) acquire(ctx context.Context, backend string) (release func(), ok bool) {
+	b.mu.Lock()
+	bs := b.sems[backend]
+	if bs == nil {
+		bs = &backendSem{sem: semaphore.NewWeighted(b.limit)}
+		b.sems[backend] = bs
+	}
+	bs.users++
+	b.mu.Unlock()
+	leave := func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if bs.users--; bs.users == 0 {
+			delete(b.sems, backend)
+		}
+	}
+	if err := bs.sem.Acquire(ctx, 1); err != nil {
+		leave()
+		return nil, false
+	}
+	return func() { bs.sem.Release(1); leave() }, true
+}
+
 // backendOf finds the backend of a record's Coder object among those
 // served now.
 func (s *TemplateStorage) backendOf(ctx context.Context, k records.Key) (target, bool) {
@@ -329,34 +301,3 @@ func (s *TemplateStorage) backendOf(ctx context.Context, k records.Key) (target,
 	}
 	return target{}, false
 }
-
-// The promoter is its queue's rate limiter: the pause before a build's
-// next check follows templateBuildWait (InitialPollInterval until
-// BackoffAfter into the build, then doubling up to MaxPollInterval).
-var _ workqueue.TypedRateLimiter[buildItem] = (*promoter)(nil)
-
-// When is the pause before item's next check.
-func (p *promoter) When(item buildItem) time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	st := p.builds[item]
-	if st == nil {
-		return p.wait.NextInterval(0, 0)
-	}
-	st.interval = p.wait.NextInterval(time.Since(st.started), st.interval)
-	st.checks++
-	return st.interval
-}
-
-// NumRequeues is how many times item's check found it still running.
-func (p *promoter) NumRequeues(item buildItem) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if st := p.builds[item]; st != nil {
-		return st.checks
-	}
-	return 0
-}
-
-// Forget is a no-op: a build's schedule is forgotten with the build.
-func (p *promoter) Forget(buildItem) {}

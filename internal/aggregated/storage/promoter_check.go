@@ -20,23 +20,14 @@ import (
 	"github.com/coder/coder-k8s/internal/metrics"
 )
 
-// checkBuild checks one running build once (item, read again from its
-// record) and finishes it when its import has ended, or when it has run
-// past templateBuildWait.timeout, whether or not coderd answers. It
-// reports whether the build needs no more checks: it ended, or another
-// replica or a request changed the record first (the next resync looks
-// again). ctx is the promoter's; the calls to coderd share one
-// promoterMaxCheck.
-func (p *promoter) checkBuild(ctx context.Context, t target, item buildItem) bool {
+// checkBuild checks the running build of rec, the record of key, once
+// and finishes it when its import has ended, or when it has run past
+// templateBuildWait.timeout, whether or not coderd answers. It reports
+// whether the build needs no more checks: it ended, or another replica or
+// a request changed the record first (its event queues the key again).
+// ctx is the promoter's; the calls to coderd share one promoterMaxCheck.
+func (p *promoter) checkBuild(ctx context.Context, t target, key records.Key, rec *records.Record) bool {
 	s := p.s
-	rec, err := s.records.get(ctx, item.key)
-	if err != nil {
-		s.log.Error(err, "template build promoter: read the record", "namespace", item.key.Namespace, "template", item.key.CoderID)
-		return false
-	}
-	if rec == nil || rec.Spec.Build == nil || rec.Spec.Build.Failed || rec.Spec.Build.VersionID != item.versionID {
-		return true
-	}
 	b := rec.Spec.Build
 	log := s.log.WithValues("namespace", rec.Namespace, "template", rec.Spec.Name, "templateVersion", b.VersionID)
 	versionID, err1 := uuid.Parse(b.VersionID)
@@ -54,7 +45,7 @@ func (p *promoter) checkBuild(ctx context.Context, t target, item buildItem) boo
 	}
 	var failed *templatesource.BuildFailedError
 	if err != nil && !errors.As(err, &failed) && !coderapi.IsNotFound(err) {
-		since := p.pollFailed(item.backend(), polled)
+		since := p.pollFailed(backendOfKey(key), polled)
 		if s.pastTimeout(b) {
 			return s.timeOut(ctx, t, rec, versionID, fmt.Sprintf("the import did not finish within %s (%s): %s",
 				s.opts.BuildWait.Timeout, timeoutSetting, pollFailure(since, err)), log)
@@ -62,7 +53,7 @@ func (p *promoter) checkBuild(ctx context.Context, t target, item buildItem) boo
 		log.V(1).Info("template build promoter: poll failed; retrying", "error", err.Error())
 		return false
 	}
-	p.pollAnswered(item.backend())
+	p.pollAnswered(backendOfKey(key))
 	switch {
 	case failed != nil:
 		outcome := metrics.BuildFailed
@@ -100,7 +91,7 @@ func (p *promoter) checkBuild(ctx context.Context, t target, item buildItem) boo
 	if tpl.ActiveVersionID != versionID {
 		// Only if the record still asks for this build: a request may
 		// have replaced it since this check read it.
-		if cur, err := s.records.get(ctx, item.key); err != nil || cur == nil || cur.Spec.Build == nil || cur.Spec.Build.VersionID != b.VersionID {
+		if cur, err := s.records.get(ctx, key); err != nil || cur == nil || cur.Spec.Build == nil || cur.Spec.Build.VersionID != b.VersionID {
 			return false
 		}
 		// codersdk's UpdateActiveTemplateVersion reports success when the

@@ -356,37 +356,79 @@ func (p *stallingProxy) count(endpoint string) int {
 
 // The promoter's queue paces each build's checks as templateBuildWait
 // says: the initial interval until backoffAfter into the build, then
-// doubling up to the maximum; an unconfigured interval is 2 s, not a
-// busy loop.
+// doubling up to the maximum (the queue's exponential backoff, counted
+// as requeues); an unconfigured interval is 2 s, not a busy loop.
 func TestPromoterSchedule(t *testing.T) {
 	wait := templatesource.WaitConfig{Timeout: time.Hour, BackoffAfter: time.Minute, InitialPollInterval: 2 * time.Second, MaxPollInterval: 10 * time.Second}
 	for _, c := range []struct {
-		name    string
-		wait    templatesource.WaitConfig
-		elapsed time.Duration
-		want    []time.Duration
+		name     string
+		wait     templatesource.WaitConfig
+		elapsed  time.Duration
+		want     []time.Duration
+		requeues int
 	}{
-		{"new build", wait, 0, []time.Duration{2 * time.Second, 2 * time.Second, 2 * time.Second}},
-		{"past backoffAfter", wait, 2 * time.Minute, []time.Duration{4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}},
-		{"nothing configured", templatesource.WaitConfig{}, 0, []time.Duration{2 * time.Second, 2 * time.Second}},
+		{"new build", wait, 0, []time.Duration{2 * time.Second, 2 * time.Second, 2 * time.Second}, 0},
+		{"past backoffAfter", wait, 2 * time.Minute, []time.Duration{4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}, 4},
+		{"nothing configured", templatesource.WaitConfig{}, 0, []time.Duration{2 * time.Second, 2 * time.Second}, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, s := fxStorages(t)
 			s.opts.BuildWait = c.wait
 			p := newPromoter(s)
 			defer p.queue.ShutDown()
-			item := buildItem{key: records.Key{Namespace: "team-a", CoderID: fxTemplateID.String()}, versionID: fxVersionID.String()}
-			p.builds[item] = &buildState{started: time.Now().Add(-c.elapsed)}
+			key := records.Key{Namespace: "team-a", Resource: coderv1alpha1.RecordResourceTemplates, CoderID: fxTemplateID.String()}
+			started := time.Now().Add(-c.elapsed)
 			var got []time.Duration
 			for range c.want {
-				got = append(got, p.When(item))
+				got = append(got, p.pause(key, started))
 			}
 			if !slices.Equal(got, c.want) {
 				t.Errorf("pauses %v, want %v", got, c.want)
 			}
-			if n := p.NumRequeues(item); n != len(c.want) {
-				t.Errorf("NumRequeues = %d, want %d", n, len(c.want))
+			if n := p.queue.NumRequeues(key); n != c.requeues {
+				t.Errorf("NumRequeues = %d, want %d", n, c.requeues)
 			}
 		})
+	}
+}
+
+// A backend's checks take at most its limit of slots at once, in the
+// order they asked; another backend's checks are not held up by them.
+func TestPromoterBackendSlots(t *testing.T) {
+	b := &backendSlots{limit: 2, sems: map[string]*backendSem{}}
+	ctx := context.Background()
+	var releases []func()
+	for range 2 {
+		release, ok := b.acquire(ctx, "ns/hung")
+		if !ok {
+			t.Fatal("acquire of a free slot failed")
+		}
+		releases = append(releases, release)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, ok := b.acquire(waitCtx, "ns/hung"); ok {
+		t.Fatal("a third check of a backend with two slots got one")
+	}
+	other, ok := b.acquire(ctx, "ns/fast")
+	if !ok {
+		t.Fatal("another backend's check waited for the full one's slots")
+	}
+	other()
+	got := make(chan struct{})
+	go func() {
+		release, ok := b.acquire(ctx, "ns/hung")
+		if ok {
+			release()
+		}
+		close(got)
+	}()
+	releases[0]()
+	<-got
+	releases[1]()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.sems) != 0 {
+		t.Errorf("idle backends keep %d entries", len(b.sems))
 	}
 }
