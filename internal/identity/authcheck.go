@@ -19,7 +19,8 @@ import (
 // and watches (writes always ask coderd).
 const checkTTL = 10 * time.Second
 
-// maxChecks bounds the answers remembered (about 100 bytes each).
+// maxChecks bounds the answers remembered (about 100 bytes each); the
+// least recently used go first.
 const maxChecks = 100_000
 
 // coderd answers at most 10 checks naming a resource ID per request;
@@ -47,9 +48,20 @@ type checkKey struct {
 	check  Check
 }
 
+// checkEntry is coderd's answer to a check, fresh until expires and kept
+// keepStale longer to stand in while coderd cannot answer (lastAnswers).
 type checkEntry struct {
 	allowed bool
 	expires time.Time
+}
+
+// cachedCheck is the remembered answer to ch for the caller, fresh or not.
+func (c *Caller) cachedCheck(ch Check) (checkEntry, bool) {
+	v, ok := c.svc.checks.Get(checkKey{c.token.key.coderd, c.UserID, ch})
+	if !ok {
+		return checkEntry{}, false
+	}
+	return v.(checkEntry), true
 }
 
 // Allowed answers checks for the caller, from the service's memory where
@@ -64,16 +76,13 @@ func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
 	out := make([]bool, len(checks))
 	now := s.now()
 	var ask []int
-	s.mu.Lock()
 	for i, ch := range checks {
-		e, ok := s.checks[checkKey{c.token.key.coderd, c.UserID, ch}]
-		if ok && now.Before(e.expires) {
+		if e, ok := c.cachedCheck(ch); ok && now.Before(e.expires) {
 			out[i] = e.allowed
 			continue
 		}
 		ask = append(ask, i)
 	}
-	s.mu.Unlock()
 	if len(ask) == 0 {
 		return out, nil
 	}
@@ -126,25 +135,10 @@ func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
 		}
 		return nil, err
 	}
-	now = s.now()
-	expires := now.Add(checkTTL)
-	s.mu.Lock()
-	if len(s.checks)+len(answers) > maxChecks {
-		// Many callers over many owners: drop what expired, and if that
-		// is not enough, everything (it is asked again when needed).
-		for k, v := range s.checks {
-			if !now.Before(v.expires) {
-				delete(s.checks, k)
-			}
-		}
-		if len(s.checks)+len(answers) > maxChecks {
-			clear(s.checks)
-		}
-	}
+	expires := s.now().Add(checkTTL)
 	for ch, ok := range answers {
-		s.checks[checkKey{c.token.key.coderd, c.UserID, ch}] = checkEntry{allowed: ok, expires: expires}
+		s.checks.Add(checkKey{c.token.key.coderd, c.UserID, ch}, checkEntry{allowed: ok, expires: expires}, checkTTL+keepStale)
 	}
-	s.mu.Unlock()
 	for _, i := range ask {
 		out[i] = answers[checks[i]]
 	}
@@ -157,12 +151,9 @@ func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
 // so that its objects do not vanish from their lists and informers. Writes
 // never rely on them: coderd decides those when it answers.
 func (c *Caller) lastAnswers(checks []Check, ask []int) ([]bool, bool) {
-	s := c.svc
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	out := make([]bool, len(ask))
 	for j, i := range ask {
-		e, ok := s.checks[checkKey{c.token.key.coderd, c.UserID, checks[i]}]
+		e, ok := c.cachedCheck(checks[i])
 		if !ok {
 			return nil, false
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/go-logr/logr"
 	"github.com/google/uuid"
+	"k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/apiserver/pkg/authentication/user"
 
 	"github.com/coder/coder-k8s/internal/coderapi"
@@ -44,7 +45,8 @@ const (
 	// Kubernetes user is, what they may read) are kept to stand in while
 	// coderd cannot answer.
 	keepStale = time.Hour
-	// maxTokens bounds the tokens held; the least recently used go first.
+	// maxTokens bounds the tokens held, and the users remembered; the
+	// least recently used go first.
 	maxTokens = 10000
 	// revokeGrace lets requests already sent with a replaced token finish
 	// before it is revoked.
@@ -125,10 +127,13 @@ type Service struct {
 	// clusterControllers are Options.ClusterControllers.
 	clusterControllers map[string]bool
 
+	// users are the Coder users of Kubernetes users (*userEntry), at
+	// most maxTokens, and checks coderd's answers to authorization checks
+	// (checkEntry), at most maxChecks; each cache has its own lock.
+	users, checks *cache.LRUExpireCache
+
 	mu     sync.Mutex
-	users  map[userKey]*userEntry
 	tokens map[tokenKey]*tokenEntry
-	checks map[checkKey]checkEntry
 	// owners is the Coderd.Owner of the latest Caller call per coderd
 	// key, for the token entries of that coderd.
 	owners map[string]*codersdk.Client
@@ -198,10 +203,19 @@ func New(log logr.Logger, o Options) *Service {
 	for _, name := range o.ClusterControllers {
 		cc[name] = true
 	}
-	return &Service{log: log.WithName("identity"), now: time.Now, clusterControllers: cc,
-		users: map[userKey]*userEntry{}, tokens: map[tokenKey]*tokenEntry{}, checks: map[checkKey]checkEntry{},
+	s := &Service{log: log.WithName("identity"), now: time.Now, clusterControllers: cc,
+		tokens: map[tokenKey]*tokenEntry{},
 		owners: map[string]*codersdk.Client{}, stop: make(chan struct{}), grace: revokeGrace}
+	s.users = cache.NewLRUExpireCacheWithClock(maxTokens, serviceClock{s})
+	s.checks = cache.NewLRUExpireCacheWithClock(maxChecks, serviceClock{s})
+	return s
 }
+
+// serviceClock is the service's clock (s.now, which tests set) for its
+// caches.
+type serviceClock struct{ s *Service }
+
+func (c serviceClock) Now() time.Time { return c.s.now() }
 
 // Run revokes idle tokens until ctx ends, then revokes every token it
 // holds and waits (bounded) for the revocations.
@@ -254,47 +268,42 @@ func (s *Service) Caller(ctx context.Context, cd Coderd, u user.Info) (*Caller, 
 func (s *Service) coderUser(ctx context.Context, cd Coderd, name string) (codersdk.User, error) {
 	key := userKey{cd.Key, name}
 	now := s.now()
-	s.mu.Lock()
 	// A user remembered before it became reserved (the first user's
 	// Secret appeared) is looked up again, and refused.
-	if e, ok := s.users[key]; ok && now.Before(e.expires) && (e.refused != nil || !cd.reserves(e.user.Username)) {
-		s.mu.Unlock()
+	if e, ok := s.cachedUser(key); ok && now.Before(e.expires) && (e.refused != nil || !cd.reserves(e.user.Username)) {
 		return e.user, e.refused
 	}
-	s.mu.Unlock()
 
 	u, err := s.lookup(ctx, cd, name)
 	var refused *Refused
 	switch {
 	case err == nil:
-		s.remember(key, &userEntry{user: u, expires: now.Add(userTTL)})
+		s.rememberUser(key, &userEntry{user: u, expires: now.Add(userTTL)})
 	case errors.As(err, &refused):
-		s.remember(key, &userEntry{refused: err, expires: now.Add(refusedTTL)})
+		s.rememberUser(key, &userEntry{refused: err, expires: now.Add(refusedTTL)})
 	default:
 		// coderd did not answer: the user it last named, if any, so that
 		// reads of what the cache last saw go on (writes need coderd).
-		s.mu.Lock()
-		e, ok := s.users[key]
-		s.mu.Unlock()
-		if ok && e.refused == nil && !cd.reserves(e.user.Username) {
+		if e, ok := s.cachedUser(key); ok && e.refused == nil && !cd.reserves(e.user.Username) {
 			return e.user, nil
 		}
 	}
 	return u, err
 }
 
-func (s *Service) remember(key userKey, e *userEntry) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.users) >= maxTokens {
-		now := s.now()
-		for k, v := range s.users {
-			if !now.Before(v.expires) {
-				delete(s.users, k)
-			}
-		}
+// cachedUser is what is remembered of key, fresh or not.
+func (s *Service) cachedUser(key userKey) (*userEntry, bool) {
+	v, ok := s.users.Get(key)
+	if !ok {
+		return nil, false
 	}
-	s.users[key] = e
+	return v.(*userEntry), true
+}
+
+// rememberUser keeps e for keepStale past its time: it stands in when
+// coderd cannot answer (coderUser).
+func (s *Service) rememberUser(key userKey, e *userEntry) {
+	s.users.Add(key, e, e.expires.Sub(s.now())+keepStale)
 }
 
 // lookup asks coderd, as the operator, for the Coder user name maps to.
@@ -519,8 +528,7 @@ func (s *Service) revoke(e *tokenEntry, id string) {
 	}
 }
 
-// evictIdle drops and revokes tokens nobody used for idleAfter, and
-// forgets expired checks and users.
+// evictIdle drops and revokes tokens nobody used for idleAfter.
 func (s *Service) evictIdle() {
 	now := s.now()
 	s.mu.Lock()
@@ -539,18 +547,6 @@ func (s *Service) evictIdle() {
 	for k := range s.owners {
 		if !used[k] {
 			delete(s.owners, k)
-		}
-	}
-	// Expired answers and users are kept a while: they stand in when
-	// coderd cannot answer (lastAnswers, coderUser).
-	for k, v := range s.checks {
-		if now.After(v.expires.Add(keepStale)) {
-			delete(s.checks, k)
-		}
-	}
-	for k, v := range s.users {
-		if now.After(v.expires.Add(keepStale)) {
-			delete(s.users, k)
 		}
 	}
 	s.mu.Unlock()

@@ -56,11 +56,10 @@ func (t *userTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // forgetUser drops what is remembered of the Kubernetes users mapped onto
 // a Coder user of a coderd.
 func (s *Service) forgetUser(coderd string, id uuid.UUID) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for k, v := range s.users {
-		if k.coderd == coderd && v.refused == nil && v.user.ID == id {
-			delete(s.users, k)
+	for _, k := range s.users.Keys() {
+		key := k.(userKey)
+		if e, ok := s.cachedUser(key); ok && key.coderd == coderd && e.refused == nil && e.user.ID == id {
+			s.users.Remove(key)
 		}
 	}
 }
