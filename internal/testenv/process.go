@@ -86,6 +86,9 @@ func freePortOn(host string) (int, error) {
 type Process struct {
 	Name    string
 	LogPath string
+	// Started is when the process was started (just before exec), for
+	// timing it from its own start only.
+	Started time.Time
 
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -112,11 +115,12 @@ func StartProcess(name string, cmd *exec.Cmd, logPath string) (*Process, error) 
 	}
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	cmd.SysProcAttr.Setpgid = true
+	started := time.Now()
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &Process{Name: name, LogPath: logPath, Started: started, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		logFile.Close()

@@ -197,6 +197,16 @@ func (st *benchStack) httpClientFor(b *testing.B, cfg *rest.Config, host, header
 	if len(cfg.CertData) == 0 && cfg.CertFile == "" {
 		b.Fatal("the configuration of kube-apiserver carries no client certificate")
 	}
+	return &http.Client{
+		Timeout:   2 * time.Minute,
+		Transport: &hostHeaderTransport{base: st.transportFor(b, cfg), host: host, header: header, value: value},
+	}
+}
+
+// transportFor is a transport to kube-apiserver with cfg's TLS settings
+// (its client certificate, if any), trusting the operator's CA too.
+func (st *benchStack) transportFor(b *testing.B, cfg *rest.Config) *http.Transport {
+	b.Helper()
 	tlsCfg, err := rest.TLSConfigFor(cfg)
 	if err != nil {
 		b.Fatalf("TLS configuration for kube-apiserver: %v", err)
@@ -209,14 +219,11 @@ func (st *benchStack) httpClientFor(b *testing.B, cfg *rest.Config, host, header
 	tlsCfg.RootCAs.AppendCertsFromPEM(st.caPEM)
 	tr := &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second}
 	b.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{
-		Timeout:   2 * time.Minute,
-		Transport: &hostHeaderTransport{base: tr, host: host, header: header, value: value},
-	}
+	return tr
 }
 
 // hostHeaderTransport sets one header (a credential) on requests for host
-// only.
+// only, or on every request when host is "".
 type hostHeaderTransport struct {
 	base          http.RoundTripper
 	host          string
@@ -224,7 +231,7 @@ type hostHeaderTransport struct {
 }
 
 func (t *hostHeaderTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.URL.Host == t.host {
+	if t.host == "" || r.URL.Host == t.host {
 		r = r.Clone(r.Context())
 		r.Header.Set(t.header, t.value)
 	}

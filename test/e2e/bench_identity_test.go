@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +17,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,7 +48,11 @@ const (
 //   - the list requests coder-k8s sends coderd per poll interval while 1
 //     user watches, and while benchIdentityWatchers different users do
 //     (counted by the proxy the control plane points at), with the
-//     authorization checks and tokens that cost.
+//     authorization checks and tokens that cost. Every watcher owns
+//     workspaces (the member benchMemberWorkspaces, the others one each);
+//     after the count a TTL changed in Coder on one workspace of each
+//     watcher must reach that watcher's watch, and no watch may show an
+//     object of another user.
 func (st *benchStack) benchIdentity(b *testing.B, n int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -78,16 +86,26 @@ func (st *benchStack) benchIdentity(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for i := range benchMemberWorkspaces {
-		w, err := owner.CreateUserWorkspace(ctx, "member", codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: fmt.Sprintf("mine-%02d", i)})
-		if err != nil {
-			b.Fatal(err)
+	// The member owns benchMemberWorkspaces workspaces, every other
+	// watcher one: each watch has its own objects to be told about.
+	owned := map[string][]codersdk.Workspace{}
+	for i, u := range users {
+		count := 1
+		if i == 0 {
+			count = benchMemberWorkspaces
 		}
-		if _, err := st.coder.WaitBuild(ctx, w.LatestBuild.ID); err != nil {
-			b.Fatal(err)
+		for j := range count {
+			w, err := owner.CreateUserWorkspace(ctx, u, codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: fmt.Sprintf("mine-%02d", j)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := st.coder.WaitBuild(ctx, w.LatestBuild.ID); err != nil {
+				b.Fatal(err)
+			}
+			owned[u] = append(owned[u], w)
 		}
 	}
-	total := n + benchMemberWorkspaces
+	total := n + benchMemberWorkspaces + len(users) - 1
 
 	// The control plane at coderd itself, in Mapped mode: the admin
 	// client certificate maps to the owner explicitly, everyone else by
@@ -144,28 +162,23 @@ func (st *benchStack) benchIdentity(b *testing.B, n int) {
 		}
 	}
 	perPoll := map[int]float64{}
+	ttl := int64(time.Hour / time.Millisecond)
 	for _, watching := range []int{1, benchIdentityWatchers} {
 		wctx, stop := context.WithCancel(ctx)
+		watches := make([]*identityWatch, watching)
 		for i := range watching {
 			l, err := dyns[i].Resource(workspacesGVR).Namespace(benchNS).List(wctx, metav1.ListOptions{})
 			if err != nil {
 				b.Fatalf("%s lists: %v", users[i], err)
 			}
-			wantItems := 0
-			if i == 0 {
-				wantItems = benchMemberWorkspaces
-			}
-			if len(l.Items) != wantItems {
-				b.Fatalf("%s lists %d workspaces, want %d", users[i], len(l.Items), wantItems)
+			if len(l.Items) != len(owned[users[i]]) {
+				b.Fatalf("%s lists %d workspaces, want their %d", users[i], len(l.Items), len(owned[users[i]]))
 			}
 			w, err := dyns[i].Resource(workspacesGVR).Namespace(benchNS).Watch(wctx, metav1.ListOptions{ResourceVersion: l.GetResourceVersion()})
 			if err != nil {
 				b.Fatalf("%s watches: %v", users[i], err)
 			}
-			go func() {
-				for range w.ResultChan() {
-				}
-			}()
+			watches[i] = watchAs(users[i], w)
 		}
 		// Settle, then count over benchWindow poll intervals.
 		time.Sleep(2 * st.watchPollInterval())
@@ -173,7 +186,6 @@ func (st *benchStack) benchIdentity(b *testing.B, n int) {
 		window := time.Duration(benchWindow) * st.watchPollInterval()
 		time.Sleep(window)
 		got := st.proxy.Stats().Since(before)
-		stop()
 		lists := got["GET /api/v2/workspaces"].Requests
 		perPoll[watching] = float64(lists) / benchWindow
 		var tokens int64
@@ -184,6 +196,33 @@ func (st *benchStack) benchIdentity(b *testing.B, n int) {
 		}
 		fmt.Printf("identity watch: %d different users watching: %d coderd list requests in %d poll intervals (%.2f per poll), %d authorization checks, %d tokens minted\n",
 			watching, lists, benchWindow, perPoll[watching], got["POST /api/v2/authcheck"].Requests, tokens)
+
+		// Then a change in Coder to one workspace of each watcher: each
+		// watch must show its owner that change, and nothing of others'.
+		ttl += int64(time.Minute / time.Millisecond)
+		changed := time.Now()
+		for _, w := range watches {
+			if err := owner.UpdateWorkspaceTTL(ctx, owned[w.user][0].ID, codersdk.UpdateWorkspaceTTLRequest{TTLMillis: &ttl}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var delays []time.Duration
+		for _, w := range watches {
+			want := "coder." + w.user + "." + owned[w.user][0].Name
+			d, err := w.waitTTL(want, ttl, changed, time.Minute)
+			if err != nil {
+				b.Fatal(err)
+			}
+			delays = append(delays, d)
+		}
+		stop()
+		for _, w := range watches {
+			if err := w.foreign(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		fmt.Printf("identity watch: %d different users watching: a TTL changed in Coder on one workspace of each reached its owner's watch (and no other) in median %s, at most %s after the changes began\n",
+			watching, percentile(delays, 50).Round(time.Millisecond), slices.Max(delays).Round(time.Millisecond))
 	}
 	b.ReportMetric(perPoll[1], "lists-per-poll-1-user")
 	b.ReportMetric(perPoll[benchIdentityWatchers], "lists-per-poll-50-users")
@@ -253,4 +292,63 @@ func alternateWith(b *testing.B, hc *http.Client, a, c string) (time.Duration, t
 		}
 	}
 	return percentile(as, 50), percentile(cs, 50)
+}
+
+// identityWatch drains one user's watch, keeping what it showed.
+type identityWatch struct {
+	user string
+	mu   sync.Mutex
+	// ttl is the latest spec.ttlMillis seen per object name, with when.
+	ttl  map[string]int64
+	seen map[string]time.Time
+	// others are objects shown that are not the user's.
+	others []string
+}
+
+func watchAs(user string, w watch.Interface) *identityWatch {
+	iw := &identityWatch{user: user, ttl: map[string]int64{}, seen: map[string]time.Time{}}
+	go func() {
+		for ev := range w.ResultChan() {
+			o, ok := ev.Object.(*unstructured.Unstructured)
+			if !ok || ev.Type == watch.Bookmark || ev.Type == watch.Error {
+				continue
+			}
+			iw.mu.Lock()
+			if !strings.HasPrefix(o.GetName(), "coder."+user+".") {
+				iw.others = append(iw.others, string(ev.Type)+" "+o.GetName())
+			}
+			ttl, _, _ := unstructured.NestedInt64(o.Object, "spec", "ttlMillis")
+			iw.ttl[o.GetName()], iw.seen[o.GetName()] = ttl, time.Now()
+			iw.mu.Unlock()
+		}
+	}()
+	return iw
+}
+
+// waitTTL waits until the watch showed name with spec.ttlMillis ttl and
+// returns when, after since.
+func (w *identityWatch) waitTTL(name string, ttl int64, since time.Time, timeout time.Duration) (time.Duration, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		w.mu.Lock()
+		got, at := w.ttl[name], w.seen[name]
+		w.mu.Unlock()
+		if got == ttl {
+			return at.Sub(since), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%s's watch did not show %s with ttlMillis %d within %s (last seen %d)", w.user, name, ttl, timeout, got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// foreign fails if the watch showed any object not the user's.
+func (w *identityWatch) foreign() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.others) > 0 {
+		return fmt.Errorf("%s's watch showed %d objects of others, first %s", w.user, len(w.others), w.others[0])
+	}
+	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
@@ -171,15 +171,14 @@ func (st *mcpBench) agentTokens(b *testing.B, n int) []string {
 	return tokens
 }
 
-// agentClient is one agent's HTTP client: its own transport, adding the
-// agent's bearer token to requests for the MCP server only.
+// agentClient is one agent's HTTP client: its own transport, with no
+// client certificate and the agent's bearer token on every request, so the
+// reference LISTs through kube-apiserver are made as the agent, as the
+// tool makes its own.
 func (st *mcpBench) agentClient(b *testing.B, token string) *http.Client {
 	b.Helper()
-	u, err := url.Parse(st.mcpURL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return st.httpClient(b, u.Host, "Authorization", "Bearer "+token)
+	tr := st.transportFor(b, rest.AnonymousClientConfig(st.k.Config))
+	return &http.Client{Timeout: 2 * time.Minute, Transport: &hostHeaderTransport{base: tr, header: "Authorization", value: "Bearer " + token}}
 }
 
 // connect opens an MCP client session over hc.
@@ -367,10 +366,12 @@ func (st *mcpBench) benchLatency(b *testing.B, n int, token string) {
 // of: the aggregated LIST it makes (all workspaces, whatever the page;
 // the tool makes it with the caller's token), and the TokenReview it asks
 // for when its cache (10 s per token) has no answer; next to one call.
-// The LIST and the review are made with the measurement client as the
-// admin.
+// The LIST is made with the agent's client, as the tool makes it; the
+// review with the admin's certificate (the operator makes it as itself,
+// and the agent may not).
 func (st *mcpBench) latencyParts(b *testing.B, s *mcp.ClientSession, hc *http.Client, calls int, mcpMed time.Duration) {
 	ctx := context.Background()
+	admin := &http.Client{Timeout: 2 * time.Minute, Transport: st.transportFor(b, st.k.Config)}
 	review, err := st.k.Clientset.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
 		Spec: authenticationv1.TokenReviewSpec{Token: st.agentToken(b)},
 	}, metav1.CreateOptions{})
@@ -400,7 +401,7 @@ func (st *mcpBench) latencyParts(b *testing.B, s *mcp.ClientSession, hc *http.Cl
 			return d, err
 		}},
 		{name: "TokenReview", run: func() (time.Duration, error) {
-			d, body, err := st.post(hc, "/apis/authentication.k8s.io/v1/tokenreviews", tokenReview)
+			d, body, err := st.post(admin, "/apis/authentication.k8s.io/v1/tokenreviews", tokenReview)
 			if err == nil && !bytes.Contains(body, []byte(`"authenticated":true`)) {
 				err = fmt.Errorf("TokenReview not authenticated: %.300s", body)
 			}
