@@ -46,6 +46,7 @@ import (
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/chartrbac"
 )
 
 const (
@@ -350,7 +351,7 @@ config:
 	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
 		return nil, fmt.Errorf("parse %s: %w", valuesPath, err)
 	}
-	id, err := testenv.GrantChartRBAC(ctx, kube.Config, testenv.ChartRBACOptions{
+	id, err := chartrbac.Grant(ctx, kube.Config, chartrbac.Options{
 		Release: releaseName, Namespace: serviceNamespace, Values: vals,
 		KubeconfigPath: filepath.Join(stateDir, "operator-kubeconfig"),
 	})

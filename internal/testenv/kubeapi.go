@@ -470,10 +470,11 @@ func (k *KubeAPI) UnregisterAPIService(ctx context.Context, group, version strin
 
 // EnsureNamespace creates namespace name unless it exists.
 func (k *KubeAPI) EnsureNamespace(ctx context.Context, name string) error {
-	return ensureNamespace(ctx, k.Clientset, name)
+	return EnsureNamespace(ctx, k.Clientset, name)
 }
 
-func ensureNamespace(ctx context.Context, cs kubernetes.Interface, name string) error {
+// EnsureNamespace creates namespace name with cs unless it exists.
+func EnsureNamespace(ctx context.Context, cs kubernetes.Interface, name string) error {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create namespace %s: %w", name, err)

@@ -31,6 +31,7 @@ import (
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/chartrbac"
 )
 
 // binary is the coder-k8s binary the tests and benchmarks run: bin/coder-k8s
@@ -57,7 +58,7 @@ type Operator struct {
 	LeaseName            string
 	// Identity is the ServiceAccount the binary authenticates as, bound to
 	// the RBAC the chart renders for its mode (nil with RunKubeconfig).
-	Identity *testenv.ChartIdentity
+	Identity *chartrbac.Identity
 }
 
 // OperatorOptions describes one coder-k8s process.
@@ -163,7 +164,7 @@ mcp: {bindAddress: "127.0.0.1:%d"%s}
 %s`, opts.Mode, kubeconfig, qps, ports[0], ports[1], lease, leaderElection, controllerExtra, ports[2], aggregated, ports[3], mcpExtra, opts.ExtraConfig)
 	}
 	cfg := render(controllerExtra)
-	var identity *testenv.ChartIdentity
+	var identity *chartrbac.Identity
 	if opts.RunKubeconfig == "" {
 		var release string
 		identity, release = grantOperatorRBAC(t, opts, []byte(cfg), kubeconfig, "coder-k8s-"+strconv.Itoa(ports[0]))
@@ -289,7 +290,7 @@ func serviceAccountGroups(user string) []string {
 // Lease, autoTLS's Secret and APIService), and writes a kubeconfig holding
 // only that ServiceAccount's token to kubeconfig. release is the release
 // name when neither opts nor autoTLS name one; it returns the release used.
-func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfig, release string) (*testenv.ChartIdentity, string) {
+func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfig, release string) (*chartrbac.Identity, string) {
 	t.Helper()
 	admin, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
 	if err != nil {
@@ -357,7 +358,7 @@ func grantOperatorRBAC(t testing.TB, opts OperatorOptions, cfg []byte, kubeconfi
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now()
-	id, err := testenv.GrantChartRBAC(ctx, admin, testenv.ChartRBACOptions{
+	id, err := chartrbac.Grant(ctx, admin, chartrbac.Options{
 		Release: release, Namespace: namespace, Values: values, KubeconfigPath: kubeconfig, Edit: opts.EditRBAC,
 	})
 	if err != nil {

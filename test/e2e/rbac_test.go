@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/chartrbac"
 )
 
 // assertChartIdentity checks that op authenticates, through the kubeconfig
@@ -181,7 +182,7 @@ func TestOperatorRunsWithTheChartRBAC(t *testing.T) {
 				"leaseName": lease, "namespace": "default",
 			}}},
 		}
-		_, err = testenv.GrantChartRBAC(ctx, admin, testenv.ChartRBACOptions{
+		_, err = chartrbac.Grant(ctx, admin, chartrbac.Options{
 			Release: op.Identity.ServiceAccount, Namespace: op.Identity.Namespace, Values: values,
 			KubeconfigPath: t.TempDir() + "/unused-kubeconfig",
 		})

@@ -1,4 +1,9 @@
-package testenv
+// Package chartrbac grants a test's operator exactly the RBAC the Helm chart
+// renders: it renders charts/coder-k8s with the Helm library, applies the
+// ServiceAccount and RBAC objects and writes a kubeconfig for that identity.
+// It is apart from testenv so that tests which start no operator do not
+// link Helm.
+package chartrbac
 
 import (
 	"bufio"
@@ -29,11 +34,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
+
+	"github.com/coder/coder-k8s/internal/testenv"
 )
 
-// ChartRBACOptions say which release of charts/coder-k8s the operator's
+// Options say which release of charts/coder-k8s the operator's
 // identity stands for.
-type ChartRBACOptions struct {
+type Options struct {
 	// Release and Namespace are those of `helm install Release -n
 	// Namespace`: the ServiceAccount and the namespaced RBAC objects
 	// without a namespace of their own go there.
@@ -50,10 +57,10 @@ type ChartRBACOptions struct {
 	Edit func(objs []*unstructured.Unstructured) []*unstructured.Unstructured
 }
 
-// ChartIdentity is the ServiceAccount the chart renders, bound to exactly
+// Identity is the ServiceAccount the chart renders, bound to exactly
 // the RBAC the chart renders for its values, with a kubeconfig that
 // authenticates as it and nothing else.
-type ChartIdentity struct {
+type Identity struct {
 	ServiceAccount, Namespace string
 	// Username is how kube-apiserver names it:
 	// system:serviceaccount:<namespace>:<name>.
@@ -67,7 +74,7 @@ type ChartIdentity struct {
 	Objects []string
 }
 
-// chartRBACKinds are the kinds GrantChartRBAC applies, with their
+// chartRBACKinds are the kinds Grant applies, with their
 // resources: the identity and what grants it permissions.
 var chartRBACKinds = map[schema.GroupVersionKind]schema.GroupVersionResource{
 	{Version: "v1", Kind: "ServiceAccount"}:                              {Version: "v1", Resource: "serviceaccounts"},
@@ -81,12 +88,12 @@ var chartRBACKinds = map[schema.GroupVersionKind]schema.GroupVersionResource{
 // any test or `make dev` session.
 const operatorTokenTTL = 48 * time.Hour
 
-// RenderChart renders charts/coder-k8s as `helm template Release -n
+// Render renders charts/coder-k8s as `helm template Release -n
 // Namespace --kube-version kubeVersion` does, with the Helm library's
 // install action in client-only dry-run mode (which checks values against
 // values.schema.json first), and returns the manifest.
-func RenderChart(release, namespace string, kubeVersion *chartutil.KubeVersion, values map[string]any) (string, error) {
-	root, err := RepoRoot()
+func Render(release, namespace string, kubeVersion *chartutil.KubeVersion, values map[string]any) (string, error) {
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		return "", err
 	}
@@ -126,9 +133,9 @@ func copyValues(v map[string]any) (map[string]any, error) {
 	return out, nil
 }
 
-// ChartRBACObjects returns the ServiceAccount and RBAC objects of a
+// Objects returns the ServiceAccount and RBAC objects of a
 // rendered manifest, namespaced ones defaulted to namespace as Helm does.
-func ChartRBACObjects(manifest, namespace string) ([]*unstructured.Unstructured, error) {
+func Objects(manifest, namespace string) ([]*unstructured.Unstructured, error) {
 	var objs []*unstructured.Unstructured
 	r := utilyaml.NewYAMLReader(bufio.NewReader(strings.NewReader(manifest)))
 	for {
@@ -161,7 +168,7 @@ func ChartRBACObjects(manifest, namespace string) ([]*unstructured.Unstructured,
 	return objs, nil
 }
 
-// GrantChartRBAC renders the chart for opts, applies (as admin, with
+// Grant renders the chart for opts, applies (as admin, with
 // server-side apply) the ServiceAccount and the ClusterRoles,
 // ClusterRoleBindings, Roles and RoleBindings it renders, waits until
 // kube-apiserver's authorizer grants the ServiceAccount a permission of
@@ -169,7 +176,7 @@ func ChartRBACObjects(manifest, namespace string) ([]*unstructured.Unstructured,
 // writes a kubeconfig that authenticates with that token alone. Applying
 // the same release again updates its objects and keeps the ServiceAccount,
 // so replicas of one release share it, as in a cluster.
-func GrantChartRBAC(ctx context.Context, admin *rest.Config, opts ChartRBACOptions) (*ChartIdentity, error) {
+func Grant(ctx context.Context, admin *rest.Config, opts Options) (*Identity, error) {
 	if opts.Release == "" || opts.Namespace == "" || opts.KubeconfigPath == "" {
 		return nil, errors.New("grant chart RBAC: release, namespace and kubeconfig path are required")
 	}
@@ -190,11 +197,11 @@ func GrantChartRBAC(ctx context.Context, admin *rest.Config, opts ChartRBACOptio
 	if err != nil {
 		return nil, fmt.Errorf("grant chart RBAC: kube-apiserver version %q: %w", sv.GitVersion, err)
 	}
-	manifest, err := RenderChart(opts.Release, opts.Namespace, kv, opts.Values)
+	manifest, err := Render(opts.Release, opts.Namespace, kv, opts.Values)
 	if err != nil {
 		return nil, fmt.Errorf("grant chart RBAC: %w", err)
 	}
-	objs, err := ChartRBACObjects(manifest, opts.Namespace)
+	objs, err := Objects(manifest, opts.Namespace)
 	if err != nil {
 		return nil, fmt.Errorf("grant chart RBAC: %w", err)
 	}
@@ -202,7 +209,7 @@ func GrantChartRBAC(ctx context.Context, admin *rest.Config, opts ChartRBACOptio
 		objs = opts.Edit(objs)
 	}
 
-	id := &ChartIdentity{Namespace: opts.Namespace, KubeconfigPath: opts.KubeconfigPath}
+	id := &Identity{Namespace: opts.Namespace, KubeconfigPath: opts.KubeconfigPath}
 	for _, o := range objs {
 		if o.GetKind() == "ServiceAccount" {
 			if id.ServiceAccount != "" {
@@ -220,7 +227,7 @@ func GrantChartRBAC(ctx context.Context, admin *rest.Config, opts ChartRBACOptio
 	for _, o := range objs {
 		if ns := o.GetNamespace(); ns != "" && !namespaces[ns] {
 			namespaces[ns] = true
-			if err := ensureNamespace(ctx, cs, ns); err != nil {
+			if err := testenv.EnsureNamespace(ctx, cs, ns); err != nil {
 				return nil, fmt.Errorf("grant chart RBAC: %w", err)
 			}
 		}
@@ -288,7 +295,7 @@ func writeTokenKubeconfig(path string, cfg *rest.Config, user string) error {
 // waitForGrants waits until kube-apiserver's RBAC authorizer, which learns
 // of new roles and bindings from a watch, allows id the first rule of the
 // role every binding of id refers to.
-func waitForGrants(ctx context.Context, cs kubernetes.Interface, objs []*unstructured.Unstructured, id *ChartIdentity) error {
+func waitForGrants(ctx context.Context, cs kubernetes.Interface, objs []*unstructured.Unstructured, id *Identity) error {
 	rendered := map[string]*unstructured.Unstructured{}
 	for _, o := range objs {
 		rendered[o.GetKind()+"/"+o.GetNamespace()+"/"+o.GetName()] = o
@@ -322,7 +329,7 @@ func waitForGrants(ctx context.Context, cs kubernetes.Interface, objs []*unstruc
 	return nil
 }
 
-func bindsServiceAccount(subjects []rbacv1.Subject, id *ChartIdentity) bool {
+func bindsServiceAccount(subjects []rbacv1.Subject, id *Identity) bool {
 	for _, s := range subjects {
 		if s.Kind == rbacv1.ServiceAccountKind && s.Name == id.ServiceAccount && s.Namespace == id.Namespace {
 			return true
@@ -357,7 +364,7 @@ func roleRules(ctx context.Context, cs kubernetes.Interface, rendered map[string
 
 // waitAllowed asks kube-apiserver (SubjectAccessReview) whether id may do
 // what rule grants, in namespace (empty: cluster-wide), until it may.
-func waitAllowed(ctx context.Context, cs kubernetes.Interface, id *ChartIdentity, namespace string, rule rbacv1.PolicyRule) error {
+func waitAllowed(ctx context.Context, cs kubernetes.Interface, id *Identity, namespace string, rule rbacv1.PolicyRule) error {
 	spec := authorizationv1.SubjectAccessReviewSpec{
 		User:   id.Username,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + id.Namespace, "system:authenticated"},
