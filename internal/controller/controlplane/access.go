@@ -16,6 +16,7 @@ import (
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+	"github.com/coder/coder-k8s/internal/controller/reconcile"
 )
 
 // reconcileAccess runs the access manager against the coderd at ep and
@@ -36,7 +37,7 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 			// The manager classified the failure itself.
 			reason = res.Reason
 		}
-		setCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, reason, "operator access: "+err.Error())
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, reason, "operator access: "+err.Error())
 		if res.CoderVersion != "" {
 			// It failed after coderd answered.
 			ccp.Status.CoderVersion = res.CoderVersion
@@ -62,7 +63,7 @@ func (r *Reconciler) reconcileAccess(ctx context.Context, ccp *coderv1alpha1.Cod
 	if res.Unverified {
 		status = metav1.ConditionUnknown
 	}
-	setCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, status, reason, msg)
+	reconcile.SetCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, status, reason, msg)
 
 	st := &ccp.Status
 	st.OperatorTokenSecretRef = res.TokenSecretRef // nil unless ready or unverified, so no one uses a token known to be bad
@@ -105,11 +106,11 @@ func setIdentity(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) {
 			logf.FromContext(ctx).Info("WARNING: spec.identity.mode is Operator: every caller of coderworkspaces and codertemplates in this namespace acts in Coder as the operator's owner user, so whoever Kubernetes RBAC lets read or change them may read and change anything in this coderd",
 				"controlPlane", ccp.Namespace+"/"+ccp.Name)
 		}
-		setCondition(ccp, coderv1alpha1.ConditionIdentityMapped, metav1.ConditionFalse, coderv1alpha1.ReasonOperatorIdentity,
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionIdentityMapped, metav1.ConditionFalse, coderv1alpha1.ReasonOperatorIdentity,
 			"spec.identity.mode is Operator: every caller of the aggregated API and MCP acts in Coder as the operator's owner user "+ccp.Status.OperatorUser)
 		return
 	}
-	setCondition(ccp, coderv1alpha1.ConditionIdentityMapped, metav1.ConditionTrue, coderv1alpha1.ReasonMapped,
+	reconcile.SetCondition(ccp, coderv1alpha1.ConditionIdentityMapped, metav1.ConditionTrue, coderv1alpha1.ReasonMapped,
 		"each caller of the aggregated API and MCP acts in Coder as the Coder user their Kubernetes user maps to")
 }
 
@@ -121,12 +122,12 @@ func setIdentity(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) {
 func setAdoptedAvailable(ccp *coderv1alpha1.CoderControlPlane, coderVersion, accessReason, unreachableMsg, unknownMsg string) {
 	switch {
 	case coderVersion != "":
-		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonCoderdReachable,
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonCoderdReachable,
 			fmt.Sprintf("coderd %s answers at %s", coderVersion, ccp.Status.URL))
 	case accessReason == coderv1alpha1.ReasonCoderdUnreachable:
-		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonCoderdUnreachable, unreachableMsg)
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonCoderdUnreachable, unreachableMsg)
 	default:
-		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionUnknown, coderv1alpha1.ReasonReachabilityUnknown, unknownMsg)
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionUnknown, coderv1alpha1.ReasonReachabilityUnknown, unknownMsg)
 	}
 }
 
@@ -142,11 +143,11 @@ func (r *Reconciler) setLicense(ccp *coderv1alpha1.CoderControlPlane, lic *opera
 		if reason == "" {
 			reason = map[bool]string{true: coderv1alpha1.ReasonApplied, false: coderv1alpha1.ReasonLicenseNotApplied}[lic.Applied]
 		}
-		setCondition(ccp, coderv1alpha1.ConditionLicenseApplied, boolStatus(lic.Applied), reason, lic.Message)
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionLicenseApplied, boolStatus(lic.Applied), reason, lic.Message)
 		return
 	}
 	if apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionLicenseApplied) == nil {
-		setCondition(ccp, coderv1alpha1.ConditionLicenseApplied, metav1.ConditionUnknown, coderv1alpha1.ReasonWaitingForAccess,
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionLicenseApplied, metav1.ConditionUnknown, coderv1alpha1.ReasonWaitingForAccess,
 			"the license is uploaded once the operator has access to coderd")
 	}
 }

@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/controller/workload"
+	"github.com/coder/coder-k8s/internal/controller/reconcile"
 )
 
 // ensureFinalizers adds the finalizers the control plane needs before
@@ -21,7 +20,7 @@ func (r *Reconciler) ensureFinalizers(ctx context.Context, ccp *coderv1alpha1.Co
 	if plan, err := r.workspaceRBACPlan(ccp); err == nil && plan.reachesOtherNamespaces() {
 		names = append(names, FinalizerWorkspaceRBAC)
 	}
-	return workload.AddFinalizers(ctx, r.Client, ccp, names...)
+	return reconcile.AddFinalizers(ctx, r.Client, ccp, names...)
 }
 
 // finalize runs on a control plane being deleted: revoke the operator's
@@ -30,7 +29,7 @@ func (r *Reconciler) finalize(ctx context.Context, ccp *coderv1alpha1.CoderContr
 	var release []string
 	var requeue time.Duration
 	if controllerutil.ContainsFinalizer(ccp, FinalizerOperatorAccess) {
-		done, after := r.revoke(ctx, ccp)
+		done, after := r.kit().Clean(ctx, ccp, r.revocation(ccp))
 		if done {
 			release = append(release, FinalizerOperatorAccess)
 		}
@@ -42,19 +41,19 @@ func (r *Reconciler) finalize(ctx context.Context, ccp *coderv1alpha1.CoderContr
 		}
 		release = append(release, FinalizerWorkspaceRBAC)
 	}
-	if err := workload.RemoveFinalizers(ctx, r.Client, ccp, release...); err != nil {
+	if err := reconcile.RemoveFinalizers(ctx, r.Client, ccp, release...); err != nil {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: requeue}, nil
 }
 
-// revoke revokes the operator's token. It reports done when revoked, or
-// when RevokeGracePeriod has passed since deletion was requested: then
-// the finalizer goes anyway, with a Warning event naming what may be left
-// in coderd, so that an unreachable coderd never blocks deletion forever.
-// Until then it asks to be retried after a growing interval.
-func (r *Reconciler) revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) (done bool, retryAfter time.Duration) {
-	log := logf.FromContext(ctx)
+// revocation revokes the operator's token, best effort and bounded
+// (reconcile.Kit.Clean): when RevokeGracePeriod has passed since deletion
+// was requested the finalizer goes anyway, with a Warning event naming
+// what may be left in coderd, so that an unreachable coderd never blocks
+// deletion forever. Until then each failure is announced and retried
+// after a growing interval.
+func (r *Reconciler) revocation(ccp *coderv1alpha1.CoderControlPlane) reconcile.Cleanup {
 	coderURL := ccp.Status.URL
 	if coderURL == "" {
 		coderURL = ccp.Spec.ExternalURL
@@ -62,29 +61,35 @@ func (r *Reconciler) revoke(ctx context.Context, ccp *coderv1alpha1.CoderControl
 			coderURL = inClusterURL(ccp, valueOr(r.ClusterDomain, DefaultClusterDomain))
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, valueOr(r.RevokeTimeout, DefaultRevokeTimeout))
-	err := r.Access.Revoke(rctx, ccp, coderURL)
-	cancel()
-	if err == nil {
-		log.Info("revoked operator access", "url", coderURL)
-		return true, 0
-	}
 	grace := valueOr(r.RevokeGracePeriod, DefaultRevokeGracePeriod)
-	if retry, giveUp := workload.CleanupRetry(ccp, grace, time.Now()); !giveUp {
-		deadline := ccp.DeletionTimestamp.Add(grace)
-		log.Info("revoking operator access failed; retrying", "url", coderURL, "error", err.Error(), "giveUpAt", deadline)
-		r.event(ccp, corev1.EventTypeWarning, "RevokeFailed",
-			fmt.Sprintf("revoking the operator's Coder token failed: %v; retrying until %s, then deletion proceeds without it", err, deadline.UTC().Format(time.RFC3339)))
-		return false, retry
+	return reconcile.Cleanup{
+		Name:         "revoke operator access at " + coderURL,
+		Grace:        grace,
+		Action:       "Reconcile",
+		RetryReason:  "RevokeFailed",
+		GaveUpReason: "RevokeAbandoned",
+		Try: func(ctx context.Context) (string, error) {
+			rctx, cancel := context.WithTimeout(ctx, valueOr(r.RevokeTimeout, DefaultRevokeTimeout))
+			defer cancel()
+			if err := r.Access.Revoke(rctx, ccp, coderURL); err != nil {
+				return "", err
+			}
+			logf.FromContext(ctx).Info("revoked operator access", "url", coderURL)
+			return "", nil
+		},
+		Retrying: func(err error, deadline time.Time) string {
+			return fmt.Sprintf("revoking the operator's Coder token failed: %v; retrying until %s, then deletion proceeds without it",
+				err, deadline.UTC().Format(time.RFC3339))
+		},
+		GaveUp: func(err error) string {
+			user := ccp.Status.OperatorUser
+			if user == "" {
+				user = "(unknown)"
+			}
+			return fmt.Sprintf("could not revoke the operator's Coder token within %s (%v); deleting anyway: revoke the tokens of Coder user %s at %s by hand",
+				grace, err, user, coderURL)
+		},
 	}
-	user := ccp.Status.OperatorUser
-	if user == "" {
-		user = "(unknown)"
-	}
-	log.Error(err, "giving up revoking operator access; removing the finalizer", "url", coderURL, "gracePeriod", grace, "operatorUser", user)
-	r.event(ccp, corev1.EventTypeWarning, "RevokeAbandoned",
-		fmt.Sprintf("could not revoke the operator's Coder token within %s (%v); deleting anyway: revoke the tokens of Coder user %s at %s by hand", grace, err, user, coderURL))
-	return true, 0
 }
 
 // releaseWorkspaceRBACFinalizer deletes the workspace RBAC that plan
@@ -99,5 +104,5 @@ func (r *Reconciler) releaseWorkspaceRBACFinalizer(ctx context.Context, ccp *cod
 	if err := r.deleteWorkspaceRBAC(ctx, ccp, keep); err != nil {
 		return err
 	}
-	return workload.RemoveFinalizers(ctx, r.Client, ccp, FinalizerWorkspaceRBAC)
+	return reconcile.RemoveFinalizers(ctx, r.Client, ccp, FinalizerWorkspaceRBAC)
 }

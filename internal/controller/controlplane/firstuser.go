@@ -17,6 +17,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+	"github.com/coder/coder-k8s/internal/controller/reconcile"
 )
 
 // First-user setup of a deployed coderd. Whoever creates coderd's first
@@ -61,7 +62,7 @@ func (r *Reconciler) initialized(ctx context.Context, ccp *coderv1alpha1.CoderCo
 	if !metav1.IsControlledBy(&svc, ccp) {
 		return false, nil
 	}
-	setCondition(ccp, coderv1alpha1.ConditionInitialized, metav1.ConditionTrue, coderv1alpha1.ReasonFirstUserExists,
+	reconcile.SetCondition(ccp, coderv1alpha1.ConditionInitialized, metav1.ConditionTrue, coderv1alpha1.ReasonFirstUserExists,
 		"coderd has its first user; its Service exists")
 	return true, nil
 }
@@ -84,19 +85,19 @@ func (r *Reconciler) reconcileSetup(ctx context.Context, ccp *coderv1alpha1.Code
 		if err != nil {
 			why = err.Error()
 		}
-		setCondition(ccp, coderv1alpha1.ConditionInitialized, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser, withheld+"; "+why)
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionInitialized, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser, withheld+"; "+why)
 		if ccp.Spec.OperatorAccess.Disabled {
-			setCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, coderv1alpha1.ReasonDisabled,
+			reconcile.SetCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, coderv1alpha1.ReasonDisabled,
 				"operator access is disabled (spec.operatorAccess.disabled)")
 		} else {
-			setCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser,
+			reconcile.SetCondition(ccp, coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser,
 				"the operator sets up coderd's first user at a ready coderd pod; "+why)
 		}
 		return recheck, false
 	}
 	after, res := r.reconcileAccess(ctx, ccp, operatoraccess.Endpoint{URL: ccp.Status.URL, Dial: dial})
 	if res.FirstUser {
-		setCondition(ccp, coderv1alpha1.ConditionInitialized, metav1.ConditionTrue, coderv1alpha1.ReasonFirstUserExists,
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionInitialized, metav1.ConditionTrue, coderv1alpha1.ReasonFirstUserExists,
 			"coderd has its first user; its Service, Ingress and HTTPRoute may exist")
 		return after, true
 	}
@@ -105,7 +106,7 @@ func (r *Reconciler) reconcileSetup(ctx context.Context, ccp *coderv1alpha1.Code
 		msg = withheld + "; operator access is disabled (spec.operatorAccess.disabled): create the first user yourself, e.g. through " +
 			"`kubectl port-forward deployment/" + ccp.Name + " 8080` and http://localhost:8080"
 	}
-	setCondition(ccp, coderv1alpha1.ConditionInitialized, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser, msg)
+	reconcile.SetCondition(ccp, coderv1alpha1.ConditionInitialized, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser, msg)
 	return minPositive(after, setupRecheck), false
 }
 

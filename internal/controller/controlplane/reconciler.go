@@ -13,7 +13,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,6 +26,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
+	"github.com/coder/coder-k8s/internal/controller/reconcile"
 	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
@@ -150,7 +150,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 
-	before := ccp.Status.DeepCopy()
+	st := reconcile.Begin(&ccp, &ccp.Status)
 	var workloadErr error
 	requeue := valueOr(r.ResyncPeriod, DefaultResyncPeriod)
 	if ccp.Spec.ExternalURL != "" {
@@ -178,34 +178,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 
-	ccp.Status.Phase = computePhase(before.Phase, ccp.Status.Conditions)
-	ccp.Status.ObservedGeneration = ccp.Generation
-	if !equality.Semantic.DeepEqual(*before, ccp.Status) {
-		patchBase := ccp.DeepCopy()
-		patchBase.Status = *before
-		// Optimistic lock: a reconcile that started from a stale copy
-		// (the cache had not seen the last status write yet, while a
-		// child's event it caused had arrived) must not write its status
-		// nor announce its transitions a second time; it is retried from
-		// the current object.
-		if err := r.Client.Status().Patch(ctx, &ccp, client.MergeFromWithOptions(patchBase, client.MergeFromWithOptimisticLock{})); err != nil {
-			if apierrors.IsNotFound(err) {
-				return ctrl.Result{}, nil
-			}
-			if apierrors.IsConflict(err) {
-				return ctrl.Result{RequeueAfter: time.Second}, nil
-			}
-			return ctrl.Result{}, fmt.Errorf("update status of control plane %s/%s: %w", ccp.Namespace, ccp.Name, err)
-		}
-		// Announce transitions once they are recorded, so a failed
-		// status write does not announce them twice.
-		r.recordTransitions(&ccp, before.Conditions, ccp.Status.Conditions)
+	ccp.Status.Phase = computePhase(st.StartPhase(), ccp.Status.Conditions)
+	for _, e := range transitions(st.StartConditions(), ccp.Status.Conditions) {
+		st.Event(e.Type, e.Reason, e.Action, e.Note)
 	}
-	if workloadErr != nil {
-		// Retried with the controller's per-object exponential backoff.
-		return ctrl.Result{}, workloadErr
-	}
-	return ctrl.Result{RequeueAfter: requeue}, nil
+	// A workload error is retried with the controller's per-object
+	// exponential backoff.
+	return r.kit().Finish(ctx, st, ctrl.Result{RequeueAfter: requeue}, workloadErr)
+}
+
+// kit is what the reconciler writes status, events and finalizers with.
+// Its RBAC patches the status: a pass that started from a stale copy
+// (the cache had not seen the last status write yet, while a child's
+// event it caused had arrived) conflicts and is retried from the current
+// object, without announcing its transitions a second time.
+func (r *Reconciler) kit() reconcile.Kit {
+	return reconcile.Kit{Client: r.Client, Recorder: r.Recorder, PatchStatus: true}
 }
 
 // adopt handles a control plane with spec.externalURL: nothing deployed
@@ -277,7 +265,7 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 	if exp := ccp.Spec.Expose; exp == nil || (exp.Ingress == nil && exp.HTTPRoute == nil) {
 		apimeta.RemoveStatusCondition(&ccp.Status.Conditions, coderv1alpha1.ConditionExposed)
 	} else if !initialized {
-		setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser,
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, coderv1alpha1.ReasonAwaitingFirstUser,
 			"the Ingress or HTTPRoute is created once coderd has its first user (see condition Initialized)")
 	} else if exp.Ingress != nil {
 		apply(desiredIngress(ccp))
@@ -286,10 +274,10 @@ func (r *Reconciler) reconcileWorkload(ctx context.Context, ccp *coderv1alpha1.C
 		installed, err := r.httpRouteInstalled()
 		switch {
 		case err != nil:
-			setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionUnknown, coderv1alpha1.ReasonApplyError, err.Error())
+			reconcile.SetCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionUnknown, coderv1alpha1.ReasonApplyError, err.Error())
 			requeue = minPositive(requeue, valueOr(r.GatewayAPIRecheckPeriod, gatewayAPIRecheck))
 		case !installed:
-			setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, coderv1alpha1.ReasonGatewayAPINotInstalled,
+			reconcile.SetCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, coderv1alpha1.ReasonGatewayAPINotInstalled,
 				"spec.expose.httpRoute needs the Gateway API: the HTTPRoute kind (gateway.networking.k8s.io/v1) is not installed in the cluster; install the Gateway API CRDs or use spec.expose.ingress")
 			requeue = minPositive(requeue, valueOr(r.GatewayAPIRecheckPeriod, gatewayAPIRecheck))
 		default:

@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
@@ -114,7 +113,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.Owns(newHTTPRoute())
 	}
 	if r.Rechecks != nil {
-		b = b.WatchesRawSource(source.TypedChannel(r.Rechecks, handler.TypedFuncs[types.NamespacedName, reconcile.Request]{
+		b = b.WatchesRawSource(source.TypedChannel(r.Rechecks, handler.TypedFuncs[types.NamespacedName, ctrl.Request]{
 			GenericFunc: r.recheck,
 		}))
 	}
@@ -125,32 +124,32 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 // mapByLabels maps a child in any namespace to its control plane.
-func mapByLabels(_ context.Context, o client.Object) []reconcile.Request {
+func mapByLabels(_ context.Context, o client.Object) []ctrl.Request {
 	l := o.GetLabels()
 	if l[coderv1alpha1.LabelManagedBy] != coderv1alpha1.ManagedByValue || l[coderv1alpha1.LabelControlPlane] == "" || l[coderv1alpha1.LabelControlPlaneNamespace] == "" {
 		return nil
 	}
-	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: l[coderv1alpha1.LabelControlPlaneNamespace], Name: l[coderv1alpha1.LabelControlPlane]}}}
+	return []ctrl.Request{{NamespacedName: types.NamespacedName{Namespace: l[coderv1alpha1.LabelControlPlaneNamespace], Name: l[coderv1alpha1.LabelControlPlane]}}}
 }
 
 // mapSecret maps a Secret to the control planes in its namespace that
 // reference it.
-func (r *Reconciler) mapSecret(ctx context.Context, o client.Object) []reconcile.Request {
+func (r *Reconciler) mapSecret(ctx context.Context, o client.Object) []ctrl.Request {
 	var list coderv1alpha1.CoderControlPlaneList
 	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingFields{secretIndex: o.GetName()}); err != nil {
 		logf.FromContext(ctx).Error(err, "list control planes referencing Secret", "secret", client.ObjectKeyFromObject(o))
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
+	reqs := make([]ctrl.Request, 0, len(list.Items))
 	for i := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 	}
 	return reqs
 }
 
 // recheck drops the access manager's last result for the control plane
 // named by e and reconciles it, so its token is checked with coderd now.
-func (r *Reconciler) recheck(ctx context.Context, e event.TypedGenericEvent[types.NamespacedName], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+func (r *Reconciler) recheck(ctx context.Context, e event.TypedGenericEvent[types.NamespacedName], q workqueue.TypedRateLimitingInterface[ctrl.Request]) {
 	key := e.Object
 	var ccp coderv1alpha1.CoderControlPlane
 	if err := r.Client.Get(ctx, key, &ccp); err != nil {
@@ -161,5 +160,5 @@ func (r *Reconciler) recheck(ctx context.Context, e event.TypedGenericEvent[type
 		rc.Recheck(&ccp)
 	}
 	logf.FromContext(ctx).Info("coderd rejected the operator token: checking operator access now", "controlPlane", key)
-	q.Add(reconcile.Request{NamespacedName: key})
+	q.Add(ctrl.Request{NamespacedName: key})
 }

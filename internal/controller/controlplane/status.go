@@ -16,20 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"github.com/coder/coder-k8s/internal/controller/reconcile"
 	"github.com/coder/coder-k8s/internal/controller/workload"
 )
-
-// setCondition sets a condition with the object's generation; its
-// transition time changes only when its status does.
-func setCondition(ccp *coderv1alpha1.CoderControlPlane, typ string, status metav1.ConditionStatus, reason, message string) {
-	apimeta.SetStatusCondition(&ccp.Status.Conditions, metav1.Condition{
-		Type:               typ,
-		Status:             status,
-		Reason:             reason,
-		Message:            workload.Message(message),
-		ObservedGeneration: ccp.Generation,
-	})
-}
 
 func boolStatus(b bool) metav1.ConditionStatus {
 	if b {
@@ -125,9 +114,13 @@ var transitionEvents = []struct {
 	{typ: coderv1alpha1.ConditionLicenseApplied, becameTrue: "LicenseApplied"},
 }
 
-// recordTransitions emits events for condition changes between two
-// reconciles, never for a condition that stayed as it was.
-func (r *Reconciler) recordTransitions(ccp *coderv1alpha1.CoderControlPlane, before, after []metav1.Condition) {
+// transitions returns the events for the condition changes between two
+// reconciles, none for a condition that stayed as it was.
+func transitions(before, after []metav1.Condition) []reconcile.Event {
+	var evs []reconcile.Event
+	announce := func(eventType, reason, note string) {
+		evs = append(evs, reconcile.Event{Type: eventType, Reason: reason, Action: "Reconcile", Note: note})
+	}
 	for _, te := range transitionEvents {
 		n := apimeta.FindStatusCondition(after, te.typ)
 		if n == nil {
@@ -142,7 +135,7 @@ func (r *Reconciler) recordTransitions(ccp *coderv1alpha1.CoderControlPlane, bef
 			if te.trueOnlyAfterFalse && (o == nil || o.Status != metav1.ConditionFalse) {
 				continue
 			}
-			r.event(ccp, corev1.EventTypeNormal, te.becameTrue, n.Message)
+			announce(corev1.EventTypeNormal, te.becameTrue, n.Message)
 		case metav1.ConditionFalse:
 			switch {
 			case o != nil && o.Status == metav1.ConditionTrue:
@@ -150,45 +143,36 @@ func (r *Reconciler) recordTransitions(ccp *coderv1alpha1.CoderControlPlane, bef
 				if reason == "" || problemReasons[n.Reason] {
 					reason = n.Reason
 				}
-				r.event(ccp, corev1.EventTypeWarning, reason, n.Message)
+				announce(corev1.EventTypeWarning, reason, n.Message)
 			case problemReasons[n.Reason] && (o == nil || o.Reason != n.Reason || o.Message != n.Message):
-				r.event(ccp, corev1.EventTypeWarning, n.Reason, n.Message)
+				announce(corev1.EventTypeWarning, n.Reason, n.Message)
 			}
 		}
 	}
-}
-
-// event records an event about ccp.
-func (r *Reconciler) event(ccp *coderv1alpha1.CoderControlPlane, eventType, reason, note string) {
-	if r.Recorder == nil {
-		return
-	}
-	// The note is a format string for the recorder; pass it as an
-	// argument so a % in an error message is printed as is.
-	r.Recorder.Eventf(ccp, nil, eventType, reason, "Reconcile", "%s", workload.Message(note))
+	return evs
 }
 
 // accessBackoff is when to check again access that has been failing
-// since c's last transition (workload.Backoff).
+// since c's last transition (reconcile.Backoff).
 func accessBackoff(c *metav1.Condition, now time.Time) time.Duration {
 	if c == nil {
 		return minAccessBackoff
 	}
-	return workload.Backoff(c.LastTransitionTime.Time, now, minAccessBackoff, maxAccessBackoff)
+	return reconcile.Backoff(c.LastTransitionTime.Time, now, minAccessBackoff, maxAccessBackoff)
 }
 
 // setExposed sets the Exposed condition from the outcome of applying the
 // Ingress or HTTPRoute.
 func (r *Reconciler) setExposed(ccp *coderv1alpha1.CoderControlPlane, errs []error, okReason, okMessage string) {
 	if len(errs) == 0 {
-		setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionTrue, okReason, okMessage)
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionTrue, okReason, okMessage)
 		return
 	}
 	reason := coderv1alpha1.ReasonApplyError
 	if permanent(errs...) {
 		reason = coderv1alpha1.ReasonApplyFailed
 	}
-	setCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, reason, errors.Join(errs...).Error())
+	reconcile.SetCondition(ccp, coderv1alpha1.ConditionExposed, metav1.ConditionFalse, reason, errors.Join(errs...).Error())
 }
 
 // setReconciled sets the Reconciled condition: a refused workspace RBAC
@@ -206,7 +190,7 @@ func (r *Reconciler) setReconciled(ccp *coderv1alpha1.CoderControlPlane, refused
 		if len(errs) > 0 {
 			msg += "; " + errors.Join(errs...).Error()
 		}
-		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonWorkspaceRBACRefused, msg)
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonWorkspaceRBACRefused, msg)
 	case len(errs) > 0:
 		reason := coderv1alpha1.ReasonApplyError
 		if permanent(errs...) {
@@ -216,11 +200,11 @@ func (r *Reconciler) setReconciled(ccp *coderv1alpha1.CoderControlPlane, refused
 		if missingMsg != "" {
 			msg += "; " + missingMsg
 		}
-		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, reason, msg)
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, reason, msg)
 	case len(missing) > 0:
-		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonSecretNotFound, missingMsg)
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionFalse, coderv1alpha1.ReasonSecretNotFound, missingMsg)
 	default:
-		setCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied, "all children are up to date")
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionReconciled, metav1.ConditionTrue, coderv1alpha1.ReasonApplied, "all children are up to date")
 	}
 }
 
@@ -245,7 +229,7 @@ func (r *Reconciler) setAvailableFromDeployment(ctx context.Context, ccp *coderv
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ccp.Namespace, Name: ccp.Name}, &dep)
 	if apierrors.IsNotFound(err) {
 		ccp.Status.Replicas, ccp.Status.ReadyReplicas = 0, 0
-		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
 			fmt.Sprintf("Deployment %s does not exist yet", ccp.Name))
 		return nil
 	}
@@ -259,15 +243,15 @@ func (r *Reconciler) setAvailableFromDeployment(ctx context.Context, ccp *coderv
 			continue
 		}
 		if c.Status == corev1.ConditionTrue {
-			setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonDeploymentAvailable,
+			reconcile.SetCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonDeploymentAvailable,
 				fmt.Sprintf("Deployment %s is available: %d of %d replicas ready", dep.Name, dep.Status.ReadyReplicas, ptrValue(dep.Spec.Replicas)))
 			return nil
 		}
-		setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
+		reconcile.SetCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
 			fmt.Sprintf("Deployment %s is not available (%s): %s", dep.Name, c.Reason, c.Message))
 		return nil
 	}
-	setCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
+	reconcile.SetCondition(ccp, coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonDeploymentUnavailable,
 		fmt.Sprintf("Deployment %s has not reported availability yet: %d of %d replicas ready", dep.Name, dep.Status.ReadyReplicas, ptrValue(dep.Spec.Replicas)))
 	return nil
 }

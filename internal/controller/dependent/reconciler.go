@@ -1,11 +1,9 @@
 // Package dependent holds what the reconcilers of the kinds that depend on
-// a CoderControlPlane (CoderProvisioner, CoderWorkspaceProxy) share: the
-// status they build during a reconcile (conditions at the object's
-// generation, events only on transitions, emitted after the status is
-// written), the resolution of the referenced control plane and the watch
-// that reconciles its dependents when it changes, the bounded best-effort
-// cleanup in Coder behind a finalizer (paced by package workload, which
-// also builds and applies their Deployments).
+// a CoderControlPlane (CoderProvisioner, CoderWorkspaceProxy) share beyond
+// the kit of package reconcile: the conditions and phases they report
+// alike, the resolution of the referenced control plane and the watch
+// that reconciles its dependents when it changes, and the cleanup in
+// Coder behind their finalizers (the kit bounds it in time).
 //
 // The RBAC markers for what this code does stay in the reconciler packages
 // that use it, so that each reconciler states its own permissions.
@@ -29,7 +27,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
-	"github.com/coder/coder-k8s/internal/controller/workload"
+	"github.com/coder/coder-k8s/internal/controller/reconcile"
 	"github.com/coder/coder-k8s/internal/metrics"
 )
 
@@ -119,31 +117,10 @@ func (b *Base) ControlPlane(ctx context.Context, st *State, name string) (*coder
 
 // EnsureFinalizer adds finalizer to obj (one patch, only when missing).
 func (b *Base) EnsureFinalizer(ctx context.Context, obj client.Object, finalizer string) error {
-	return workload.AddFinalizers(ctx, b.Client, obj, finalizer)
+	return reconcile.AddFinalizers(ctx, b.Client, obj, finalizer)
 }
 
-// Finish ends a reconcile that built st and returned res and recErr: it
-// writes the status when it changed, then records st's events. A status
-// write lost to a newer version of the object is decided again once that
-// version reaches the cache.
-func (b *Base) Finish(ctx context.Context, st *State, res ctrl.Result, recErr error) (ctrl.Result, error) {
-	if err := st.writeStatus(ctx, b.Client); err != nil {
-		if apierrors.IsConflict(err) && recErr == nil {
-			return ctrl.Result{RequeueAfter: time.Second}, nil
-		}
-		return ctrl.Result{}, errors.Join(recErr, fmt.Errorf("write status: %w", err))
-	}
-	st.emit(b.Recorder)
-	if recErr != nil {
-		return ctrl.Result{}, recErr
-	}
-	return res, nil
-}
-
-// event records an event about obj at once (outside a State: deletion
-// writes no status).
-func (b *Base) event(obj client.Object, eventType, reason, action, note string) {
-	if b.Recorder != nil {
-		b.Recorder.Eventf(obj, nil, eventType, reason, action, "%s", workload.Message(note))
-	}
+// Kit is what the reconciler writes status, events and finalizers with.
+func (b *Base) Kit() reconcile.Kit {
+	return reconcile.Kit{Client: b.Client, Recorder: b.Recorder}
 }

@@ -1,7 +1,6 @@
 package dependent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -10,125 +9,54 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/events"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/reconcile"
 	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
-// Status points at the fields every dependent kind's status has. The
-// status types are distinct API types, so the shared code reaches their
-// common fields through these pointers into the status being built.
-type Status struct {
-	ObservedGeneration *int64
-	Phase              *coderv1alpha1.Phase
-	Replicas           *int32
-	ReadyReplicas      *int32
-	Conditions         *[]metav1.Condition
+// Object is a kind that references a control plane; the API types
+// CoderProvisioner and CoderWorkspaceProxy implement it.
+type Object interface {
+	reconcile.Object
+	SetReplicas(replicas, ready int32)
 }
 
-// State is one reconcile's view of a dependent object: the status being
-// built (a copy of the object's, owned by the kind's reconciler) and the
-// events to emit once that status is written.
+// State is one reconcile's view of a dependent object: the pass's status,
+// built in the object (package reconcile), with what the dependent kinds
+// report alike.
 type State struct {
-	obj    client.Object
-	status Status
-	// prevPhase is the phase the object had when the reconcile started.
-	prevPhase coderv1alpha1.Phase
-	events    []pendingEvent
-	// commit copies the built status into obj and reports whether it
-	// differs from what obj had.
-	commit func() bool
+	*reconcile.Status
+	obj Object
 }
 
-type pendingEvent struct {
-	eventType, reason, action, note string
-}
-
-// NewState starts a reconcile of obj, whose status is live; built is the
-// copy the reconcile fills in, and fields point into built. It stamps the
-// generation and marks the conditions not evaluated yet as Unknown.
-func NewState[S any](obj client.Object, live, built *S, fields Status) *State {
-	st := &State{
-		obj:       obj,
-		status:    fields,
-		prevPhase: *fields.Phase,
-		commit: func() bool {
-			if equality.Semantic.DeepEqual(*live, *built) {
-				return false
-			}
-			*live = *built
-			return true
-		},
-	}
-	*fields.ObservedGeneration = obj.GetGeneration()
+// NewState starts a reconcile of obj, whose status is *status, and marks
+// the conditions not evaluated yet as Unknown.
+func NewState[S any, P interface {
+	*S
+	DeepCopy() *S
+}](obj Object, status P) *State {
+	st := &State{Status: reconcile.Begin(obj, status), obj: obj}
 	for _, t := range []string{
 		coderv1alpha1.ConditionControlPlaneReady,
 		coderv1alpha1.ConditionFeatureSupported,
 		coderv1alpha1.ConditionCredentialsReady,
 		coderv1alpha1.ConditionAvailable,
 	} {
-		if apimeta.FindStatusCondition(*fields.Conditions, t) == nil {
-			apimeta.SetStatusCondition(fields.Conditions, metav1.Condition{
-				Type: t, Status: metav1.ConditionUnknown, Reason: coderv1alpha1.ReasonReconciling,
-				Message: "not evaluated yet", ObservedGeneration: obj.GetGeneration(),
-			})
+		if apimeta.FindStatusCondition(obj.GetConditions(), t) == nil {
+			reconcile.SetCondition(obj, t, metav1.ConditionUnknown, coderv1alpha1.ReasonReconciling, "not evaluated yet")
 		}
 	}
 	return st
 }
 
-// writeStatus writes the status only when it changed.
-func (st *State) writeStatus(ctx context.Context, c client.Client) error {
-	if !st.commit() {
-		return nil
-	}
-	return c.Status().Update(ctx, st.obj)
-}
-
-// SetCondition sets a condition at the object's generation; when its
-// status or reason changes and eventType is set, an event with the
-// condition's reason and message is queued (events only on transitions).
-func (st *State) SetCondition(condType string, status metav1.ConditionStatus, reason, message, eventType string) {
-	message = workload.Message(message)
-	old := apimeta.FindStatusCondition(*st.status.Conditions, condType)
-	changed := old == nil || old.Status != status || old.Reason != reason
-	apimeta.SetStatusCondition(st.status.Conditions, metav1.Condition{
-		Type: condType, Status: status, Reason: reason, Message: message,
-		ObservedGeneration: st.obj.GetGeneration(),
-	})
-	if changed && eventType != "" {
-		st.Event(eventType, reason, "Reconcile", message)
-	}
-}
-
-// Event queues an event about the object.
-func (st *State) Event(eventType, reason, action, note string) {
-	st.events = append(st.events, pendingEvent{eventType, reason, action, note})
-}
-
-// emit records the queued events; it runs after the status is written so
-// that a failed write does not leave events for a transition that was not
-// recorded.
-func (st *State) emit(rec events.EventRecorder) {
-	if rec == nil {
-		return
-	}
-	for _, e := range st.events {
-		rec.Eventf(st.obj, nil, e.eventType, e.reason, e.action, "%s", workload.Message(e.note))
-	}
-	st.events = nil
-}
-
 // WaitingPhase is the phase while something the object needs is missing:
 // Degraded when it was ready before, otherwise Pending.
 func (st *State) WaitingPhase() coderv1alpha1.Phase {
-	switch st.prevPhase {
+	switch st.StartPhase() {
 	case coderv1alpha1.PhaseReady, coderv1alpha1.PhaseDegraded:
 		return coderv1alpha1.PhaseDegraded
 	default:
@@ -136,7 +64,7 @@ func (st *State) WaitingPhase() coderv1alpha1.Phase {
 	}
 }
 
-func (st *State) setWaiting() { *st.status.Phase = st.WaitingPhase() }
+func (st *State) setWaiting() { st.obj.SetPhase(st.WaitingPhase()) }
 
 // SetControlPlaneReady records that the operator reaches ccp's coderd.
 func (st *State) SetControlPlaneReady(ccp *coderv1alpha1.CoderControlPlane) {
@@ -154,7 +82,7 @@ func (st *State) Unsupported(err error, what string) bool {
 	}
 	st.SetCondition(coderv1alpha1.ConditionFeatureSupported, metav1.ConditionFalse, reason,
 		"coderd does not offer "+what+": "+coderapi.Message(err), corev1.EventTypeWarning)
-	*st.status.Phase = coderv1alpha1.PhaseUnsupported
+	st.obj.SetPhase(coderv1alpha1.PhaseUnsupported)
 	return true
 }
 
@@ -167,7 +95,7 @@ func (st *State) Supported(what string) {
 // event) and the phase Failed: the object needs a change to progress.
 func (st *State) Failed(condType, reason, message string) {
 	st.SetCondition(condType, metav1.ConditionFalse, reason, message, corev1.EventTypeWarning)
-	*st.status.Phase = coderv1alpha1.PhaseFailed
+	st.obj.SetPhase(coderv1alpha1.PhaseFailed)
 }
 
 // Conflict reports whether err is a *workload.ConflictError; if so it reports it
@@ -214,24 +142,24 @@ func (st *State) SetAvailability(dep *appsv1.Deployment) {
 	if dep.Spec.Replicas != nil {
 		desired = *dep.Spec.Replicas
 	}
-	*st.status.Replicas = dep.Status.Replicas
-	*st.status.ReadyReplicas = dep.Status.ReadyReplicas
+	st.obj.SetReplicas(dep.Status.Replicas, dep.Status.ReadyReplicas)
 	ready := dep.Status.ReadyReplicas
 	switch {
 	case desired == 0:
 		st.SetCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonScaledToZero, "the Deployment is scaled to zero replicas", "")
-		*st.status.Phase = coderv1alpha1.PhaseReady
+		st.obj.SetPhase(coderv1alpha1.PhaseReady)
 	case ready >= desired && dep.Status.ObservedGeneration >= dep.Generation:
 		st.SetCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionTrue, coderv1alpha1.ReasonReplicasReady,
 			fmt.Sprintf("%d/%d replicas ready", ready, desired), corev1.EventTypeNormal)
-		*st.status.Phase = coderv1alpha1.PhaseReady
+		st.obj.SetPhase(coderv1alpha1.PhaseReady)
 	default:
 		st.SetCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonReplicasNotReady,
 			fmt.Sprintf("%d/%d replicas ready", ready, desired), "")
-		if st.prevPhase == coderv1alpha1.PhaseReady || st.prevPhase == coderv1alpha1.PhaseDegraded {
-			*st.status.Phase = coderv1alpha1.PhaseDegraded
+		// Degraded once it was ready, as while waiting.
+		if st.WaitingPhase() == coderv1alpha1.PhaseDegraded {
+			st.obj.SetPhase(coderv1alpha1.PhaseDegraded)
 		} else {
-			*st.status.Phase = coderv1alpha1.PhaseProvisioning
+			st.obj.SetPhase(coderv1alpha1.PhaseProvisioning)
 		}
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 )
@@ -74,20 +73,20 @@ func (b *Base) NewController(mgr ctrl.Manager, c Controller) (*builder.Builder, 
 // requestsForControlPlane maps a CoderControlPlane to the objects of the
 // kind referencing it.
 func (b *Base) requestsForControlPlane(c Controller) handler.MapFunc {
-	return func(ctx context.Context, o client.Object) []reconcile.Request {
+	return func(ctx context.Context, o client.Object) []ctrl.Request {
 		list := c.NewList()
 		if err := b.Client.List(ctx, list, client.InNamespace(o.GetNamespace()),
 			client.MatchingFields{ControlPlaneRefIndex: o.GetName()}); err != nil {
 			logf.FromContext(ctx).Error(err, "list "+c.Kind+" objects for control plane", "controlPlane", o.GetName())
 			return nil
 		}
-		var reqs []reconcile.Request
+		var reqs []ctrl.Request
 		if err := apimeta.EachListItem(list, func(item runtime.Object) error {
 			m, err := apimeta.Accessor(item)
 			if err != nil {
 				return err
 			}
-			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: m.GetNamespace(), Name: m.GetName()}})
+			reqs = append(reqs, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: m.GetNamespace(), Name: m.GetName()}})
 			return nil
 		}); err != nil {
 			logf.FromContext(ctx).Error(err, "read "+c.Kind+" objects for control plane", "controlPlane", o.GetName())

@@ -124,14 +124,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !obj.DeletionTimestamp.IsZero() {
 		return r.Finalize(ctx, &obj, r.keyCleanup(&obj))
 	}
-	st := newState(&obj)
-	res, err := r.reconcile(ctx, st)
-	return r.Finish(ctx, st.State, res, err)
+	st := dependent.NewState(&obj, &obj.Status)
+	res, err := r.reconcile(ctx, &obj, st)
+	return r.Kit().Finish(ctx, st.Status, res, err)
 }
 
-func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, error) {
-	obj := st.obj
-	ccp, cl, res, err := r.ControlPlane(ctx, st.State, obj.Spec.ControlPlaneRef.Name)
+// reconcile is one pass over obj, whose status st builds.
+func (r *Reconciler) reconcile(ctx context.Context, obj *coderv1alpha1.CoderProvisioner, st *dependent.State) (ctrl.Result, error) {
+	ccp, cl, res, err := r.ControlPlane(ctx, st, obj.Spec.ControlPlaneRef.Name)
 	if cl == nil {
 		return res, err
 	}
@@ -153,7 +153,7 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 		return ctrl.Result{}, st.CoderError(fmt.Sprintf("get organization %q", orgName), err)
 	}
 	st.SetControlPlaneReady(ccp)
-	st.status.OrganizationID = org.ID.String()
+	obj.Status.OrganizationID = org.ID.String()
 
 	keys, err := cl.ListProvisionerKeys(ctx, org.ID)
 	if st.Unsupported(err, "external provisioner daemons (provisioner keys)") {
@@ -170,15 +170,15 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 		return ctrl.Result{}, err
 	}
 
-	id, err := r.ensureKey(ctx, st, cl, org.ID, keys)
+	id, err := r.ensureKey(ctx, obj, st, cl, org.ID, keys)
 	if err != nil {
 		if st.Conflict(coderv1alpha1.ConditionCredentialsReady, err) {
 			return ctrl.Result{RequeueAfter: dependent.FailedRequeue}, nil
 		}
 		return ctrl.Result{}, st.CoderError("provisioner key", err)
 	}
-	st.status.KeyName = id.Name
-	st.status.KeySecretRef = &coderv1alpha1.SecretKeyReference{Name: keySecretName(obj), Key: KeySecretKey}
+	obj.Status.KeyName = id.Name
+	obj.Status.KeySecretRef = &coderv1alpha1.SecretKeyReference{Name: keySecretName(obj), Key: KeySecretKey}
 	st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, coderv1alpha1.ReasonKeyReady,
 		fmt.Sprintf("provisioner key %q is stored in Secret %s", id.Name, keySecretName(obj)), "")
 

@@ -26,12 +26,13 @@ func (r *Reconciler) keyCleanup(obj *coderv1alpha1.CoderProvisioner) dependent.C
 		Find: func(ctx context.Context) (string, dependent.UndoFunc, error) {
 			return r.issuedKey(ctx, obj)
 		},
+		Name:         "revoke the provisioner key",
 		Action:       "RevokeKey",
 		DoneReason:   EventKeyRevoked,
 		FailedReason: EventKeyRevocationFailed,
-		Verb:         "revoke", Gerund: "revoking", Past: "revoked",
-		ByHand: "revoke it in Coder by hand",
-		Noun:   "the provisioner key", LogKey: "key",
+		Done:         "revoked %s",
+		GaveUp:       "gave up revoking %[1]s after %[2]s: %[3]s; revoke it in Coder by hand",
+		Abandoned:    "cannot revoke %[1]s: %[2]s; revoke it in Coder by hand",
 	}
 }
 

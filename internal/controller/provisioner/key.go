@@ -18,6 +18,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/dependent"
 	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
@@ -88,8 +89,7 @@ func findKey(keys []codersdk.ProvisionerKey, name string) *codersdk.ProvisionerK
 // ensureKey makes sure the Secret holds a live provisioner key issued for
 // the spec's organization and tags, issuing or rotating it when not.
 // keys is the organization's current list of keys.
-func (r *Reconciler) ensureKey(ctx context.Context, st *state, cl *codersdk.Client, orgID uuid.UUID, keys []codersdk.ProvisionerKey) (keyIdentity, error) {
-	obj := st.obj
+func (r *Reconciler) ensureKey(ctx context.Context, obj *coderv1alpha1.CoderProvisioner, st *dependent.State, cl *codersdk.Client, orgID uuid.UUID, keys []codersdk.ProvisionerKey) (keyIdentity, error) {
 	log := logf.FromContext(ctx)
 	name := keyName(obj)
 	tags := canonicalTags(obj.Spec.Tags)

@@ -2,10 +2,8 @@
 // CoderProvisioner, CoderWorkspaceProxy) build their children with: the
 // Deployment running Coder's image from the v1alpha1.PodSpec every kind
 // inlines, the restricted security contexts, the Service from
-// v1alpha1.ServiceSpec, server-side apply that writes nothing at steady
-// state and never takes over an object someone else owns, finalizer
-// patches and the pacing of the bounded cleanup behind a finalizer, and
-// messages cut to what conditions and events accept.
+// v1alpha1.ServiceSpec, and server-side apply that writes nothing at
+// steady state and never takes over an object someone else owns.
 package workload
 
 import (

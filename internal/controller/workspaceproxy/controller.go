@@ -133,14 +133,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !obj.DeletionTimestamp.IsZero() {
 		return r.Finalize(ctx, &obj, r.proxyCleanup(&obj))
 	}
-	st := newState(&obj)
-	res, err := r.reconcile(ctx, st)
-	return r.Finish(ctx, st.State, res, err)
+	st := dependent.NewState(&obj, &obj.Status)
+	res, err := r.reconcile(ctx, &obj, st)
+	return r.Kit().Finish(ctx, st.Status, res, err)
 }
 
-func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, error) {
-	obj := st.obj
-	ccp, cl, res, err := r.ControlPlane(ctx, st.State, obj.Spec.ControlPlaneRef.Name)
+// reconcile is one pass over obj, whose status st builds.
+func (r *Reconciler) reconcile(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy, st *dependent.State) (ctrl.Result, error) {
+	ccp, cl, res, err := r.ControlPlane(ctx, st, obj.Spec.ControlPlaneRef.Name)
 	if cl == nil {
 		return res, err
 	}
@@ -160,7 +160,7 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 
 	var cred credentials
 	if obj.Spec.ProxyTokenSecretRef != nil {
-		if err := r.dropRegistration(ctx, st, cl); err != nil {
+		if err := r.dropRegistration(ctx, obj, st, cl); err != nil {
 			return ctrl.Result{}, st.CoderError("deregister the proxy registered before a token was supplied", err)
 		}
 		var ok bool
@@ -172,7 +172,7 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 			ref := obj.Spec.ProxyTokenSecretRef
 			st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, coderv1alpha1.ReasonTokenSecretNotFound,
 				fmt.Sprintf("spec.proxyTokenSecretRef: Secret %s has no key %q", ref.Name, ref.Key), corev1.EventTypeWarning)
-			st.status.Phase = st.WaitingPhase()
+			obj.Status.Phase = st.WaitingPhase()
 			return ctrl.Result{RequeueAfter: dependent.AccessNotReadyRequeue}, nil
 		}
 		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, coderv1alpha1.ReasonTokenSupplied,
@@ -183,7 +183,7 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 		if err := r.EnsureFinalizer(ctx, obj, Finalizer); err != nil {
 			return ctrl.Result{}, err
 		}
-		cred, err = r.ensureRegistration(ctx, st, cl, proxies.Regions)
+		cred, err = r.ensureRegistration(ctx, obj, st, cl, proxies.Regions)
 		if err != nil {
 			if st.Conflict(coderv1alpha1.ConditionCredentialsReady, err) {
 				return ctrl.Result{RequeueAfter: dependent.FailedRequeue}, nil
@@ -193,9 +193,9 @@ func (r *Reconciler) reconcile(ctx context.Context, st *state) (ctrl.Result, err
 		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, coderv1alpha1.ReasonRegistered,
 			fmt.Sprintf("workspace proxy %q is registered; its token is stored in Secret %s", proxyName(obj), cred.ref.Name), "")
 	}
-	st.status.ProxyID = cred.proxyID
-	st.status.TokenSecretRef = &cred.ref
-	st.status.URL = obj.Spec.AccessURL
+	obj.Status.ProxyID = cred.proxyID
+	obj.Status.TokenSecretRef = &cred.ref
+	obj.Status.URL = obj.Spec.AccessURL
 
 	dep, err := r.applyWorkload(ctx, obj, ccp, cred)
 	if err != nil {

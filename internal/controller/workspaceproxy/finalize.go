@@ -26,12 +26,13 @@ func (r *Reconciler) proxyCleanup(obj *coderv1alpha1.CoderWorkspaceProxy) depend
 		Find: func(ctx context.Context) (string, dependent.UndoFunc, error) {
 			return r.registeredProxy(ctx, obj)
 		},
+		Name:         "deregister the workspace proxy",
 		Action:       "DeregisterProxy",
 		DoneReason:   EventProxyDeregistered,
 		FailedReason: EventProxyDeregistrationFailed,
-		Verb:         "deregister", Gerund: "deregistering", Past: "deregistered",
-		ByHand: "delete it in Coder by hand",
-		Noun:   "the workspace proxy", LogKey: "proxy",
+		Done:         "deregistered %s",
+		GaveUp:       "gave up deregistering %[1]s after %[2]s: %[3]s; delete it in Coder by hand",
+		Abandoned:    "cannot deregister %[1]s: %[2]s; delete it in Coder by hand",
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/controller/dependent"
 	"github.com/coder/coder-k8s/internal/controller/workload"
 )
 
@@ -105,8 +106,7 @@ func (r *Reconciler) ownedTokenSecret(ctx context.Context, obj *coderv1alpha1.Co
 // ensureRegistration registers the proxy in Coder when it is not, keeps
 // its display name and icon in sync, and makes sure the owned Secret holds
 // its token. proxies is coderd's current list.
-func (r *Reconciler) ensureRegistration(ctx context.Context, st *state, cl *codersdk.Client, proxies []codersdk.WorkspaceProxy) (credentials, error) {
-	obj := st.obj
+func (r *Reconciler) ensureRegistration(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy, st *dependent.State, cl *codersdk.Client, proxies []codersdk.WorkspaceProxy) (credentials, error) {
 	name, display, iconURL := proxyName(obj), displayName(obj), icon(obj)
 	secret, err := r.ownedTokenSecret(ctx, obj)
 	if err != nil {
@@ -232,8 +232,8 @@ func (r *Reconciler) suppliedCredentials(ctx context.Context, obj *coderv1alpha1
 
 // dropRegistration deregisters the proxy this object registered before a
 // token was supplied, and deletes its Secret.
-func (r *Reconciler) dropRegistration(ctx context.Context, st *state, cl *codersdk.Client) error {
-	secret, err := r.ownedTokenSecret(ctx, st.obj)
+func (r *Reconciler) dropRegistration(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy, st *dependent.State, cl *codersdk.Client) error {
+	secret, err := r.ownedTokenSecret(ctx, obj)
 	var conflict *workload.ConflictError
 	if errors.As(err, &conflict) || (err == nil && secret == nil) {
 		// Nothing registered, or a foreign Secret of that name, which is

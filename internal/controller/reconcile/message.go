@@ -1,4 +1,4 @@
-package workload
+package reconcile
 
 import "github.com/coder/coder-k8s/internal/truncate"
 
