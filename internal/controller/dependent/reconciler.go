@@ -16,9 +16,7 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -95,18 +93,15 @@ func (b *Base) ControlPlane(ctx context.Context, st *State, name string) (*coder
 	key := types.NamespacedName{Namespace: st.obj.GetNamespace(), Name: name}
 	if err := b.Client.Get(ctx, key, &ccp); err != nil {
 		if apierrors.IsNotFound(err) {
-			st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, coderv1alpha1.ReasonControlPlaneNotFound,
-				fmt.Sprintf("CoderControlPlane %q not found in namespace %s", key.Name, key.Namespace), corev1.EventTypeWarning)
-			st.setWaiting()
+			st.Waiting(coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ReasonControlPlaneNotFound,
+				fmt.Sprintf("CoderControlPlane %q not found in namespace %s", key.Name, key.Namespace))
 			return nil, nil, ctrl.Result{RequeueAfter: ControlPlaneMissingRequeue}, nil
 		}
 		return nil, nil, ctrl.Result{}, fmt.Errorf("get CoderControlPlane %s: %w", key.Name, err)
 	}
 	sdk, err := coderapi.ForControlPlane(ctx, b.APIReader, &ccp, b.CoderTimeout, metrics.ComponentController)
 	if err != nil {
-		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, coderv1alpha1.ReasonOperatorAccessNotReady,
-			err.Error(), corev1.EventTypeWarning)
-		st.setWaiting()
+		st.Waiting(coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ReasonOperatorAccessNotReady, err.Error())
 		if errors.Is(err, coderapi.ErrAccessNotReady) {
 			return nil, nil, ctrl.Result{RequeueAfter: AccessNotReadyRequeue}, nil
 		}

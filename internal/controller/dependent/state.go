@@ -53,9 +53,9 @@ func NewState[S any, P interface {
 	return st
 }
 
-// WaitingPhase is the phase while something the object needs is missing:
+// waitingPhase is the phase while something the object needs is missing:
 // Degraded when it was ready before, otherwise Pending.
-func (st *State) WaitingPhase() coderv1alpha1.Phase {
+func (st *State) waitingPhase() coderv1alpha1.Phase {
 	switch st.StartPhase() {
 	case coderv1alpha1.PhaseReady, coderv1alpha1.PhaseDegraded:
 		return coderv1alpha1.PhaseDegraded
@@ -64,7 +64,13 @@ func (st *State) WaitingPhase() coderv1alpha1.Phase {
 	}
 }
 
-func (st *State) setWaiting() { st.obj.SetPhase(st.WaitingPhase()) }
+// Waiting sets condType False with reason and message (and a Warning
+// event) and the phase waitingPhase: something the object needs is
+// missing.
+func (st *State) Waiting(condType, reason, message string) {
+	st.SetCondition(condType, metav1.ConditionFalse, reason, message, corev1.EventTypeWarning)
+	st.obj.SetPhase(st.waitingPhase())
+}
 
 // SetControlPlaneReady records that the operator reaches ccp's coderd.
 func (st *State) SetControlPlaneReady(ccp *coderv1alpha1.CoderControlPlane) {
@@ -119,17 +125,14 @@ func (st *State) CoderError(what string, err error) error {
 	var netErr net.Error
 	switch {
 	case errors.As(err, &sdkErr) && coderapi.IsUnauthorized(err):
-		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, coderv1alpha1.ReasonOperatorAccessNotReady,
-			what+": coderd rejected the operator's token: "+coderapi.Message(err), corev1.EventTypeWarning)
-		st.setWaiting()
+		st.Waiting(coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ReasonOperatorAccessNotReady,
+			what+": coderd rejected the operator's token: "+coderapi.Message(err))
 	case errors.As(err, &sdkErr):
-		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, coderv1alpha1.ReasonCoderAPIError,
-			what+": "+coderapi.Message(err), corev1.EventTypeWarning)
-		st.setWaiting()
+		st.Waiting(coderv1alpha1.ConditionCredentialsReady, coderv1alpha1.ReasonCoderAPIError,
+			what+": "+coderapi.Message(err))
 	case errors.As(err, &urlErr) || errors.As(err, &netErr):
-		st.SetCondition(coderv1alpha1.ConditionControlPlaneReady, metav1.ConditionFalse, coderv1alpha1.ReasonCoderdUnreachable,
-			err.Error(), corev1.EventTypeWarning)
-		st.setWaiting()
+		st.Waiting(coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ReasonCoderdUnreachable,
+			err.Error())
 	}
 	return err
 }
@@ -156,7 +159,7 @@ func (st *State) SetAvailability(dep *appsv1.Deployment) {
 		st.SetCondition(coderv1alpha1.ConditionAvailable, metav1.ConditionFalse, coderv1alpha1.ReasonReplicasNotReady,
 			fmt.Sprintf("%d/%d replicas ready", ready, desired), "")
 		// Degraded once it was ready, as while waiting.
-		if st.WaitingPhase() == coderv1alpha1.PhaseDegraded {
+		if st.waitingPhase() == coderv1alpha1.PhaseDegraded {
 			st.obj.SetPhase(coderv1alpha1.PhaseDegraded)
 		} else {
 			st.obj.SetPhase(coderv1alpha1.PhaseProvisioning)

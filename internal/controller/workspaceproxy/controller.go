@@ -170,9 +170,8 @@ func (r *Reconciler) reconcile(ctx context.Context, obj *coderv1alpha1.CoderWork
 		}
 		if !ok {
 			ref := obj.Spec.ProxyTokenSecretRef
-			st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, coderv1alpha1.ReasonTokenSecretNotFound,
-				fmt.Sprintf("spec.proxyTokenSecretRef: Secret %s has no key %q", ref.Name, ref.Key), corev1.EventTypeWarning)
-			obj.Status.Phase = st.WaitingPhase()
+			st.Waiting(coderv1alpha1.ConditionCredentialsReady, coderv1alpha1.ReasonTokenSecretNotFound,
+				fmt.Sprintf("spec.proxyTokenSecretRef: Secret %s has no key %q", ref.Name, ref.Key))
 			return ctrl.Result{RequeueAfter: dependent.AccessNotReadyRequeue}, nil
 		}
 		st.SetCondition(coderv1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, coderv1alpha1.ReasonTokenSupplied,
