@@ -160,9 +160,8 @@ bench-memory: tools build ## all mode against kube-apiserver, empty and with 5,0
 # exceeded" when a worker is busy at the deadline (golang/go#75804).
 FUZZTIME ?= 3000x
 FUZZ_TARGETS := ./internal/aggregated/storage:FuzzParseWorkspaceName ./internal/aggregated/storage:FuzzParseTemplateName \
-                ./internal/aggregated/storage:FuzzSelector ./internal/aggregated/storage:FuzzScanWorkspacesPage \
-                ./internal/config:FuzzLoad ./internal/aggregated/templatesource:FuzzExtract \
-                ./internal/mcpserver:FuzzDecodeSparse
+                ./internal/aggregated/storage:FuzzSelector ./internal/jsonskim:FuzzScanner \
+                ./internal/config:FuzzLoad ./internal/aggregated/templatesource:FuzzExtract
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each.

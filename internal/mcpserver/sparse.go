@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+
+	"github.com/coder/coder-k8s/internal/jsonskim"
 )
 
 // decodeSparse decodes the JSON object data into v, a pointer to a struct,
@@ -25,56 +27,40 @@ func decodeSparse(data []byte, v any) error {
 	if rv.Kind() != reflect.Pointer || rv.IsNil() {
 		return errors.New("decodeSparse: want a non-nil pointer")
 	}
-	d := &sparseDecoder{data: data}
+	d := &sparseDecoder{s: jsonskim.NewBytes(data)}
 	if err := d.into(rv.Elem(), planFor(rv.Elem().Type())); err != nil {
 		return err
 	}
-	d.space()
-	if d.pos != len(d.data) {
-		return d.errorf("unexpected data after the top-level value")
+	if !d.s.End() {
+		return d.s.Errorf("unexpected data after the top-level value")
 	}
 	return nil
 }
 
+// sparseDecoder walks the JSON with a jsonskim.Scanner, which passes over
+// the values no field asks for.
 type sparseDecoder struct {
-	data []byte
-	pos  int
-}
-
-func (d *sparseDecoder) errorf(format string, args ...any) error {
-	return fmt.Errorf("JSON at offset %d: %s", d.pos, fmt.Sprintf(format, args...))
-}
-
-func (d *sparseDecoder) space() {
-	for d.pos < len(d.data) {
-		switch d.data[d.pos] {
-		case ' ', '\t', '\n', '\r':
-			d.pos++
-		default:
-			return
-		}
-	}
+	s *jsonskim.Scanner
 }
 
 var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 
 // into decodes the next value into v, of the type p plans.
 func (d *sparseDecoder) into(v reflect.Value, p *typePlan) error {
-	d.space()
 	switch p.kind {
 	case planStruct:
-		if d.null() {
+		if d.s.Literal("null") {
 			return nil
 		}
 		return d.object(v, p)
 	case planSlice:
-		if d.null() {
+		if d.s.Literal("null") {
 			v.SetZero()
 			return nil
 		}
 		return d.array(v, p.elem)
 	case planPointer:
-		if d.null() {
+		if d.s.Literal("null") {
 			v.SetZero()
 			return nil
 		}
@@ -89,7 +75,7 @@ func (d *sparseDecoder) into(v reflect.Value, p *typePlan) error {
 
 // leaf decodes the next value into v with json.Unmarshal.
 func (d *sparseDecoder) leaf(v reflect.Value) error {
-	raw, err := d.skip()
+	raw, err := d.s.Value()
 	if err != nil {
 		return err
 	}
@@ -103,7 +89,7 @@ func (d *sparseDecoder) leaf(v reflect.Value) error {
 		return nil
 	}
 	if err := json.Unmarshal(raw, v.Addr().Interface()); err != nil {
-		return fmt.Errorf("JSON at offset %d: %w", d.pos-len(raw), err)
+		return fmt.Errorf("JSON at offset %d: %w", d.s.Offset()-int64(len(raw)), err)
 	}
 	return nil
 }
@@ -118,60 +104,39 @@ func plainASCII(s []byte) bool {
 	return true
 }
 
-// null consumes a null literal if one is next.
-func (d *sparseDecoder) null() bool {
-	if bytes.HasPrefix(d.data[d.pos:], []byte("null")) {
-		d.pos += len("null")
-		return true
-	}
-	return false
-}
-
-func (d *sparseDecoder) expect(c byte) error {
-	d.space()
-	if d.pos >= len(d.data) || d.data[d.pos] != c {
-		return d.errorf("want %q", c)
-	}
-	d.pos++
-	return nil
-}
-
 // object decodes an object into the struct v: the fields v declares
 // (by JSON name), skipping the rest.
 func (d *sparseDecoder) object(v reflect.Value, p *typePlan) error {
-	if err := d.expect('{'); err != nil {
-		return err
+	if !d.s.Consume('{') {
+		return d.s.Errorf("want '{'")
 	}
-	d.space()
-	if d.pos < len(d.data) && d.data[d.pos] == '}' {
-		d.pos++
+	if d.s.Consume('}') {
 		return nil
 	}
 	for {
-		d.space()
-		raw, err := d.skip()
+		raw, err := d.s.Value()
 		if err != nil {
 			return err
 		}
 		if raw[0] != '"' {
-			return d.errorf("want an object key")
+			return d.s.Errorf("want an object key")
 		}
 		key := raw[1 : len(raw)-1]
 		if !plainASCII(key) {
 			var k string
 			if err := json.Unmarshal(raw, &k); err != nil {
-				return d.errorf("object key: %v", err)
+				return d.s.Errorf("object key: %v", err)
 			}
 			key = []byte(k)
 		}
-		if err := d.expect(':'); err != nil {
-			return err
+		if !d.s.Consume(':') {
+			return d.s.Errorf("want ':'")
 		}
 		if f, ok := p.find(key); ok {
 			if err := d.into(fieldByIndex(v, f.index), f.plan); err != nil {
 				return err
 			}
-		} else if _, err := d.skip(); err != nil {
+		} else if _, err := d.s.Value(); err != nil {
 			return err
 		}
 		if done, err := d.next('}'); done || err != nil {
@@ -181,34 +146,25 @@ func (d *sparseDecoder) object(v reflect.Value, p *typePlan) error {
 }
 
 // next consumes what follows a member or element: a ',' (more follow) or
-// close (done).
-func (d *sparseDecoder) next(close byte) (done bool, err error) {
-	d.space()
-	if d.pos >= len(d.data) {
-		return false, d.errorf("unexpected end, want ',' or %q", close)
-	}
-	switch d.data[d.pos] {
-	case ',':
-		d.pos++
+// end (done).
+func (d *sparseDecoder) next(end byte) (done bool, err error) {
+	if d.s.Consume(',') {
 		return false, nil
-	case close:
-		d.pos++
+	}
+	if d.s.Consume(end) {
 		return true, nil
 	}
-	return false, d.errorf("want ',' or %q", close)
+	return false, d.s.Errorf("want ',' or %q", end)
 }
 
 // array decodes an array into the slice v, into its elements in place as
 // encoding/json does.
 func (d *sparseDecoder) array(v reflect.Value, elem *typePlan) error {
-	if err := d.expect('['); err != nil {
-		return err
+	if !d.s.Consume('[') {
+		return d.s.Errorf("want '['")
 	}
 	i := 0
-	d.space()
-	if d.pos < len(d.data) && d.data[d.pos] == ']' {
-		d.pos++
-	} else {
+	if !d.s.Consume(']') {
 		for {
 			if i >= v.Cap() {
 				v.Grow(1)
@@ -236,78 +192,6 @@ func (d *sparseDecoder) array(v reflect.Value, elem *typePlan) error {
 		v.Set(reflect.MakeSlice(v.Type(), 0, 0))
 	}
 	return nil
-}
-
-// skip passes over the next value and returns its bytes.
-func (d *sparseDecoder) skip() ([]byte, error) {
-	d.space()
-	start := d.pos
-	if d.pos >= len(d.data) {
-		return nil, d.errorf("unexpected end, want a value")
-	}
-	switch d.data[d.pos] {
-	case '"':
-		if err := d.skipString(); err != nil {
-			return nil, err
-		}
-	case '{', '[':
-		depth := 0
-		for {
-			if d.pos >= len(d.data) {
-				return nil, d.errorf("unexpected end in a nested value")
-			}
-			switch d.data[d.pos] {
-			case '"':
-				if err := d.skipString(); err != nil {
-					return nil, err
-				}
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-			}
-			d.pos++
-			if depth == 0 {
-				break
-			}
-		}
-	default:
-	literal:
-		for d.pos < len(d.data) {
-			switch d.data[d.pos] {
-			case ',', '}', ']', ' ', '\t', '\n', '\r':
-				break literal
-			}
-			d.pos++
-		}
-		if d.pos == start {
-			return nil, d.errorf("want a value")
-		}
-	}
-	return d.data[start:d.pos], nil
-}
-
-// skipString passes over the string that starts at d.pos.
-func (d *sparseDecoder) skipString() error {
-	start := d.pos
-	d.pos++
-	for {
-		i := bytes.IndexByte(d.data[d.pos:], '"')
-		if i < 0 {
-			d.pos = start
-			return d.errorf("unterminated string")
-		}
-		end := d.pos + i
-		backslashes := 0
-		for j := end - 1; j > start && d.data[j] == '\\'; j-- {
-			backslashes++
-		}
-		d.pos = end + 1
-		if backslashes%2 == 0 {
-			return nil
-		}
-	}
 }
 
 // typePlan is how decodeSparse decodes a type, worked out once per type.
