@@ -27,6 +27,14 @@ LDFLAGS := -s -w -X github.com/coder/coder-k8s/internal/version.version=$(VERSIO
 export KUBEBUILDER_ASSETS := $(BIN)
 export CODER_K8S_BIN_DIR := $(BIN)
 
+# The project's own module is compiled with the shipped binary's settings (no
+# cgo, -trimpath) by every command: they are part of each compiled package's
+# key in the Go build cache, so go test, go vet and go run reuse what `make
+# build` and `make image` compiled instead of compiling every dependency a
+# second time. (The tools and the GitOps modules are other modules.)
+# GOFLAGS keeps what `go env` has (the environment's or `go env -w`'s).
+GOPROJ := CGO_ENABLED=0 GOFLAGS='-trimpath $(shell $(GO) env GOFLAGS)' $(GO)
+
 # go test flags; CI and people can add -run, -v, -count.
 TEST_FLAGS ?=
 # Per test binary; test/e2e takes about 14 minutes on two quiet cores.
@@ -36,11 +44,11 @@ TEST_TIMEOUT ?= 40m
 
 .PHONY: build
 build: ## Build bin/coder-k8s.
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/coder-k8s ./cmd/coder-k8s
+	$(GOPROJ) build -ldflags "$(LDFLAGS)" -o $(BIN)/coder-k8s ./cmd/coder-k8s
 
 .PHONY: build-dev
 build-dev: ## Build bin/dev, the local stack program (make dev, the GitOps suites).
-	$(GO) build -o $(BIN)/dev ./hack/dev
+	$(GOPROJ) build -o $(BIN)/dev ./hack/dev
 
 # The container image, built without a container engine by hack/image: one
 # image per IMAGE_PLATFORMS entry (os/arch), in an OCI image layout in
@@ -56,10 +64,10 @@ IMAGE_CREATED   ?= $(shell git log -1 --format=%cI 2>/dev/null || echo 1970-01-0
 image: ## Build the container image without Docker: an OCI image layout in bin/image (IMAGE_PLATFORMS, IMAGE_BASE, IMAGE_REPO, IMAGE_TAG).
 	@bins=(); for p in $(IMAGE_PLATFORMS); do \
 	  os=$${p%%/*}; arch=$${p#*/}; out=$(BIN)/image-build/$$os-$$arch/coder-k8s; \
-	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $$out ./cmd/coder-k8s; \
+	  GOOS=$$os GOARCH=$$arch $(GOPROJ) build -ldflags "$(LDFLAGS)" -o $$out ./cmd/coder-k8s; \
 	  bins+=(--binary "$$p=$$out"); \
 	done; \
-	$(GO) run ./hack/image --out $(BIN)/image --ref "$(IMAGE_REPO):$(IMAGE_TAG)" --version "$(VERSION)" --revision "$(COMMIT)" \
+	$(GOPROJ) run ./hack/image --out $(BIN)/image --ref "$(IMAGE_REPO):$(IMAGE_TAG)" --version "$(VERSION)" --revision "$(COMMIT)" \
 	  --created "$(IMAGE_CREATED)" $(if $(IMAGE_BASE),--base "$(IMAGE_BASE)") "$${bins[@]}"
 
 ##@ Run
@@ -76,7 +84,7 @@ dev: test-tools build build-dev $(if $(filter helm,$(DEV_RUN)),image) ## Run the
 
 .PHONY: test
 test: test-tools build image chart-lint test-gitops ## Build the binary and the image, then run every test suite against the real components (the chart's Go tests in test/chart, the GitOps engine suites and the fuzz targets' seeds included).
-	$(GO) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+	$(GOPROJ) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
 
 # The GitOps engine suites: Go modules of their own, pinned to the Kubernetes
 # libraries Argo CD's gitops-engine and Flux's ssa build with (they cannot
@@ -90,7 +98,7 @@ test-gitops: test-tools build build-dev ## Argo CD's gitops-engine and Flux's ss
 
 .PHONY: test-unit
 test-unit: ## Run only the tests that need no external binary.
-	$(GO) test -short $(TEST_FLAGS) ./...
+	$(GOPROJ) test -short $(TEST_FLAGS) ./...
 
 ##@ Benchmark (figures printed as ratios against a reference measured in the same run)
 
@@ -104,53 +112,53 @@ BENCH_TIMEOUT ?= 90m
 bench: tools build ## Every benchmark in one go test run (output in bin/bench/bench.txt), then the summary table (bin/bench/table.md).
 	@mkdir -p $(BIN)/bench
 	@status=0; \
-	  $(GO) test $(BENCH_PKGS) -run '^$$' -bench . -skip '^BenchmarkScale$$' -benchtime 1x -timeout $(BENCH_TIMEOUT) 2>&1 | tee $(BIN)/bench/bench.txt || status=$$?; \
-	  echo; $(GO) run ./hack/benchtable $(BIN)/bench/bench.txt | tee $(BIN)/bench/table.md || { [ $$status -ne 0 ] || status=1; }; \
+	  $(GOPROJ) test $(BENCH_PKGS) -run '^$$' -bench . -skip '^BenchmarkScale$$' -benchtime 1x -timeout $(BENCH_TIMEOUT) 2>&1 | tee $(BIN)/bench/bench.txt || status=$$?; \
+	  echo; $(GOPROJ) run ./hack/benchtable $(BIN)/bench/bench.txt | tee $(BIN)/bench/table.md || { [ $$status -ne 0 ] || status=1; }; \
 	  exit $$status
 
 .PHONY: bench-controller
 bench-controller: tools build ## 100 CoderControlPlanes: time to converge vs writing the objects directly; steady-state writes.
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkController$$' -benchtime 1x -timeout 20m
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkController$$' -benchtime 1x -timeout 20m
 
 .PHONY: bench-aggregated
 bench-aggregated: tools build ## 300 real workspaces: aggregated LIST vs coderd, kubectl get cws -A vs coder list --all (tables, then -o json), watch latency at the default poll interval (30 changes at seeded random offsets, BENCH_SEED; about 7 minutes) and coderd load, RSS.
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Aggregated$$' -benchtime 1x -timeout 40m
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Aggregated$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-mcp
 bench-mcp: tools build ## list_workspaces over MCP vs a LIST ?resourceVersion=0 through the aggregated API with a watch open (both from the watch cache), and cold (cache stale) vs a plain LIST (300 workspaces); tool calls/s with 10 clients.
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^MCP$$' -benchtime 1x -timeout 40m
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^MCP$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-metadata
 bench-metadata: tools build ## kubectl apply --server-side of a template vs a ConfigMap of the same files; a label change to an open watch (p50/p99); list ratio with stored metadata vs without (300 workspaces).
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Metadata$$' -benchtime 1x -timeout 40m
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Metadata$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-admission
 bench-admission: tools build ## 300 workspaces, the operator restarted with admission on (one ValidatingAdmissionPolicy bound) and off in alternating pairs: aggregated LIST, kubectl apply --server-side of a template and RSS, on ÷ off (targets ≤ 1.05, ≤ 1.05, ≤ 1.10 beyond the run's noise).
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Admission$$' -benchtime 1x -timeout 40m
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Admission$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-identity
 bench-identity: tools build ## Mapped mode, 300 workspaces: a member's LIST of their 10 vs coderd's list with the member's token; coderd list requests per poll with 1 vs 50 different users watching.
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Identity$$' -benchtime 1x -timeout 40m
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Identity$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-shared
 bench-shared: tools build ## Two control planes, each with its own coderd (150 workspaces each): all-namespaces LIST with one coderd hung vs both up (target ≤ 1.2); authorization checks for a member's new watch of 300 templates (target ≤ 31).
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkSharedCluster$$' -benchtime 1x -timeout 40m
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkSharedCluster$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-scale
 bench-scale: tools build ## 10,000 workspaces (BENCH_SCALE_WORKSPACES; output in bin/bench/scale.txt, table in bin/bench/scale-table.md) seeded with coderd's echo provisioner: seeding time, list ratio, RSS, coderd requests and CPU per poll with 1 and 50 watchers, watch latency after the poll.
 	@mkdir -p $(BIN)/bench
 	@status=0; \
-	  $(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 120m 2>&1 | tee $(BIN)/bench/scale.txt || status=$$?; \
-	  echo; $(GO) run ./hack/benchtable $(BIN)/bench/scale.txt | tee $(BIN)/bench/scale-table.md || { [ $$status -ne 0 ] || status=1; }; \
+	  $(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 120m 2>&1 | tee $(BIN)/bench/scale.txt || status=$$?; \
+	  echo; $(GOPROJ) run ./hack/benchtable $(BIN)/bench/scale.txt | tee $(BIN)/bench/scale-table.md || { [ $$status -ne 0 ] || status=1; }; \
 	  exit $$status
 
 .PHONY: bench-startup
 bench-startup: tools build ## all mode against kube-apiserver, no control plane: process start to every /readyz OK vs kubectl get --raw /readyz; idle RSS.
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkStartup$$' -benchtime 1x -timeout 10m
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkStartup$$' -benchtime 1x -timeout 10m
 
 .PHONY: bench-memory
 bench-memory: tools build ## all mode against kube-apiserver, empty and with 5,000 unrelated Secrets, Deployments and ConfigMaps: idle RSS of each and their ratio (target ≤ 1.10).
-	$(GO) test ./test/e2e/ -run '^$$' -bench '^BenchmarkMemory$$' -benchtime 1x -timeout 15m
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkMemory$$' -benchtime 1x -timeout 15m
 
 # Each fuzz target in turn (go test -fuzz takes one); their seeds run with
 # every `go test`, the coverage-instrumented runs only here (CI's own fuzz
@@ -167,13 +175,13 @@ FUZZ_TARGETS := ./internal/aggregated/storage:FuzzParseWorkspaceName ./internal/
 fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each.
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "go test $$pkg -fuzz ^$$name\$$ -fuzztime $(FUZZTIME)"; \
-	  $(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) || exit 1; done
+	  $(GOPROJ) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) || exit 1; done
 
 .PHONY: lint
 lint: $(BIN)/staticcheck $(BIN)/actionlint check-version ## gofmt check, go vet, staticcheck, actionlint on .github/workflows and check-version.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); \
 	  if [ -n "$$out" ]; then echo "gofmt needs to run on:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
+	$(GOPROJ) vet ./...
 	$(BIN)/staticcheck ./...
 	$(BIN)/actionlint .github/workflows/*.yaml
 	@for m in $(GITOPS_MODULES) test/gitops/stack; do echo "go vet ./$$m/..."; (cd $$m && $(GO) vet ./...) || exit 1; done
@@ -187,7 +195,7 @@ chart-lint: $(BIN)/helm $(BIN)/ct yamllint ## Lint the Helm chart: helm lint wit
 
 .PHONY: chart-test
 chart-test: chart-lint $(BIN)/kube-apiserver $(BIN)/etcd $(BIN)/kubectl $(BIN)/helm ## Test the Helm chart: chart-lint, then its Go tests (render every ci values file; install, upgrade and GitOps-apply on kube-apiserver).
-	$(GO) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./test/chart/...
+	$(GOPROJ) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./test/chart/...
 
 ##@ Generate
 
@@ -208,8 +216,8 @@ generate: $(BIN)/controller-gen $(BIN)/openapi-gen ## Regenerate deepcopy, OpenA
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-admission paths=./internal/aggregated/admission/... output:rbac:artifacts:config=config/rbac/admission
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-autotls paths=./internal/aggregated/autotls/... output:rbac:artifacts:config=config/rbac/autotls
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-mcp paths=./internal/mcpserver/... output:rbac:artifacts:config=config/rbac/mcp
-	$(GO) test ./internal/config/ -run TestDefaultsGolden -update >/dev/null
-	$(GO) run ./hack/configdoc --types internal/config/types.go --out docs/config-reference.md
+	$(GOPROJ) test ./internal/config/ -run TestDefaultsGolden -update >/dev/null
+	$(GOPROJ) run ./hack/configdoc --types internal/config/types.go --out docs/config-reference.md
 	@# The Helm chart renders its CRDs and the components' ClusterRoles from byte-identical copies.
 	mkdir -p charts/coder-k8s/files/crds charts/coder-k8s/files/rbac
 	rm -f charts/coder-k8s/files/crds/*.yaml
