@@ -74,8 +74,7 @@ type tokenReviewer struct {
 func newTokenReviewer(kube kubernetes.Interface, audiences []string, clientsFor func(string) (Kube, error)) *tokenReviewer {
 	reviews := &tokenReviews{reviews: kube.AuthenticationV1().TokenReviews(), audiences: audiences, clientsFor: clientsFor}
 	// Errors are not cached: a failed TokenReview is not the caller's
-	// fault, and the next request asks again. Rejections are, as verdicts
-	// (see tokenReviews).
+	// fault, and the next request asks again. Rejections are, as verdicts.
 	return &tokenReviewer{cached: tokencache.New(reviews, false, reviewTTL, reviewTTL)}
 }
 
@@ -85,9 +84,12 @@ func (r *tokenReviewer) verify(ctx context.Context, token string, _ *http.Reques
 	if err != nil {
 		return nil, err
 	}
-	v, isVerdict := resp.User.(*verdict)
-	if !ok || !isVerdict {
-		// tokenReviews answers every review with a verdict.
+	var v *verdict
+	if ok {
+		v, ok = resp.User.(*verdict)
+	}
+	if !ok {
+		// Not reached: tokenReviews answers every review with a verdict.
 		return nil, fmt.Errorf("the bearer token is not valid for this cluster: %w", auth.ErrInvalidToken)
 	}
 	if v.rejected != "" {
@@ -113,7 +115,11 @@ type verdict struct {
 }
 
 // tokenReviews is the authenticator the cache wraps: one TokenReview for
-// each token, sent with coder-k8s's own credentials.
+// each token, sent with coder-k8s's own credentials. It is not
+// k8s.io/apiserver's webhook token authenticator, which refuses a token
+// whose audiences miss without saying which it has, and checks audiences
+// before authentication: the 401 here says both, as docs/troubleshooting.md
+// lists them.
 type tokenReviews struct {
 	reviews authenticationv1client.TokenReviewInterface
 	// audiences, when set, are sent with every review and the token must

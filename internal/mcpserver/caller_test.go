@@ -445,11 +445,11 @@ func TestReviewsAreRememberedButNotFailures(t *testing.T) {
 		if failing {
 			return true, nil, errors.New("connection refused")
 		}
-		token := a.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview).Spec.Token
-		return true, &authenticationv1.TokenReview{Status: authenticationv1.TokenReviewStatus{
-			Authenticated: token == "good", Error: map[bool]string{false: "no such token"}[token == "good"],
-			User: authenticationv1.UserInfo{Username: "alice"},
-		}}, nil
+		status := authenticationv1.TokenReviewStatus{Authenticated: true, User: authenticationv1.UserInfo{Username: "alice"}}
+		if a.(k8stesting.CreateAction).GetObject().(*authenticationv1.TokenReview).Spec.Token != "good" {
+			status = authenticationv1.TokenReviewStatus{Error: "no such token"}
+		}
+		return true, &authenticationv1.TokenReview{Status: status}, nil
 	})
 	r := newTokenReviewer(cs, nil, func(string) (Kube, error) { return Kube{}, nil })
 	for i := range 2 {
