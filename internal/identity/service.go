@@ -146,6 +146,9 @@ type Service struct {
 	minted uint64
 	// grace is revokeGrace (shorter in tests).
 	grace time.Duration
+	// lifetime and renew are TokenLifetime and renewBefore: the tokens
+	// per hour benchmark runs them scaled down, in real time.
+	lifetime, renew time.Duration
 }
 
 type userKey struct{ coderd, kubernetesUser string }
@@ -205,7 +208,8 @@ func New(log logr.Logger, o Options) *Service {
 	}
 	s := &Service{log: log.WithName("identity"), now: time.Now, clusterControllers: cc,
 		tokens: map[tokenKey]*tokenEntry{},
-		owners: map[string]*codersdk.Client{}, stop: make(chan struct{}), grace: revokeGrace}
+		owners: map[string]*codersdk.Client{}, stop: make(chan struct{}), grace: revokeGrace,
+		lifetime: TokenLifetime, renew: renewBefore}
 	s.users = cache.NewLRUExpireCacheWithClock(maxTokens, serviceClock{s})
 	s.checks = cache.NewLRUExpireCacheWithClock(maxChecks, serviceClock{s})
 	return s
@@ -414,7 +418,7 @@ func (s *Service) current(ctx context.Context, e *tokenEntry, stale string) (str
 	defer e.mu.Unlock()
 	now := s.now()
 	e.lastUsed.Store(now.UnixNano())
-	if e.token != "" && e.token != stale && now.Add(renewBefore).Before(e.expires) {
+	if e.token != "" && e.token != stale && now.Add(s.renew).Before(e.expires) {
 		return e.token, nil
 	}
 	s.mu.Lock()
@@ -443,12 +447,12 @@ func (s *Service) current(ctx context.Context, e *tokenEntry, stale string) (str
 	// wait for this token too.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), revokeTimeout)
 	defer cancel()
-	res, err := owner.CreateToken(mctx, e.userID.String(), codersdk.CreateTokenRequest{Lifetime: TokenLifetime, TokenName: name})
+	res, err := owner.CreateToken(mctx, e.userID.String(), codersdk.CreateTokenRequest{Lifetime: s.lifetime, TokenName: name})
 	if err != nil {
 		return "", fmt.Errorf("mint a token for Coder user %s in %s with the operator's session: %w", e.userID, e.name, err)
 	}
 	old, oldID := e.token, e.keyID
-	e.token, e.keyID, e.expires = res.Key, keyID(res.Key), now.Add(TokenLifetime)
+	e.token, e.keyID, e.expires = res.Key, keyID(res.Key), now.Add(s.lifetime)
 	s.mu.Lock()
 	s.minted++
 	s.mu.Unlock()
