@@ -13,7 +13,6 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -349,108 +348,71 @@ func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObje
 // once built), or promotes spec.versionID. With
 // forceAllowCreate (server-side apply) a missing template is created.
 func (s *TemplateStorage) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, opts *metav1.UpdateOptions) (runtime.Object, bool, error) {
-	t, n, cur, err := current(ctx, s, name)
-	next, created, err := updatedObject(ctx, &s.resource, name, cur, err, objInfo, forceAllowCreate, s.New(),
-		func(obj runtime.Object) (runtime.Object, error) {
-			return s.Create(ctx, obj, createValidation, createOptions(opts))
-		})
-	if created != nil || err != nil {
-		return created, err == nil, err
-	}
-	if t, err = s.mayWrite(ctx, t, cur, codersdk.ActionUpdate); err != nil {
-		return nil, false, err
-	}
-	errs := validateTemplateUpdate(next, cur, name)
-	errs = append(errs, validateMeta(next, derivedLabels(cur.Labels), cur)...)
-	filesChanged := next.Spec.Files != nil && !maps.Equal(next.Spec.Files, cur.Spec.Files)
-	if filesChanged {
-		errs = append(errs, templatesource.Validate(next.Spec.Files, s.opts.Limits, specPath.Child("files"))...)
-	}
-	if len(errs) > 0 {
-		return nil, false, s.invalid(name, errs)
-	}
-	if updateValidation != nil {
-		if err := updateValidation(ctx, next, cur); err != nil {
-			return nil, false, err
-		}
-	}
-	w, err := s.beginWrite(ctx, t, cur)
-	if err != nil {
-		return nil, false, err
-	}
-	metaChanged := next.Spec.DisplayName != cur.Spec.DisplayName || next.Spec.Description != cur.Spec.Description || next.Spec.Icon != cur.Spec.Icon
-	promote := !filesChanged && next.Spec.VersionID != "" && next.Spec.VersionID != cur.Spec.VersionID
-	if !metaChanged && !filesChanged && !promote {
-		out, err := s.updateMetadata(ctx, w, next, cur, opts)
-		return out, false, err
-	}
-	if err := s.specChange(t, name); err != nil {
-		return nil, false, err
-	}
-	if cur.DeletionTimestamp != nil {
-		return nil, false, apierrors.NewConflict(s.gr, name, errors.New("the template is being deleted"))
-	}
-	if opts != nil && isDryRun(opts.DryRun) {
-		out := cur.DeepCopy()
-		out.Spec = next.Spec
-		return w.preview(next, out, nil), false, nil
-	}
-	tpl, err := s.fetch(ctx, t, n, name)
-	if err != nil {
-		return nil, false, err
-	}
-	if metaChanged {
-		req := metaUpdate(&tpl)
-		req.DisplayName, req.Description, req.Icon = &next.Spec.DisplayName, &next.Spec.Description, &next.Spec.Icon
-		if _, err := t.Client.UpdateTemplateMeta(ctx, tpl.ID, req); err != nil && coderapi.StatusCode(err) != http.StatusNotModified {
-			return nil, false, s.coderErr(t, err, name)
-		}
-	}
-	var plan buildPlan
-	switch {
-	case filesChanged:
-		if plan, err = s.planFiles(ctx, t, &tpl, &next.Spec, name, w.prev); err != nil {
-			return nil, false, err
-		}
-	case promote:
-		plan = s.planDrop(ctx, t, w.prev)
-		activate := uuid.MustParse(next.Spec.VersionID) // validated
-		if err := t.Client.UpdateActiveTemplateVersion(ctx, tpl.ID, codersdk.UpdateActiveTemplateVersion{ID: activate}); err != nil {
-			return nil, false, s.coderErr(t, err, name)
-		}
-	}
-	out, err := s.readCoder(ctx, t, n, name, plan.shown(w.prev))
-	if err != nil {
-		return nil, false, err
-	}
-	res, err := w.commit(ctx, next, out, plan.apply)
-	return res, false, err
+	return updateObject(ctx, s, name, objInfo, createValidation, updateValidation, forceAllowCreate, opts)
 }
 
-// updateMetadata serves an update that changes no spec field: only the
-// record is written (Coder is not asked), unless it removes the last
-// finalizer of a template whose deletion they held, which deletes it in
-// Coder now.
-func (s *TemplateStorage) updateMetadata(ctx context.Context, w *write, next, cur *aggv1.CoderTemplate, opts *metav1.UpdateOptions) (runtime.Object, error) {
-	dryRun := opts != nil && isDryRun(opts.DryRun)
-	if releasesDelete(cur, next) {
-		out := w.preview(next, cur.DeepCopy(), nil)
-		if dryRun {
-			return out, nil
-		}
-		if err := w.t.Client.DeleteTemplate(ctx, uuid.MustParse(cur.Status.ID)); err != nil {
-			return nil, s.coderErr(w.t, err, cur.Name)
-		}
-		s.cache.Delete(w.t.Key(), cur.Name)
-		return out, w.forget(ctx)
+func (s *TemplateStorage) validateUpdate(next, cur *aggv1.CoderTemplate, name string) field.ErrorList {
+	return validateTemplateUpdate(next, cur, name)
+}
+
+// planUpdate makes a spec change in Coder: the display fields through
+// the template's metadata, then new files as a version built in the
+// background, or spec.versionID made active.
+func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, next *aggv1.CoderTemplate) specUpdate {
+	filesChanged := next.Spec.Files != nil && !maps.Equal(next.Spec.Files, cur.Spec.Files)
+	metaChanged := next.Spec.DisplayName != cur.Spec.DisplayName || next.Spec.Description != cur.Spec.Description || next.Spec.Icon != cur.Spec.Icon
+	promote := !filesChanged && next.Spec.VersionID != "" && next.Spec.VersionID != cur.Spec.VersionID
+	u := specUpdate{changed: metaChanged || filesChanged || promote}
+	if filesChanged {
+		u.invalid = templatesource.Validate(next.Spec.Files, s.opts.Limits, specPath.Child("files"))
 	}
-	if !w.changes(w.record(next, cur, nil)) {
-		return cur, nil
+	u.apply = func(ctx context.Context, w *write) (object, func(*records.Record), error) {
+		t := w.t
+		tpl, err := s.fetch(ctx, t, n, name)
+		if err != nil {
+			return nil, nil, err
+		}
+		if metaChanged {
+			req := metaUpdate(&tpl)
+			req.DisplayName, req.Description, req.Icon = &next.Spec.DisplayName, &next.Spec.Description, &next.Spec.Icon
+			if _, err := t.Client.UpdateTemplateMeta(ctx, tpl.ID, req); err != nil && coderapi.StatusCode(err) != http.StatusNotModified {
+				return nil, nil, s.coderErr(t, err, name)
+			}
+		}
+		var plan buildPlan
+		switch {
+		case filesChanged:
+			if plan, err = s.planFiles(ctx, t, &tpl, &next.Spec, name, w.prev); err != nil {
+				return nil, nil, err
+			}
+		case promote:
+			plan = s.planDrop(ctx, t, w.prev)
+			activate := uuid.MustParse(next.Spec.VersionID) // validated
+			if err := t.Client.UpdateActiveTemplateVersion(ctx, tpl.ID, codersdk.UpdateActiveTemplateVersion{ID: activate}); err != nil {
+				return nil, nil, s.coderErr(t, err, name)
+			}
+		}
+		out, err := s.readCoder(ctx, t, n, name, plan.shown(w.prev))
+		if err != nil {
+			return nil, nil, err
+		}
+		return out, plan.apply, nil
 	}
+	return u
+}
+
+// releaseDelete deletes the template in Coder: the last finalizer
+// holding its deletion is gone.
+func (s *TemplateStorage) releaseDelete(ctx context.Context, w *write, _ templateObjectName, _ string, cur, next *aggv1.CoderTemplate, dryRun bool) (runtime.Object, error) {
+	out := w.preview(next, cur.DeepCopy(), nil)
 	if dryRun {
-		return w.preview(next, cur.DeepCopy(), nil), nil
+		return out, nil
 	}
-	return w.commit(ctx, next, cur.DeepCopy(), nil)
+	if err := w.t.Client.DeleteTemplate(ctx, uuid.MustParse(cur.Status.ID)); err != nil {
+		return nil, s.coderErr(w.t, err, cur.Name)
+	}
+	s.cache.Delete(w.t.Key(), cur.Name)
+	return out, w.forget(ctx)
 }
 
 // metaUpdate starts a metadata update from the template's current

@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/identity"
 )
@@ -286,104 +286,69 @@ func waitBuildDone(ctx context.Context, client *codersdk.Client, id uuid.UUID) (
 // run state, version and parameters through a build. With
 // forceAllowCreate (server-side apply) a missing workspace is created.
 func (s *WorkspaceStorage) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, opts *metav1.UpdateOptions) (runtime.Object, bool, error) {
-	t, n, cur, err := current(ctx, s, name)
-	ws, created, err := updatedObject(ctx, &s.resource, name, cur, err, objInfo, forceAllowCreate, s.New(),
-		func(obj runtime.Object) (runtime.Object, error) {
-			return s.Create(ctx, obj, createValidation, createOptions(opts))
-		})
-	if created != nil || err != nil {
-		return created, err == nil, err
-	}
-	if t, err = s.mayWrite(ctx, t, cur, codersdk.ActionUpdate); err != nil {
-		return nil, false, err
-	}
-	errs := validateWorkspaceUpdate(ws, cur, name)
-	errs = append(errs, validateMeta(ws, derivedLabels(cur.Labels), cur)...)
-	if len(errs) > 0 {
-		return nil, false, s.invalid(name, errs)
-	}
-	if updateValidation != nil {
-		if err := updateValidation(ctx, ws, cur); err != nil {
-			return nil, false, err
+	return updateObject(ctx, s, name, objInfo, createValidation, updateValidation, forceAllowCreate, opts)
+}
+
+func (s *WorkspaceStorage) validateUpdate(next, cur *aggv1.CoderWorkspace, name string) field.ErrorList {
+	return validateWorkspaceUpdate(next, cur, name)
+}
+
+// planUpdate makes a spec change in Coder: the schedule through its
+// endpoints, then one build for run state, version and parameters.
+func (s *WorkspaceStorage) planUpdate(n workspaceName, name string, cur, next *aggv1.CoderWorkspace) specUpdate {
+	ch := workspaceChanges(&cur.Spec, &next.Spec)
+	return specUpdate{changed: !ch.none(), apply: func(ctx context.Context, w *write) (object, func(*records.Record), error) {
+		t, id := w.t, uuid.MustParse(cur.Status.ID)
+		if ch.ttl {
+			if err := t.Client.UpdateWorkspaceTTL(ctx, id, codersdk.UpdateWorkspaceTTLRequest{TTLMillis: next.Spec.TTLMillis}); err != nil {
+				return nil, nil, s.coderErr(t, err, name)
+			}
 		}
-	}
-	w, err := s.beginWrite(ctx, t, cur)
-	if err != nil {
-		return nil, false, err
-	}
-	ch := workspaceChanges(&cur.Spec, &ws.Spec)
-	release := releasesDelete(cur, ws)
-	if ch.none() && !release {
-		if !w.changes(w.record(ws, cur, nil)) {
-			return cur, false, nil
+		if ch.autostart {
+			if err := t.Client.UpdateWorkspaceAutostart(ctx, id, codersdk.UpdateWorkspaceAutostartRequest{Schedule: next.Spec.AutostartSchedule}); err != nil {
+				return nil, nil, s.coderErr(t, err, name)
+			}
 		}
-		// Only Kubernetes metadata changes: Coder is not asked.
-		if opts != nil && isDryRun(opts.DryRun) {
-			return w.preview(ws, cur.DeepCopy(), nil), false, nil
-		}
-		out, err := w.commit(ctx, ws, cur.DeepCopy(), nil)
-		return out, false, err
-	}
-	if !ch.none() {
-		if err := s.specChange(t, name); err != nil {
-			return nil, false, err
-		}
-	}
-	if !ch.none() && cur.DeletionTimestamp != nil {
-		return nil, false, apierrors.NewConflict(s.gr, name, errors.New("the workspace is being deleted"))
-	}
-	if opts != nil && isDryRun(opts.DryRun) {
-		out := cur.DeepCopy()
-		out.Spec = ws.Spec
-		return w.preview(ws, out, nil), false, nil
-	}
-	id := uuid.MustParse(cur.Status.ID)
-	if release {
-		// The last finalizer is gone: the deletion they held starts now.
-		if _, err := t.Client.CreateWorkspaceBuild(ctx, id, codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionDelete}); err != nil {
-			return nil, false, s.coderErr(t, err, name)
+		if ch.build() {
+			req := codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionStop}
+			if next.Spec.Running {
+				req.Transition = codersdk.WorkspaceTransitionStart
+			}
+			if ch.version {
+				req.TemplateVersionID = uuid.MustParse(next.Spec.TemplateVersionID) // validated
+			}
+			if ch.parameters {
+				req.RichParameterValues = fromParameters(next.Spec.Parameters)
+			}
+			if _, err := t.Client.CreateWorkspaceBuild(ctx, id, req); err != nil {
+				return nil, nil, s.coderErr(t, err, name)
+			}
 		}
 		out, err := s.readCoder(ctx, t, n, name)
-		if apierrors.IsNotFound(err) {
-			return w.preview(ws, cur.DeepCopy(), nil), false, w.forget(ctx)
-		}
 		if err != nil {
-			return nil, false, err
+			return nil, nil, err
 		}
-		res, err := w.commit(ctx, ws, out, nil)
-		return res, false, err
+		return out, nil, nil
+	}}
+}
+
+// releaseDelete starts the delete build the last finalizer held.
+func (s *WorkspaceStorage) releaseDelete(ctx context.Context, w *write, n workspaceName, name string, cur, next *aggv1.CoderWorkspace, dryRun bool) (runtime.Object, error) {
+	if dryRun {
+		return w.preview(next, withSpecOf(cur, next), nil), nil
 	}
-	if ch.ttl {
-		if err := t.Client.UpdateWorkspaceTTL(ctx, id, codersdk.UpdateWorkspaceTTLRequest{TTLMillis: ws.Spec.TTLMillis}); err != nil {
-			return nil, false, s.coderErr(t, err, name)
-		}
-	}
-	if ch.autostart {
-		if err := t.Client.UpdateWorkspaceAutostart(ctx, id, codersdk.UpdateWorkspaceAutostartRequest{Schedule: ws.Spec.AutostartSchedule}); err != nil {
-			return nil, false, s.coderErr(t, err, name)
-		}
-	}
-	if ch.build() {
-		req := codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionStop}
-		if ws.Spec.Running {
-			req.Transition = codersdk.WorkspaceTransitionStart
-		}
-		if ch.version {
-			req.TemplateVersionID = uuid.MustParse(ws.Spec.TemplateVersionID) // validated
-		}
-		if ch.parameters {
-			req.RichParameterValues = fromParameters(ws.Spec.Parameters)
-		}
-		if _, err := t.Client.CreateWorkspaceBuild(ctx, id, req); err != nil {
-			return nil, false, s.coderErr(t, err, name)
-		}
+	t := w.t
+	if _, err := t.Client.CreateWorkspaceBuild(ctx, uuid.MustParse(cur.Status.ID), codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionDelete}); err != nil {
+		return nil, s.coderErr(t, err, name)
 	}
 	out, err := s.readCoder(ctx, t, n, name)
-	if err != nil {
-		return nil, false, err
+	if apierrors.IsNotFound(err) {
+		return w.preview(next, cur.DeepCopy(), nil), w.forget(ctx)
 	}
-	res, err := w.commit(ctx, ws, out, nil)
-	return res, false, err
+	if err != nil {
+		return nil, err
+	}
+	return w.commit(ctx, next, out, nil)
 }
 
 // Delete starts a delete build. The workspace stays visible, with a

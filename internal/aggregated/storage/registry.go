@@ -1,0 +1,142 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/coder/coder/v2/codersdk"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/registry/rest"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/records"
+)
+
+// The write verbs of both kinds, written once, in the shape of
+// k8s.io/apiserver's generic registry: the steps every write takes
+// (read the current object, preconditions, admission, the dry run, the
+// record write, the watch cache, the answer) are here; what differs per
+// kind (the Coder calls, which spec changes Coder must make) comes from
+// the kind's strategy, which its storage implements.
+
+// strategy is what a kind tells the shared write verbs.
+type strategy[N objectName, T object] interface {
+	objectStore[N, T]
+	New() runtime.Object
+	Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error)
+	// validateUpdate checks the kind's own rules for next, an update of
+	// cur; Kubernetes metadata is checked by the registry.
+	validateUpdate(next, cur T, name string) field.ErrorList
+	// planUpdate compares next with cur: what Coder must change.
+	planUpdate(n N, name string, cur, next T) specUpdate
+	// releaseDelete serves an update that changes no spec field but
+	// removes the last finalizer holding cur's deletion: the deletion
+	// starts in Coder now (nothing is written on a dry run).
+	releaseDelete(ctx context.Context, w *write, n N, name string, cur, next T, dryRun bool) (runtime.Object, error)
+}
+
+// specUpdate is a kind's plan for an update's spec.
+type specUpdate struct {
+	// changed says Coder's side of the object changes; otherwise only the
+	// record is written.
+	changed bool
+	// invalid is what the change itself breaks (checked with the
+	// object's rules, after its metadata).
+	invalid field.ErrorList
+	// apply makes the change in Coder, acting as w.t, and returns Coder's
+	// view of the object after it and the record's own changes (nil for
+	// none).
+	apply func(ctx context.Context, w *write) (object, func(*records.Record), error)
+}
+
+// updateObject serves Update. With forceAllowCreate (server-side apply)
+// a missing object is created.
+func updateObject[N objectName, T object](ctx context.Context, s strategy[N, T], name string, objInfo rest.UpdatedObjectInfo,
+	createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, opts *metav1.UpdateOptions) (runtime.Object, bool, error) {
+	r := s.res()
+	t, n, cur, err := current(ctx, s, name)
+	next, created, err := updatedObject(ctx, r, name, cur, err, objInfo, forceAllowCreate, s.New(),
+		func(obj runtime.Object) (runtime.Object, error) {
+			return s.Create(ctx, obj, createValidation, createOptions(opts))
+		})
+	if created != nil || err != nil {
+		return created, err == nil, err
+	}
+	if t, err = r.mayWrite(ctx, t, cur, codersdk.ActionUpdate); err != nil {
+		return nil, false, err
+	}
+	plan := s.planUpdate(n, name, cur, next)
+	errs := s.validateUpdate(next, cur, name)
+	errs = append(errs, validateMeta(next, derivedLabels(cur.GetLabels()), cur)...)
+	errs = append(errs, plan.invalid...)
+	if len(errs) > 0 {
+		return nil, false, r.invalid(name, errs)
+	}
+	if updateValidation != nil {
+		if err := updateValidation(ctx, next, cur); err != nil {
+			return nil, false, err
+		}
+	}
+	w, err := r.beginWrite(ctx, t, cur)
+	if err != nil {
+		return nil, false, err
+	}
+	dryRun := opts != nil && isDryRun(opts.DryRun)
+	if !plan.changed {
+		if releasesDelete(cur, next) {
+			out, err := s.releaseDelete(ctx, w, n, name, cur, next, dryRun)
+			return out, false, err
+		}
+		if !w.changes(w.record(next, cur, nil)) {
+			return cur, false, nil
+		}
+		// Only Kubernetes metadata changes: Coder is not asked.
+		if dryRun {
+			return w.preview(next, cur.DeepCopyObject().(object), nil), false, nil
+		}
+		out, err := w.commit(ctx, next, cur.DeepCopyObject().(object), nil)
+		return out, false, err
+	}
+	if err := r.specChange(t, name); err != nil {
+		return nil, false, err
+	}
+	if cur.GetDeletionTimestamp() != nil {
+		return nil, false, apierrors.NewConflict(r.gr, name, fmt.Errorf("the %s is being deleted", r.noun()))
+	}
+	if dryRun {
+		return w.preview(next, withSpecOf(cur, next), nil), false, nil
+	}
+	out, mutate, err := plan.apply(ctx, w)
+	if err != nil {
+		return nil, false, err
+	}
+	res, err := w.commit(ctx, next, out, mutate)
+	return res, false, err
+}
+
+// noun names one object of the resource in messages: "workspace".
+func (r *resource) noun() string {
+	switch r.kind {
+	case "CoderWorkspace":
+		return "workspace"
+	case "CoderTemplate":
+		return "template"
+	}
+	return r.kind
+}
+
+// withSpecOf is a copy of cur with next's spec: what a dry-run update
+// that changes the spec shows.
+func withSpecOf[T object](cur, next T) T {
+	out := cur.DeepCopyObject().(T)
+	switch o := any(out).(type) {
+	case *aggv1.CoderWorkspace:
+		o.Spec = any(next).(*aggv1.CoderWorkspace).Spec
+	case *aggv1.CoderTemplate:
+		o.Spec = any(next).(*aggv1.CoderTemplate).Spec
+	}
+	return out
+}
