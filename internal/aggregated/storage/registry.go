@@ -36,6 +36,56 @@ type strategy[N objectName, T object] interface {
 	// removes the last finalizer holding cur's deletion: the deletion
 	// starts in Coder now (nothing is written on a dry run).
 	releaseDelete(ctx context.Context, w *write, n N, name string, cur, next T, dryRun bool) (runtime.Object, error)
+
+	// validateCreate checks the kind's own rules for a new object and
+	// parses its name.
+	validateCreate(o T) (N, field.ErrorList)
+	// createdView is what a create of o would show, without asking
+	// coderd: the dry run's answer, and the derived labels it checks.
+	createdView(o T, t target, n N) T
+	// planCreate checks o against coderd and returns the call that
+	// creates it. On a dry run it completes dry and returns no call.
+	planCreate(ctx context.Context, t target, n N, o, dry T, dryRun bool) (createCall, error)
+
+	// deleteUnderWay says a delete of cur needs nothing more: cur is
+	// already being deleted.
+	deleteUnderWay(cur T) bool
+	// deletePreview is a dry-run delete's answer, and whether the object
+	// would be gone at once.
+	deletePreview(cur T) (runtime.Object, bool)
+	// deleteInCoder deletes cur in Coder: the answer, whether the object
+	// is gone, and the error.
+	deleteInCoder(ctx context.Context, w *write, n N, name string, cur T) (runtime.Object, bool, error)
+}
+
+// createCall creates the object in Coder and returns Coder's view of it
+// and the record's own changes (nil for none).
+type createCall func(ctx context.Context) (object, func(*records.Record), error)
+
+// createObject serves Create.
+func createObject[N objectName, T object](ctx context.Context, s strategy[N, T], obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error) {
+	r := s.res()
+	o, n, t, err := toCreate(ctx, r, obj, s.validateCreate, createValidation)
+	if err != nil {
+		return nil, err
+	}
+	dry := s.createdView(o, t, n)
+	if errs := validateMeta(o, dry.GetLabels(), nil); len(errs) > 0 {
+		return nil, r.invalid(o.GetName(), errs)
+	}
+	dryRun := opts != nil && isDryRun(opts.DryRun)
+	create, err := s.planCreate(ctx, t, n, o, dry, dryRun)
+	if err != nil {
+		return nil, err
+	}
+	if dryRun {
+		return r.createWrite(t, dry).preview(o, dry, nil), nil
+	}
+	out, mutate, err := create(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.createWrite(t, out).commit(ctx, o, out, mutate)
 }
 
 // specUpdate is a kind's plan for an update's spec.
@@ -115,6 +165,37 @@ func updateObject[N objectName, T object](ctx context.Context, s strategy[N, T],
 	}
 	res, err := w.commit(ctx, next, out, mutate)
 	return res, false, err
+}
+
+// deleteObject serves Delete. An object with finalizers is only marked
+// for deletion; Coder is asked once they are removed (see releaseDelete).
+func deleteObject[N objectName, T object](ctx context.Context, s strategy[N, T], name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (runtime.Object, bool, error) {
+	r := s.res()
+	t, n, cur, err := toDelete(ctx, r, s, name, deleteValidation, opts)
+	if err != nil {
+		return nil, false, err
+	}
+	if s.deleteUnderWay(cur) {
+		return cur, false, nil
+	}
+	w, err := r.beginWrite(ctx, t, cur)
+	if err != nil {
+		return nil, false, err
+	}
+	dryRun := opts != nil && isDryRun(opts.DryRun)
+	if heldByFinalizers(cur) {
+		if cur.GetDeletionTimestamp() != nil {
+			// Already marked: the finalizers still hold it.
+			return cur, false, nil
+		}
+		out, err := w.holdDelete(ctx, dryRun)
+		return out, false, err
+	}
+	if dryRun {
+		out, gone := s.deletePreview(cur)
+		return out, gone, nil
+	}
+	return s.deleteInCoder(ctx, w, n, name, cur)
 }
 
 // noun names one object of the resource in messages: "workspace".

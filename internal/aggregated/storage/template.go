@@ -231,20 +231,23 @@ func (s *TemplateStorage) List(ctx context.Context, opts *metainternalversion.Li
 // while it still imports (the promoter follows its build); or creates it
 // from an existing version.
 func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error) {
-	tpl, n, t, err := toCreate(ctx, &s.resource, obj, s.validateCreate, createValidation)
-	if err != nil {
-		return nil, err
-	}
+	return createObject(ctx, s, obj, createValidation, opts)
+}
+
+func (s *TemplateStorage) createdView(tpl *aggv1.CoderTemplate, t target, n templateObjectName) *aggv1.CoderTemplate {
 	dry := tpl.DeepCopy()
 	dry.Namespace = t.Namespace
 	dry.Spec.Organization = n.Org
 	dry.Labels = objectLabels(t, n.Org, map[string]string{aggv1.LabelTemplate: n.Name})
 	dry.CreationTimestamp = metav1.Now()
 	dry.Status = aggv1.CoderTemplateStatus{Organization: n.Org}
-	if errs := validateMeta(tpl, dry.Labels, nil); len(errs) > 0 {
-		return nil, s.invalid(tpl.Name, errs)
-	}
-	if opts != nil && isDryRun(opts.DryRun) {
+	return dry
+}
+
+// planCreate finds the organization; a dry run asks coderd whether the
+// caller may create the template and checks its source instead.
+func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateObjectName, tpl, dry *aggv1.CoderTemplate, dryRun bool) (createCall, error) {
+	if dryRun {
 		if t.caller != nil {
 			orgID, err := s.orgs.get(ctx, t, n.Org)
 			if err != nil {
@@ -254,49 +257,48 @@ func (s *TemplateStorage) Create(ctx context.Context, obj runtime.Object, create
 				return nil, err
 			}
 		}
-		if err := s.previewCreate(ctx, t, dry); err != nil {
-			return nil, err
-		}
-		return s.createWrite(t, dry).preview(tpl, dry, nil), nil
+		return nil, s.previewCreate(ctx, t, dry)
 	}
 	orgID, err := s.orgs.get(ctx, t, n.Org)
 	if err != nil {
 		return nil, s.coderErr(t, err, tpl.Name)
 	}
-	var versionID uuid.UUID
-	var build *coderv1alpha1.TemplateBuildRecord
-	if len(tpl.Spec.Files) > 0 {
-		v, b, err := s.startBuild(ctx, t, orgID, uuid.Nil, tpl.Spec.Files, &tpl.Spec, tpl.Name)
+	return func(ctx context.Context) (object, func(*records.Record), error) {
+		var versionID uuid.UUID
+		var build *coderv1alpha1.TemplateBuildRecord
+		if len(tpl.Spec.Files) > 0 {
+			v, b, err := s.startBuild(ctx, t, orgID, uuid.Nil, tpl.Spec.Files, &tpl.Spec, tpl.Name)
+			if err != nil {
+				return nil, nil, err
+			}
+			versionID, build = v.ID, b
+		} else {
+			versionID = uuid.MustParse(tpl.Spec.VersionID) // validated
+		}
+		_, err := t.Client.CreateTemplate(ctx, orgID, codersdk.CreateTemplateRequest{
+			Name:        n.Name,
+			DisplayName: tpl.Spec.DisplayName,
+			Description: tpl.Spec.Description,
+			Icon:        tpl.Spec.Icon,
+			VersionID:   versionID,
+		})
 		if err != nil {
-			return nil, err
+			if build != nil {
+				s.abandonVersion(ctx, t, versionID)
+			}
+			if ctx.Err() != nil {
+				return nil, nil, s.requestErr(ctx, t, err, tpl.Name, "coderd to create the template")
+			}
+			return nil, nil, s.createErr(t, err, tpl.Name)
 		}
-		versionID, build = v.ID, b
-	} else {
-		versionID = uuid.MustParse(tpl.Spec.VersionID) // validated
-	}
-	_, err = t.Client.CreateTemplate(ctx, orgID, codersdk.CreateTemplateRequest{
-		Name:        n.Name,
-		DisplayName: tpl.Spec.DisplayName,
-		Description: tpl.Spec.Description,
-		Icon:        tpl.Spec.Icon,
-		VersionID:   versionID,
-	})
-	if err != nil {
-		if build != nil {
-			s.abandonVersion(ctx, t, versionID)
+		// The record does not exist yet: show the build the write records.
+		plan := buildPlan{set: build != nil, build: build}
+		out, err := s.readCoder(ctx, t, n, tpl.Name, plan.shown(nil))
+		if err != nil {
+			return nil, nil, err
 		}
-		if ctx.Err() != nil {
-			return nil, s.requestErr(ctx, t, err, tpl.Name, "coderd to create the template")
-		}
-		return nil, s.createErr(t, err, tpl.Name)
-	}
-	// The record does not exist yet: show the build the write records.
-	plan := buildPlan{set: build != nil, build: build}
-	out, err := s.readCoder(ctx, t, n, tpl.Name, plan.shown(nil))
-	if err != nil {
-		return nil, err
-	}
-	return s.createWrite(t, out).commit(ctx, tpl, out, plan.apply)
+		return out, plan.apply, nil
+	}, nil
 }
 
 // Run polls coderd for the watch cache and promotes templates' background
@@ -444,28 +446,22 @@ func metaUpdate(t *codersdk.Template) codersdk.UpdateTemplateMeta {
 // Delete deletes the template in coderd; coderd refuses while workspaces
 // use it.
 func (s *TemplateStorage) Delete(ctx context.Context, name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (runtime.Object, bool, error) {
-	t, _, cur, err := toDelete(ctx, &s.resource, s, name, deleteValidation, opts)
-	if err != nil {
-		return nil, false, err
+	return deleteObject(ctx, s, name, deleteValidation, opts)
+}
+
+// deleteUnderWay: coderd deletes a template at once, so a delete is never
+// left under way.
+func (s *TemplateStorage) deleteUnderWay(*aggv1.CoderTemplate) bool { return false }
+
+func (s *TemplateStorage) deletePreview(cur *aggv1.CoderTemplate) (runtime.Object, bool) {
+	return cur, true
+}
+
+func (s *TemplateStorage) deleteInCoder(ctx context.Context, w *write, _ templateObjectName, name string, cur *aggv1.CoderTemplate) (runtime.Object, bool, error) {
+	if err := w.t.Client.DeleteTemplate(ctx, uuid.MustParse(cur.Status.ID)); err != nil {
+		return nil, false, s.coderErr(w.t, err, name)
 	}
-	w, err := s.beginWrite(ctx, t, cur)
-	if err != nil {
-		return nil, false, err
-	}
-	if heldByFinalizers(cur) {
-		if cur.DeletionTimestamp != nil {
-			return cur, false, nil
-		}
-		out, err := w.holdDelete(ctx, opts != nil && isDryRun(opts.DryRun))
-		return out, false, err
-	}
-	if opts != nil && isDryRun(opts.DryRun) {
-		return cur, true, nil
-	}
-	if err := t.Client.DeleteTemplate(ctx, uuid.MustParse(cur.Status.ID)); err != nil {
-		return nil, false, s.coderErr(t, err, name)
-	}
-	s.cache.Delete(t.Key(), name)
+	s.cache.Delete(w.t.Key(), name)
 	return cur, true, w.forget(ctx)
 }
 

@@ -148,14 +148,20 @@ func (s *WorkspaceStorage) List(ctx context.Context, opts *metainternalversion.L
 
 // Create creates the workspace in coderd.
 func (s *WorkspaceStorage) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error) {
-	ws, n, t, err := toCreate(ctx, &s.resource, obj, validateWorkspaceCreate, createValidation)
-	if err != nil {
-		return nil, err
-	}
-	dry := dryRunWorkspace(ws, t, n)
-	if errs := validateMeta(ws, dry.Labels, nil); len(errs) > 0 {
-		return nil, s.invalid(ws.Name, errs)
-	}
+	return createObject(ctx, s, obj, createValidation, opts)
+}
+
+func (s *WorkspaceStorage) validateCreate(ws *aggv1.CoderWorkspace) (workspaceName, field.ErrorList) {
+	return validateWorkspaceCreate(ws)
+}
+
+func (s *WorkspaceStorage) createdView(ws *aggv1.CoderWorkspace, t target, n workspaceName) *aggv1.CoderWorkspace {
+	return dryRunWorkspace(ws, t, n)
+}
+
+// planCreate checks the template (and version) the workspace is built
+// from; a dry run asks coderd whether the caller may create it.
+func (s *WorkspaceStorage) planCreate(ctx context.Context, t target, n workspaceName, ws, dry *aggv1.CoderWorkspace, dryRun bool) (createCall, error) {
 	orgID, err := s.orgs.get(ctx, t, n.Org)
 	if err != nil {
 		return nil, s.coderErr(t, err, ws.Name)
@@ -183,46 +189,48 @@ func (s *WorkspaceStorage) Create(ctx context.Context, obj runtime.Object, creat
 	} else {
 		req.TemplateID = tpl.ID
 	}
-	if opts != nil && isDryRun(opts.DryRun) && t.caller != nil {
-		// coderd is not asked to create: ask whether it would let the
-		// caller, for the owner the name gives.
-		// Looked up as the operator: a member may not read other users,
-		// and the real create is refused for the create, not the lookup.
-		ownerName := n.Owner
-		if ownerName == codersdk.Me {
-			ownerName = t.caller.UserID.String()
+	if dryRun {
+		if t.caller != nil {
+			// coderd is not asked to create: ask whether it would let the
+			// caller, for the owner the name gives.
+			// Looked up as the operator: a member may not read other users,
+			// and the real create is refused for the create, not the lookup.
+			ownerName := n.Owner
+			if ownerName == codersdk.Me {
+				ownerName = t.caller.UserID.String()
+			}
+			owner, err := t.operatorClient().User(ctx, ownerName)
+			if err != nil {
+				return nil, s.coderErr(t, err, ws.Name)
+			}
+			if err := s.mayCreate(ctx, t, identity.Check{Resource: codersdk.ResourceWorkspace, Action: codersdk.ActionCreate, OrganizationID: orgID, OwnerID: owner.ID}, ws.Name); err != nil {
+				return nil, err
+			}
 		}
-		owner, err := t.operatorClient().User(ctx, ownerName)
-		if err != nil {
-			return nil, s.coderErr(t, err, ws.Name)
-		}
-		if err := s.mayCreate(ctx, t, identity.Check{Resource: codersdk.ResourceWorkspace, Action: codersdk.ActionCreate, OrganizationID: orgID, OwnerID: owner.ID}, ws.Name); err != nil {
-			return nil, err
-		}
-	}
-	if opts != nil && isDryRun(opts.DryRun) {
 		// What the real create would show: the version it builds (the
 		// template's active one unless given). The template was checked
 		// as the real create checks it; nothing is written.
 		if dry.Spec.TemplateVersionID == "" {
 			dry.Spec.TemplateVersionID = tpl.ActiveVersionID.String()
 		}
-		return s.createWrite(t, dry).preview(ws, dry, nil), nil
+		return nil, nil
 	}
-	w, err := t.Client.CreateUserWorkspace(ctx, n.Owner, req)
-	if err != nil {
-		return nil, s.createErr(t, err, ws.Name)
-	}
-	if !ws.Spec.Running {
-		if err := s.stopNew(ctx, t, &w); err != nil {
-			return nil, s.coderErr(t, fmt.Errorf("workspace %s was created, but stopping it failed: %w", ws.Name, err), ws.Name)
+	return func(ctx context.Context) (object, func(*records.Record), error) {
+		w, err := t.Client.CreateUserWorkspace(ctx, n.Owner, req)
+		if err != nil {
+			return nil, nil, s.createErr(t, err, ws.Name)
 		}
-	}
-	out, err := s.readCoder(ctx, t, n, ws.Name)
-	if err != nil {
-		return nil, err
-	}
-	return s.createWrite(t, out).commit(ctx, ws, out, nil)
+		if !ws.Spec.Running {
+			if err := s.stopNew(ctx, t, &w); err != nil {
+				return nil, nil, s.coderErr(t, fmt.Errorf("workspace %s was created, but stopping it failed: %w", ws.Name, err), ws.Name)
+			}
+		}
+		out, err := s.readCoder(ctx, t, n, ws.Name)
+		if err != nil {
+			return nil, nil, err
+		}
+		return out, nil, nil
+	}, nil
 }
 
 func (s *WorkspaceStorage) checkVersionOf(ctx context.Context, t target, tpl codersdk.Template, id uuid.UUID, name string) error {
@@ -354,31 +362,27 @@ func (s *WorkspaceStorage) releaseDelete(ctx context.Context, w *write, n worksp
 // Delete starts a delete build. The workspace stays visible, with a
 // deletionTimestamp, until coderd has finished it.
 func (s *WorkspaceStorage) Delete(ctx context.Context, name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (runtime.Object, bool, error) {
-	t, n, cur, err := toDelete(ctx, &s.resource, s, name, deleteValidation, opts)
-	if err != nil {
-		return nil, false, err
-	}
-	if cur.DeletionTimestamp != nil && (slices.Contains(cur.Finalizers, FinalizerDeleteBuild) || heldByFinalizers(cur)) {
-		// A delete build is under way, or finalizers hold the deletion.
-		// (A deletionTimestamp without either is a deletion whose build
-		// failed: deleting again retries it.)
-		return cur, false, nil
-	}
-	w, err := s.beginWrite(ctx, t, cur)
-	if err != nil {
-		return nil, false, err
-	}
-	if heldByFinalizers(cur) {
-		out, err := w.holdDelete(ctx, opts != nil && isDryRun(opts.DryRun))
-		return out, false, err
-	}
-	if opts != nil && isDryRun(opts.DryRun) {
-		out := cur.DeepCopy()
-		now := metav1.Now()
-		out.DeletionTimestamp = &now
-		out.Finalizers = []string{FinalizerDeleteBuild}
-		return out, false, nil
-	}
+	return deleteObject(ctx, s, name, deleteValidation, opts)
+}
+
+// deleteUnderWay: a delete build is under way, or finalizers hold the
+// deletion. (A deletionTimestamp without either is a deletion whose
+// build failed: deleting again retries it.)
+func (s *WorkspaceStorage) deleteUnderWay(cur *aggv1.CoderWorkspace) bool {
+	return cur.DeletionTimestamp != nil && (slices.Contains(cur.Finalizers, FinalizerDeleteBuild) || heldByFinalizers(cur))
+}
+
+// deletePreview shows the delete build under way.
+func (s *WorkspaceStorage) deletePreview(cur *aggv1.CoderWorkspace) (runtime.Object, bool) {
+	out := cur.DeepCopy()
+	now := metav1.Now()
+	out.DeletionTimestamp = &now
+	out.Finalizers = []string{FinalizerDeleteBuild}
+	return out, false
+}
+
+func (s *WorkspaceStorage) deleteInCoder(ctx context.Context, w *write, n workspaceName, name string, cur *aggv1.CoderWorkspace) (runtime.Object, bool, error) {
+	t := w.t
 	if _, err := t.Client.CreateWorkspaceBuild(ctx, uuid.MustParse(cur.Status.ID), codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionDelete}); err != nil {
 		return nil, false, s.coderErr(t, err, name)
 	}
