@@ -2,7 +2,6 @@ package mcpserver
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/mcpclient"
 )
 
 // harness is an MCP server in-process on a real kube-apiserver, served
@@ -144,32 +144,12 @@ func (h *harness) grant(t *testing.T, namespace, name, roleNamespace string, rul
 // token ("" for none).
 func (h *harness) connect(t *testing.T, token string) *mcp.ClientSession {
 	t.Helper()
-	session, err := connectMCP(context.Background(), h.url, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { session.Close() })
-	return session
+	return mcpclient.MustConnect(t, h.url, mcpclient.Options{Token: token})
 }
 
 // connectMCP connects the go-sdk client to url.
 func connectMCP(ctx context.Context, url, token string) (*mcp.ClientSession, error) {
-	httpClient := &http.Client{Timeout: time.Minute, Transport: bearer{token: token, next: http.DefaultTransport}}
-	c := mcp.NewClient(&mcp.Implementation{Name: "coder-k8s-test", Version: "v0"}, nil)
-	return c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: httpClient}, nil)
-}
-
-type bearer struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	if b.token != "" {
-		r = r.Clone(r.Context())
-		r.Header.Set("Authorization", "Bearer "+b.token)
-	}
-	return b.next.RoundTrip(r)
+	return mcpclient.Connect(ctx, url, mcpclient.Options{Token: token})
 }
 
 // callTool calls a tool and decodes its structured content into out
@@ -177,31 +157,10 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // results, which it returns.
 func callTool(t *testing.T, s *mcp.ClientSession, name string, args map[string]any, out any) *mcp.CallToolResult {
 	t.Helper()
-	res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
-	if err != nil {
-		t.Fatalf("call %s: %v", name, err)
-	}
-	if out != nil && !res.IsError {
-		raw, err := json.Marshal(res.StructuredContent)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(raw, out); err != nil {
-			t.Fatalf("%s: structured content %s: %v", name, raw, err)
-		}
-	}
-	return res
+	return mcpclient.MustCall(t, s, name, args, out)
 }
 
 // resultText is the text content of a result.
-func resultText(res *mcp.CallToolResult) string {
-	var s string
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			s += tc.Text
-		}
-	}
-	return s
-}
+func resultText(res *mcp.CallToolResult) string { return mcpclient.Text(res) }
 
 func ptr[T any](v T) *T { return &v }

@@ -1,13 +1,11 @@
 package mcpserver
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/go-logr/logr/funcr"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -17,6 +15,7 @@ import (
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/metrics/metricstest"
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/mcpclient"
 )
 
 // logLines collects a logger's output.
@@ -116,14 +115,7 @@ func TestToolCallMetricsAndRequestIDs(t *testing.T) {
 		APIGroups: []string{coderv1alpha1.GroupVersion.Group}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list"},
 	})
 	connect := func(ids *requestIDs) *mcp.ClientSession {
-		hc := &http.Client{Timeout: time.Minute, Transport: ids}
-		c := mcp.NewClient(&mcp.Implementation{Name: "metrics-test", Version: "v0"}, nil)
-		s, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: hs.URL + "/mcp", HTTPClient: hc}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
+		return mcpclient.MustConnect(t, hs.URL+"/mcp", mcpclient.Options{Transport: ids})
 	}
 	agentIDs := &requestIDs{token: agentToken, id: "agent-call-1", next: http.DefaultTransport}
 	agent := connect(agentIDs)

@@ -33,6 +33,7 @@ import (
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/mcpclient"
 )
 
 // gracefulShutdown is the operator's bound on stopping after SIGTERM
@@ -462,7 +463,7 @@ func (f *faultStack) startProbe(t *testing.T, name string, op *Operator) *probe 
 	pool.AppendCertsFromPEM(f.caPEM)
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 	ctx, cancel := context.WithCancel(context.Background())
-	session, err := e2eMCPConnect(ctx, op.MCP+"/mcp", f.token)
+	session, err := mcpclient.Connect(ctx, op.MCP+"/mcp", mcpclient.Options{Token: f.token})
 	if err != nil {
 		cancel()
 		t.Fatalf("%s: connect to MCP: %v", name, err)

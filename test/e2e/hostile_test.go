@@ -25,6 +25,7 @@ import (
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/mcpclient"
 )
 
 // hostileMaxBody is the aggregated API server's request body limit:
@@ -215,7 +216,7 @@ func TestHostileRequests(t *testing.T) {
 	if r := hostileDo(t, kube, http.MethodGet, kubeURL+obj, token, nil, nil); r.code != http.StatusOK || !strings.Contains(string(r.body), ws) {
 		t.Errorf("GET %s through kube-apiserver after the barrage: %d %s", obj, r.code, r.snippet())
 	}
-	sess, err := e2eMCPConnect(ctx, s.op.MCP+"/mcp", token)
+	sess, err := mcpclient.Connect(ctx, s.op.MCP+"/mcp", mcpclient.Options{Token: token})
 	if err != nil {
 		t.Fatalf("MCP connect after the barrage: %v", err)
 	}

@@ -29,6 +29,7 @@ import (
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/mcpserver"
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/mcpclient"
 )
 
 var updateMCPGolden = flag.Bool("update", false, "rewrite testdata/mcp-tools.golden.json from the MCP server's tools/list")
@@ -250,7 +251,7 @@ func testMCPAuthentication(t *testing.T, env *mcpEnv) {
 		if code != http.StatusUnauthorized {
 			t.Errorf("%s: initialize answered %d %s, want 401", name, code, body)
 		}
-		if _, err := e2eMCPConnect(ctx, s.op.MCP+"/mcp", token); err == nil {
+		if _, err := mcpclient.Connect(ctx, s.op.MCP+"/mcp", mcpclient.Options{Token: token}); err == nil {
 			t.Errorf("%s: the go-sdk client connected", name)
 		}
 	}
@@ -879,12 +880,7 @@ type e2eMCPAgent struct {
 
 func (r *e2eMCPRecorder) connect(t *testing.T, base, token string) *e2eMCPAgent {
 	t.Helper()
-	session, err := e2eMCPConnect(context.Background(), base+"/mcp", token)
-	if err != nil {
-		t.Fatalf("connect to %s/mcp: %v", base, err)
-	}
-	t.Cleanup(func() { session.Close() })
-	return &e2eMCPAgent{session: session, rec: r}
+	return &e2eMCPAgent{session: mcpclient.MustConnect(t, base+"/mcp", mcpclient.Options{Token: token}), rec: r}
 }
 
 // call calls a tool and decodes its structured content into out (when not
@@ -892,29 +888,8 @@ func (r *e2eMCPRecorder) connect(t *testing.T, base, token string) *e2eMCPAgent 
 // failure must come back as an isError result.
 func (a *e2eMCPAgent) call(t *testing.T, name string, args map[string]any, out any) *mcp.CallToolResult {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	params := &mcp.CallToolParams{Name: name}
-	if args != nil {
-		params.Arguments = args
-	}
-	res, err := a.session.CallTool(ctx, params)
-	if err != nil {
-		t.Fatalf("call %s %v: a protocol error instead of a result: %v", name, args, err)
-	}
+	res := mcpclient.MustCall(t, a.session, name, args, out)
 	a.rec.record(res)
-	if out != nil && !res.IsError {
-		// Decode into a zero value: a field the result leaves out (omitempty)
-		// must not keep what an earlier call put there.
-		reflect.ValueOf(out).Elem().SetZero()
-		raw, err := json.Marshal(res.StructuredContent)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(raw, out); err != nil {
-			t.Fatalf("%s: structured content %s: %v", name, raw, err)
-		}
-	}
 	return res
 }
 
@@ -926,37 +901,9 @@ func e2eMCPMust(t *testing.T, res *mcp.CallToolResult) {
 	}
 }
 
-// e2eMCPText is the text content of a result.
-func e2eMCPText(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
-}
-
-// e2eMCPConnect connects the go-sdk client to url with token as the bearer
-// token ("" for none).
-func e2eMCPConnect(ctx context.Context, url, token string) (*mcp.ClientSession, error) {
-	hc := &http.Client{Timeout: 2 * time.Minute, Transport: e2eMCPBearer{token: token, next: http.DefaultTransport}}
-	c := mcp.NewClient(&mcp.Implementation{Name: "coder-k8s-e2e", Version: "v0"}, nil)
-	return c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, DisableStandaloneSSE: true}, nil)
-}
-
-type e2eMCPBearer struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (b e2eMCPBearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	if b.token != "" {
-		r = r.Clone(r.Context())
-		r.Header.Set("Authorization", "Bearer "+b.token)
-	}
-	return b.next.RoundTrip(r)
-}
+// e2eMCPText is the text content of a result (the suite's benchmarks use
+// it too).
+func e2eMCPText(res *mcp.CallToolResult) string { return mcpclient.Text(res) }
 
 // e2eMCPPostInitialize sends an MCP initialize request over plain HTTP and
 // returns the status code and body.
@@ -984,14 +931,10 @@ func e2eMCPPostInitialize(t *testing.T, url, token string) (int, string) {
 // e2eMCPListTools lists every tool, following pages.
 func e2eMCPListTools(t *testing.T, a *e2eMCPAgent) []*mcp.Tool {
 	t.Helper()
-	var tools []*mcp.Tool
-	for tool, err := range a.session.Tools(context.Background(), nil) {
-		if err != nil {
-			t.Fatalf("tools/list: %v", err)
-		}
-		tools = append(tools, tool)
+	tools, err := mcpclient.ListTools(context.Background(), a.session)
+	if err != nil {
+		t.Fatal(err)
 	}
-	sort.Slice(tools, func(i, j int) bool { return tools[i].Name < tools[j].Name })
 	return tools
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/controller/operatoraccess"
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/mcpclient"
 )
 
 // TestMetrics runs the operator in all mode against the real stack, uses it
@@ -107,9 +108,7 @@ func TestMetrics(t *testing.T) {
 		{APIGroups: []string{"coder.com"}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list"}},
 	}...)
 	ids := &headerTransport{set: map[string]string{"Authorization": "Bearer " + token, "X-Request-Id": mcpRequestID}, next: http.DefaultTransport}
-	client := mcp.NewClient(&mcp.Implementation{Name: "coder-k8s-e2e-metrics", Version: "v0"}, nil)
-	session, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.op.MCP + "/mcp",
-		HTTPClient: &http.Client{Timeout: time.Minute, Transport: ids}, DisableStandaloneSSE: true}, nil)
+	session, err := mcpclient.Connect(ctx, s.op.MCP+"/mcp", mcpclient.Options{Transport: ids})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,9 +450,7 @@ func checkStandaloneMetrics(t *testing.T, s *aggStack, token, wsName string) (ma
 		return nil
 	})
 
-	session, err := mcp.NewClient(&mcp.Implementation{Name: "coder-k8s-e2e-metrics", Version: "v0"}, nil).Connect(context.Background(),
-		&mcp.StreamableClientTransport{Endpoint: mcpOnly.MCP + "/mcp", DisableStandaloneSSE: true, HTTPClient: &http.Client{Timeout: time.Minute,
-			Transport: &headerTransport{set: map[string]string{"Authorization": "Bearer " + token}, next: http.DefaultTransport}}}, nil)
+	session, err := mcpclient.Connect(context.Background(), mcpOnly.MCP+"/mcp", mcpclient.Options{Token: token})
 	if err != nil {
 		t.Fatal(err)
 	}
