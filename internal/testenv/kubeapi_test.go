@@ -9,7 +9,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -198,9 +197,9 @@ func TestKubeAPI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.CommandContext(ctx, kubectl, append(k.KubectlFlags(), "get", "namespace", "default", "-o", "name")...).CombinedOutput()
-		if err != nil || strings.TrimSpace(string(out)) != "namespace/default" {
-			t.Fatalf("kubectl get namespace default: %v: %s", err, out)
+		r, err := k.Kubectl(kubectl).Run(ctx, "", "get", "namespace", "default", "-o", "name")
+		if err != nil || strings.TrimSpace(r.Combined) != "namespace/default" {
+			t.Fatalf("kubectl get namespace default: %v: %s", err, r.Combined)
 		}
 	})
 }

@@ -428,16 +428,26 @@ func (c *cluster) writeInstallable(t *testing.T, m *manifest) string {
 // kubectl runs bin/kubectl against the test stack and returns stdout.
 func (c *cluster) kubectl(t *testing.T, args ...string) string {
 	t.Helper()
-	out, stderr, err := c.runKubectl(args...)
+	out, _, err := c.runKubectl(args...)
 	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr)
+		t.Fatal(err) // names the command and carries its output
 	}
 	return out
 }
 
+// runKubectl runs bin/kubectl against the test stack and returns its
+// stdout and stderr.
 func (c *cluster) runKubectl(args ...string) (string, string, error) {
-	return runTool(context.Background(), c.kubectlBin, append(c.k.KubectlFlags(), args...),
-		[]string{"KUBECTL_EXTERNAL_DIFF=", "KUBECONFIG="})
+	r, err := c.kubectlCLI().Run(context.Background(), "", args...)
+	return r.Stdout, r.Stderr, err
+}
+
+// kubectlCLI is bin/kubectl as the test stack's admin, without the test's
+// own KUBECONFIG or external diff program.
+func (c *cluster) kubectlCLI() testenv.Kubectl {
+	k := c.k.Kubectl(c.kubectlBin)
+	k.DropEnv = []string{"KUBECTL_EXTERNAL_DIFF=", "KUBECONFIG="}
+	return k
 }
 
 // runTool runs a binary with the test's environment less the variables
@@ -464,20 +474,17 @@ func runTool(ctx context.Context, bin string, args, drop []string, extra ...stri
 func (c *cluster) diff(t *testing.T, rel *release, m *manifest) (string, int) {
 	t.Helper()
 	file := c.writeInstallable(t, m)
-	out, stderr, err := c.runKubectl("diff", "--server-side", "--field-manager", rel.manager, "-f", file)
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
+	r, err := c.kubectlCLI().Run(context.Background(), "", "diff", "--server-side", "--field-manager", rel.manager, "-f", file)
+	if err != nil && r.ExitCode < 0 {
 		t.Fatalf("kubectl diff: %v", err)
 	}
-	if code > 1 {
-		t.Fatalf("kubectl diff --server-side failed with exit code %d:\n%s", code, stderr)
+	if r.ExitCode > 1 {
+		t.Fatalf("kubectl diff --server-side failed with exit code %d:\n%s", r.ExitCode, r.Stderr)
 	}
-	if stderr != "" {
-		t.Logf("kubectl diff stderr: %s", stderr)
+	if r.Stderr != "" {
+		t.Logf("kubectl diff stderr: %s", r.Stderr)
 	}
-	return out, code
+	return r.Stdout, r.ExitCode
 }
 
 // diffEmpty: the live objects are exactly what the chart renders.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -186,8 +185,8 @@ func testStandaloneStaticBackend(t *testing.T, mapped bool) {
 				t.Fatal(err)
 			}
 			kubectl = func(args ...string) (string, error) {
-				out, err := exec.CommandContext(ctx, s.kubectl, append([]string{"--kubeconfig", path}, args...)...).CombinedOutput()
-				return string(out), err
+				r, err := testenv.Kubectl{Path: s.kubectl, Flags: []string{"--kubeconfig", path}}.Run(ctx, "", args...)
+				return r.Combined, err
 			}
 		}
 		writeTokenFile(t, tokenFile, original)

@@ -11,7 +11,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -802,32 +801,15 @@ func (f *faultStack) requireReleased(t *testing.T, op *Operator) {
 // bgCommand is kubectl running in the background.
 type bgCommand struct {
 	done  chan struct{}
-	out   lockedBuffer
+	out   testenv.LockedBuffer
 	err   error
 	ended time.Time
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func (f *faultStack) background(t *testing.T, args ...string) *bgCommand {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	cmd := exec.CommandContext(ctx, f.kubectl, append(f.k.KubectlFlags(), args...)...)
+	cmd := f.k.Kubectl(f.kubectl).Command(ctx, args...)
 	b := &bgCommand{done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = &b.out, &b.out
 	if err := cmd.Start(); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -282,12 +281,12 @@ func TestIdentityMapped(t *testing.T) {
 		if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.CommandContext(ctx, s.kubectl, "--kubeconfig", path, "get", "cws", "-n", s.ns, "-o", "name").CombinedOutput()
+		r, err := testenv.Kubectl{Path: s.kubectl, Flags: []string{"--kubeconfig", path}}.Run(ctx, "", "get", "cws", "-n", s.ns, "-o", "name")
 		if err != nil {
-			t.Fatalf("kubectl as alice: %v\n%s", err, out)
+			t.Fatalf("kubectl as alice: %v", err)
 		}
 		var got []string
-		for _, l := range strings.Fields(string(out)) {
+		for _, l := range strings.Fields(r.Combined) {
 			got = append(got, strings.TrimPrefix(l, "coderworkspace.aggregation.coder.com/"))
 		}
 		if !slices.Equal(got, want) {

@@ -3,11 +3,9 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -675,15 +673,13 @@ func (s *aggStack) getObj(t *testing.T, gvr schema.GroupVersionResource, name st
 // (for commands whose exit code means something, like kubectl diff).
 func (s *aggStack) kubectlCode(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	out, err := s.run(args...)
-	if err == nil {
-		return out, 0
-	}
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r, err := s.k.Kubectl(s.kubectl).Run(ctx, "", args...)
+	if err != nil && r.ExitCode < 0 {
 		t.Fatal(err)
 	}
-	return out, exit.ExitCode()
+	return r.Combined, r.ExitCode
 }
 
 // kubectlJSON runs kubectl with JSON output and parses its stdout.
@@ -693,16 +689,13 @@ func (s *aggStack) kubectlJSON(t *testing.T, args ...string) *unstructured.Unstr
 	defer cancel()
 	// kubectl leaves managedFields out of its output unless asked.
 	args = append(args, "--show-managed-fields")
-	cmd := exec.CommandContext(ctx, s.kubectl, append(s.k.KubectlFlags(), args...)...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	r, err := s.k.Kubectl(s.kubectl).Run(ctx, "", args...)
 	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s%s\noperator log:\n%s", strings.Join(args, " "), err, out, stderr.String(), s.op.LogTail(20))
+		t.Fatalf("%v\noperator log:\n%s", err, s.op.LogTail(20))
 	}
 	u := &unstructured.Unstructured{}
-	if err := json.Unmarshal(out, &u.Object); err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	if err := json.Unmarshal([]byte(r.Stdout), &u.Object); err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, r.Stdout)
 	}
 	return u
 }

@@ -530,20 +530,13 @@ func (s *aggStack) runIn(stdin string, args ...string) (string, error) {
 	return runKubectl(s.kubectl, s.k, 3*time.Minute, stdin, args...)
 }
 
-// runKubectl runs the kubectl binary with kubeconfig (stdin unless
-// empty), bounded by timeout, and returns its combined output.
+// runKubectl runs the kubectl binary as k's admin (stdin unless empty),
+// bounded by timeout, and returns its combined output.
 func runKubectl(kubectl string, k *testenv.KubeAPI, timeout time.Duration, stdin string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, kubectl, append(k.KubectlFlags(), args...)...)
-	if stdin != "" {
-		cmd.Stdin = strings.NewReader(stdin)
-	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
+	r, err := k.Kubectl(kubectl).Run(ctx, stdin, args...)
+	return r.Combined, err
 }
 
 // must runs kubectl and fails the test on error.
@@ -612,7 +605,7 @@ type lineWatcher struct {
 func (s *aggStack) startKubectl(t *testing.T, args ...string) *lineWatcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, s.kubectl, append(s.k.KubectlFlags(), args...)...)
+	cmd := s.k.Kubectl(s.kubectl).Command(ctx, args...)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	if err := cmd.Start(); err != nil {
