@@ -435,6 +435,48 @@ func TestDurableMetadata(t *testing.T) {
 		waitFor(t, 5*time.Second, "the record is deleted", func() bool { return ms.record(t, gone, coderv1alpha1.RecordResourceTemplates) == nil })
 	})
 
+	// A delete's record can change or go between the delete's read of it
+	// and its own delete of it: a promoter, upkeep or another replica
+	// wrote it. The delete still succeeds and leaves no record. (A record
+	// changed and then deleted in the moment between the two is answered
+	// as gone by waitNewer; no test can time that moment.)
+	t.Run("a delete's record changed or deleted meanwhile", func(t *testing.T) {
+		for _, tc := range []struct {
+			name  string
+			other func(t *testing.T, rec *records.Record)
+		}{
+			{"epsilon", func(t *testing.T, rec *records.Record) {
+				rec.Spec.Labels["team"] = "changed"
+				if err := ms.kube.Update(ms.ctx, rec); err != nil {
+					t.Fatal(err)
+				}
+			}},
+			{"zeta", func(t *testing.T, rec *records.Record) {
+				if err := ms.kube.Delete(ms.ctx, rec); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		} {
+			ms.version = ms.buildVersion(t)
+			obj := ms.createTemplate(t, tc.name, metav1.ObjectMeta{Labels: map[string]string{"team": "e"}}, false)
+			ts, err := ms.tpls.targets(ms.ctx, metaNS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := ms.tpls.beginWrite(ms.ctx, ts[0], obj)
+			if err != nil || w.prev == nil {
+				t.Fatalf("%s: the delete's read of the record: %v, record %v", tc.name, err, w.prev)
+			}
+			tc.other(t, ms.record(t, obj, coderv1alpha1.RecordResourceTemplates))
+			if err := w.forget(ms.ctx); err != nil {
+				t.Errorf("%s: forgetting the record: %v, want nil", tc.name, err)
+			}
+			if rec := ms.record(t, obj, coderv1alpha1.RecordResourceTemplates); rec != nil {
+				t.Errorf("%s: the record is left at version %s", tc.name, rec.ResourceVersion)
+			}
+		}
+	})
+
 	t.Run("workspace: labels, generation, finalizer-held delete", func(t *testing.T) {
 		tpl, err := ms.coder.PushTemplate(ms.ctx, "ws-base", testenv.ProviderFreeTemplate())
 		if err != nil {

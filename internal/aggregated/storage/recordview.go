@@ -168,7 +168,8 @@ func (v *recordView) delete(ctx context.Context, rec *records.Record, k records.
 }
 
 // waitNewer waits briefly until k's record is no longer at version stale
-// (the informer delivers another writer's change within milliseconds).
+// (the informer delivers another writer's change within milliseconds). A
+// record another writer deleted meanwhile is answered as nil.
 func (v *recordView) waitNewer(ctx context.Context, k records.Key, stale string) (*records.Record, error) {
 	deadline := time.Now().Add(2 * time.Second)
 	for {
@@ -176,7 +177,7 @@ func (v *recordView) waitNewer(ctx context.Context, k records.Key, stale string)
 		if err != nil {
 			return nil, err
 		}
-		if rec != nil && rec.ResourceVersion != stale {
+		if (rec == nil && stale != "") || (rec != nil && rec.ResourceVersion != stale) {
 			return rec, nil
 		}
 		if time.Now().After(deadline) {

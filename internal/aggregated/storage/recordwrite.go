@@ -144,7 +144,9 @@ func (w *write) save(ctx context.Context, rec *records.Record, rebuild func() *r
 			stale = w.prev.ResourceVersion
 		}
 		prev, gerr := w.r.records.waitNewer(ctx, w.key, stale)
-		if gerr != nil {
+		if gerr != nil || (prev == nil && stale != "") {
+			// Another writer deleted the record: the object is being
+			// deleted, which this write must not undo.
 			return w.saveErr(err)
 		}
 		w.prev = prev
@@ -167,7 +169,8 @@ func (w *write) publish(out object, rec *records.Record) object {
 
 // forget deletes the record after Coder deleted the object. The record is
 // of no use without the object, so a record another writer (upkeep, a
-// promoter, another replica) changed meanwhile is read again and deleted.
+// promoter, another replica) changed meanwhile is read again and deleted,
+// and one another writer deleted after changing it is done with.
 func (w *write) forget(ctx context.Context) error {
 	for attempt := 0; w.prev != nil; attempt++ {
 		err := w.r.records.delete(ctx, w.prev, w.key)
