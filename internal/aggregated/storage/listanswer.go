@@ -5,6 +5,7 @@ import (
 	"io"
 	"sync"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
@@ -32,6 +33,13 @@ func (l *workspaceList) CacheEncode(id runtime.Identifier, encode func(runtime.O
 	return encodeListed(id, encode, w, &l.CoderWorkspaceList, len(l.Items), empty, l.listed)
 }
 
+func (s *WorkspaceStorage) listOf(objs []watchcache.Listed, rv string) runtime.Object {
+	return &workspaceList{
+		CoderWorkspaceList: aggv1.CoderWorkspaceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderWorkspace](objs)},
+		listed:             objs,
+	}
+}
+
 func (l *workspaceList) GetObject() runtime.Object { return l.CoderWorkspaceList.DeepCopy() }
 
 // templateList is a LIST answer of codertemplates.
@@ -47,7 +55,26 @@ func (l *templateList) CacheEncode(id runtime.Identifier, encode func(runtime.Ob
 	return encodeListed(id, encode, w, &l.CoderTemplateList, len(l.Items), empty, l.listed)
 }
 
+func (s *TemplateStorage) listOf(objs []watchcache.Listed, rv string) runtime.Object {
+	return &templateList{
+		CoderTemplateList: aggv1.CoderTemplateList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderTemplate](objs)},
+		listed:            objs,
+	}
+}
+
 func (l *templateList) GetObject() runtime.Object { return l.CoderTemplateList.DeepCopy() }
+
+// listItems turns a list's objects (each a *T) into a typed list's
+// items: shallow copies, which share the cache's maps and slices, as
+// kube-apiserver's own watch cache answers lists; the API server only
+// reads a list's items.
+func listItems[T any](objs []watchcache.Listed) []T {
+	items := make([]T, len(objs))
+	for i, o := range objs {
+		items[i] = *any(o.Obj).(*T)
+	}
+	return items
+}
 
 // splices remembers, per encoder (runtime.Identifier), whether a list
 // spliced from its items' JSON is byte for byte what the encoder writes

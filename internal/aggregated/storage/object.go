@@ -12,7 +12,6 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
-	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 )
 
 // The request paths below are the same for templates and workspaces; what
@@ -96,18 +95,6 @@ func getObject[N objectName, T object](ctx context.Context, s objectStore[N, T],
 		return nil, s.res().refusedReads(name, err)
 	}
 	return obj, nil
-}
-
-// listItems turns a list's objects (each a *T) into a typed list's
-// items: shallow copies, which share the cache's maps and slices, as
-// kube-apiserver's own watch cache answers lists; the API server only
-// reads a list's items.
-func listItems[T any](objs []watchcache.Listed) []T {
-	items := make([]T, len(objs))
-	for i, o := range objs {
-		items[i] = *any(o.Obj).(*T)
-	}
-	return items
 }
 
 // invalid is the 422 a request whose object breaks the rules gets.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -13,20 +14,24 @@ import (
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
+	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 )
 
-// The write verbs of both kinds, written once, in the shape of
-// k8s.io/apiserver's generic registry: the steps every write takes
-// (read the current object, preconditions, admission, the dry run, the
-// record write, the watch cache, the answer) are here; what differs per
-// kind (the Coder calls, which spec changes Coder must make) comes from
-// the kind's strategy, which its storage implements.
+// The verbs of both kinds, written once, in the shape of
+// k8s.io/apiserver's generic registry: the steps every verb takes (for a
+// write: read the current object, preconditions, admission, the dry run,
+// the record write, the watch cache, the answer) are here; what differs
+// per kind (the list type, the Coder calls, which spec changes Coder must
+// make) comes from the kind's strategy, which its storage implements.
 
-// strategy is what a kind tells the shared write verbs.
+// strategy is what a kind tells the shared verbs.
 type strategy[N objectName, T object] interface {
 	objectStore[N, T]
 	New() runtime.Object
 	Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error)
+	// listOf is the kind's list answer of objs (the cache's, shared) at
+	// resourceVersion rv.
+	listOf(objs []watchcache.Listed, rv string) runtime.Object
 	// validateUpdate checks the kind's own rules for next, an update of
 	// cur; Kubernetes metadata is checked by the registry.
 	validateUpdate(next, cur T, name string) field.ErrorList
@@ -56,6 +61,16 @@ type strategy[N objectName, T object] interface {
 	// deleteInCoder deletes cur in Coder: the answer, whether the object
 	// is gone, and the error.
 	deleteInCoder(ctx context.Context, w *write, n N, name string, cur T) (runtime.Object, bool, error)
+}
+
+// listObjects serves List: what the request may see of its namespace
+// (or of every namespace), as the kind's list.
+func listObjects[N objectName, T object](ctx context.Context, s strategy[N, T], opts *metainternalversion.ListOptions) (runtime.Object, error) {
+	objs, rv, err := s.res().list(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return s.listOf(objs, rv), nil
 }
 
 // createCall creates the object in Coder and returns Coder's view of it

@@ -217,14 +217,7 @@ func (s *TemplateStorage) Get(ctx context.Context, name string, _ *metav1.GetOpt
 
 // List reads the templates of the namespace (or every namespace).
 func (s *TemplateStorage) List(ctx context.Context, opts *metainternalversion.ListOptions) (runtime.Object, error) {
-	objs, rv, err := s.list(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return &templateList{
-		CoderTemplateList: aggv1.CoderTemplateList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderTemplate](objs)},
-		listed:            objs,
-	}, nil
+	return listObjects(ctx, s, opts)
 }
 
 // Create uploads the files and creates the template with the new version

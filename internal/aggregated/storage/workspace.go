@@ -136,14 +136,7 @@ func (s *WorkspaceStorage) Get(ctx context.Context, name string, _ *metav1.GetOp
 // coderd. A list at resourceVersion 0 — what informers send — is served
 // from the watch cache while the poller keeps it fresh.
 func (s *WorkspaceStorage) List(ctx context.Context, opts *metainternalversion.ListOptions) (runtime.Object, error) {
-	objs, rv, err := s.list(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return &workspaceList{
-		CoderWorkspaceList: aggv1.CoderWorkspaceList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderWorkspace](objs)},
-		listed:             objs,
-	}, nil
+	return listObjects(ctx, s, opts)
 }
 
 // Create creates the workspace in coderd.
