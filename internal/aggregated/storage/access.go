@@ -119,7 +119,7 @@ type callerRefused struct {
 // in Operator mode, and for the cluster's own controllers (identity
 // service's ClusterController), which act as the operator with the
 // limits t.controller sets.
-func (r *resource) caller(ctx context.Context, t target, name string) (target, error) {
+func (r *genericStore) caller(ctx context.Context, t target, name string) (target, error) {
 	if r.ident == nil || !t.Identity.Mapped() {
 		return t, nil
 	}
@@ -141,7 +141,7 @@ func (r *resource) caller(ctx context.Context, t target, name string) (target, e
 
 // refusedReads turns a caller's refusal into what a read answers: a plain
 // 404, as for an object that does not exist.
-func (r *resource) refusedReads(name string, err error) error {
+func (r *genericStore) refusedReads(name string, err error) error {
 	var refused *callerRefused
 	if errors.As(err, &refused) {
 		return r.hidden(name)
@@ -151,7 +151,7 @@ func (r *resource) refusedReads(name string, err error) error {
 
 // hidden is the 404 of an object the caller may not read: the same as for
 // an object that does not exist (coderd answers so too).
-func (r *resource) hidden(name string) error {
+func (r *genericStore) hidden(name string) error {
 	return apierrors.NewNotFound(r.gr, name)
 }
 
@@ -198,18 +198,18 @@ func (t target) operatorClient() *codersdk.Client {
 	return t.Client
 }
 
-// viewer is who reads, per backend key: the caller of each backend that
+// callers is who reads, per backend key: the caller of each backend that
 // maps identities (a cluster controller's caller included). Backends
 // without an entry are read as the operator.
-type viewer map[string]*identity.Caller
+type callers map[string]*identity.Caller
 
-// viewerOf maps the caller in each of ts and returns the backends the
+// callersOf maps the caller in each of ts and returns the backends the
 // request reads. A backend where the caller may not act is left out with
 // a warning naming why, so that a list or watch by someone with no Coder
 // user answers with nothing rather than failing. Across namespaces a
 // backend whose coderd cannot say who the caller is (down, hanging) is
 // left out with a warning too; a request naming one namespace fails then.
-func (r *resource) viewerOf(ctx context.Context, ts []target, allNamespaces bool, warn *warnings) (viewer, []target, error) {
+func (r *genericStore) callersOf(ctx context.Context, ts []target, allNamespaces bool, warn *warnings) (callers, []target, error) {
 	mapped := make([]target, len(ts))
 	errs := make([]error, len(ts))
 	g := errgroup.Group{}
@@ -227,7 +227,7 @@ func (r *resource) viewerOf(ctx context.Context, ts []target, allNamespaces bool
 		})
 	}
 	_ = g.Wait()
-	v := viewer{}
+	cs := callers{}
 	out := ts[:0:0]
 	for i, t := range mapped {
 		var refused *callerRefused
@@ -243,19 +243,19 @@ func (r *resource) viewerOf(ctx context.Context, ts []target, allNamespaces bool
 		}
 		switch {
 		case t.caller != nil:
-			v[t.Key()] = t.caller
+			cs[t.Key()] = t.caller
 		case t.controller != nil:
-			v[t.Key()] = t.controller
+			cs[t.Key()] = t.controller
 		}
 		out = append(out, t)
 	}
-	return v, out, nil
+	return cs, out, nil
 }
 
 // quick returns ctx, or, when the coderd of backend key is known to be
 // failing, a context that has already ended, so that only what is
 // remembered answers and nothing waits for that coderd.
-func (r *resource) quick(ctx context.Context, key string) context.Context {
+func (r *genericStore) quick(ctx context.Context, key string) context.Context {
 	if _, down := r.cache.Outage(key); !down {
 		return ctx
 	}
@@ -266,7 +266,7 @@ func (r *resource) quick(ctx context.Context, key string) context.Context {
 
 // cannotAsk says why coderd of t could not answer a question about the
 // caller: the outage it is known for, or the error.
-func (r *resource) cannotAsk(t target, err error, what string) string {
+func (r *genericStore) cannotAsk(t target, err error, what string) string {
 	if out, down := r.cache.Outage(t.Key()); down {
 		return outageReason(t, out)
 	}
@@ -303,11 +303,11 @@ type shown struct {
 	failed     map[string]error
 }
 
-// decisions answers, for each object, what its backend's caller sees of
+// shownTo answers, for each object, what its backend's caller sees of
 // it; objects of backends without a caller are shown whole. Backends
 // quick says are down are answered from what the identity service
 // remembers only.
-func (r *resource) decisions(ctx context.Context, v viewer, objs []watchcache.Object) shown {
+func (r *genericStore) shownTo(ctx context.Context, cs callers, objs []watchcache.Object) shown {
 	d := shown{read: make([]bool, len(objs)), full: make([]bool, len(objs))}
 	type pending struct {
 		key   string
@@ -317,7 +317,7 @@ func (r *resource) decisions(ctx context.Context, v viewer, objs []watchcache.Ob
 	per := map[*identity.Caller]*pending{}
 	for i, o := range objs {
 		key := backendKey(o)
-		c := v[key]
+		c := cs[key]
 		switch {
 		case c == nil:
 			d.read[i], d.full[i] = true, true
@@ -416,15 +416,15 @@ func answer(ctx context.Context, c *identity.Caller, items []objectChecks) (read
 // objects whose restricted fields they may not see. Across namespaces a
 // backend whose coderd cannot answer is left out with a warning; a
 // request naming one namespace fails with 503.
-func (r *resource) filterListed(ctx context.Context, v viewer, listed []watchcache.Listed, allNamespaces bool, warn *warnings) ([]watchcache.Listed, error) {
-	if len(v) == 0 {
+func (r *genericStore) filterListed(ctx context.Context, cs callers, listed []watchcache.Listed, allNamespaces bool, warn *warnings) ([]watchcache.Listed, error) {
+	if len(cs) == 0 {
 		return listed, nil
 	}
 	objs := make([]watchcache.Object, len(listed))
 	for i, l := range listed {
 		objs[i] = l.Obj
 	}
-	d := r.decisions(ctx, v, objs)
+	d := r.shownTo(ctx, cs, objs)
 	for key, err := range d.failed {
 		if !allNamespaces {
 			return nil, apierrors.NewServiceUnavailable("ask coderd what the caller may read: " + err.Error())
@@ -446,7 +446,7 @@ func (r *resource) filterListed(ctx context.Context, v viewer, listed []watchcac
 
 // filterOne is filterListed for one object a caller reads: a plain 404
 // when they may not read it, as coderd answers.
-func (r *resource) filterOne(ctx context.Context, t target, obj watchcache.Object) (watchcache.Object, error) {
+func (r *genericStore) filterOne(ctx context.Context, t target, obj watchcache.Object) (watchcache.Object, error) {
 	c := t.caller
 	if c == nil {
 		c = t.controller
@@ -454,7 +454,7 @@ func (r *resource) filterOne(ctx context.Context, t target, obj watchcache.Objec
 	if c == nil {
 		return obj, nil
 	}
-	d := r.decisions(ctx, viewer{t.Key(): c}, []watchcache.Object{obj})
+	d := r.shownTo(ctx, callers{t.Key(): c}, []watchcache.Object{obj})
 	for _, err := range d.failed {
 		return nil, r.coderErr(t, err, obj.GetName())
 	}
@@ -473,7 +473,7 @@ func (r *resource) filterOne(ctx context.Context, t target, obj watchcache.Objec
 // needs what a change in Coder needs), and returns t acting as the caller.
 // A cluster controller may delete and update (its updates are checked for
 // spec changes by specChange).
-func (r *resource) mayWrite(ctx context.Context, t target, cur watchcache.Object, action codersdk.RBACAction) (target, error) {
+func (r *genericStore) mayWrite(ctx context.Context, t target, cur watchcache.Object, action codersdk.RBACAction) (target, error) {
 	if t.controller != nil {
 		return t, nil
 	}
@@ -497,14 +497,14 @@ func (r *resource) mayWrite(ctx context.Context, t target, cur watchcache.Object
 
 // controllerRefused is the 403 of a cluster controller's write beyond
 // reading, deleting and changing Kubernetes metadata.
-func (r *resource) controllerRefused(t target, name, what string) error {
+func (r *genericStore) controllerRefused(t target, name, what string) error {
 	return apierrors.NewForbidden(r.gr, name, fmt.Errorf("Kubernetes user %q is one of the cluster's controllers (aggregatedAPIServer.identity.clusterControllers), which act as coder-k8s in %s only to read, delete and change Kubernetes metadata, not to %s",
 		t.controller.KubernetesUser, t.describe(), what))
 }
 
 // specChange refuses a change in Coder (a spec change) by a cluster
 // controller.
-func (r *resource) specChange(t target, name string) error {
+func (r *genericStore) specChange(t target, name string) error {
 	if t.controller == nil {
 		return nil
 	}
@@ -513,7 +513,7 @@ func (r *resource) specChange(t target, name string) error {
 
 // mayCreate asks coderd whether the caller may create c: what a dry-run
 // create answers in place of coderd's own refusal.
-func (r *resource) mayCreate(ctx context.Context, t target, c identity.Check, name string) error {
+func (r *genericStore) mayCreate(ctx context.Context, t target, c identity.Check, name string) error {
 	if t.caller == nil {
 		return nil
 	}
@@ -522,7 +522,7 @@ func (r *resource) mayCreate(ctx context.Context, t target, c identity.Check, na
 
 // mayDo asks coderd, with the caller's token, whether they may do c to
 // the object called name: 403 naming their Coder user when not.
-func (r *resource) mayDo(ctx context.Context, t target, c identity.Check, name string) error {
+func (r *genericStore) mayDo(ctx context.Context, t target, c identity.Check, name string) error {
 	got, err := t.caller.Allowed(ctx, []identity.Check{c})
 	if err != nil {
 		return r.coderErr(t, err, name)

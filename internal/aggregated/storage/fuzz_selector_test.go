@@ -74,16 +74,16 @@ func FuzzSelector(f *testing.F) {
 		defer h.ts.cache.Drop(key)
 
 		for _, r := range []struct {
-			res        *resource
+			res        *genericStore
 			list       func(context.Context, *metainternalversion.ListOptions) (runtime.Object, error)
 			obj        metav1.Object
 			labels     map[string]string
 			fields     fields.Set
 			coderValid bool
 		}{
-			{&h.ws.resource, h.ws.List, w, w.Labels, aggv1.WorkspaceFields(w),
+			{&h.ws.genericStore, h.ws.List, w, w.Labels, aggv1.WorkspaceFields(w),
 				selCoderNames(org, owner, name, tpl) && selControlPlaneValid(controlPlane)},
-			{&h.ts.resource, h.ts.List, ct, ct.Labels, aggv1.TemplateFields(ct),
+			{&h.ts.genericStore, h.ts.List, ct, ct.Labels, aggv1.TemplateFields(ct),
 				selCoderNames(org) && templateName.MatchString(tpl) && len(tpl) <= maxTplName && selControlPlaneValid(controlPlane)},
 		} {
 			kind := r.res.kind
@@ -255,7 +255,7 @@ func (h *selectorHarness) checkRefusal(t *testing.T, kind, labelSel, fieldSel st
 
 // check lists and watches with opts and fails unless both select the one
 // object (name) exactly when want is true.
-func (h *selectorHarness) check(t *testing.T, r *resource, list func(context.Context, *metainternalversion.ListOptions) (runtime.Object, error),
+func (h *selectorHarness) check(t *testing.T, r *genericStore, list func(context.Context, *metainternalversion.ListOptions) (runtime.Object, error),
 	opts *metainternalversion.ListOptions, name string, want bool, what string) {
 	t.Helper()
 	ctx := genericapirequest.WithNamespace(context.Background(), selNamespace)

@@ -30,7 +30,7 @@ type lister struct {
 	warn          *warnings
 	resource      string
 	// probe, when set, lists a backend known to be failing in the
-	// background (see resource.probe).
+	// background (see genericStore.probe).
 	probe func(target)
 }
 
@@ -135,7 +135,7 @@ func (l lister) listOne(ctx context.Context, t target) ([]watchcache.Listed, err
 // most once at a time: lists across namespaces do not wait for it, and
 // without a watch open (the poller) nothing else would notice that its
 // coderd answers again. Until the resource runs there is no background.
-func (r *resource) probe(t target) {
+func (r *genericStore) probe(t target) {
 	bg := r.bg.Load()
 	if bg == nil || (*bg).Err() != nil {
 		return
@@ -257,7 +257,7 @@ func watchOptions(opts *metainternalversion.ListOptions, covers func(string) boo
 // It waits only for the watch's backends; across namespaces not for those
 // known to be failing, and one that fails is answered as last seen with a
 // warning. Otherwise a failure answers 503 and the client retries.
-func (r *resource) refreshForWatch(ctx context.Context, ts []target, opts *metainternalversion.ListOptions, allNamespaces bool, warn *warnings) error {
+func (r *genericStore) refreshForWatch(ctx context.Context, ts []target, opts *metainternalversion.ListOptions, allNamespaces bool, warn *warnings) error {
 	wo := watchOptions(opts, nil, nil)
 	consistent := wo.ResourceVersion == "" || (wo.SendInitialEvents != nil && *wo.SendInitialEvents &&
 		(opts.ResourceVersionMatch == "" || opts.ResourceVersionMatch == metav1.ResourceVersionMatchNotOlderThan) && wo.ResourceVersion != "0")

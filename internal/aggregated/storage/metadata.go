@@ -234,7 +234,7 @@ func metaOf(s *records.Record) recordedMeta {
 
 // publishRead merges an object just read from coderd with its record and
 // stores it in the watch cache.
-func (r *resource) publishRead(ctx context.Context, t target, obj object) (object, error) {
+func (r *genericStore) publishRead(ctx context.Context, t target, obj object) (object, error) {
 	rec, err := r.records.get(ctx, r.recordKey(t, string(obj.GetUID())))
 	if err != nil {
 		return nil, apierrors.NewInternalError(err)
@@ -253,7 +253,7 @@ func (r *resource) publishRead(ctx context.Context, t target, obj object) (objec
 // mergeRecord: it returns the object to list in its place and the spec
 // hash to count when the merge found a spec change made in Coder ("" when
 // not).
-func (r *resource) mergeListed(ctx context.Context, t target, objs []watchcache.Object, started time.Time, complete bool,
+func (r *genericStore) mergeListed(ctx context.Context, t target, objs []watchcache.Object, started time.Time, complete bool,
 	merge func(i int, rec *records.Record) (watchcache.Object, string)) error {
 	recs, err := r.records.list(ctx, t.Namespace, r.gr.Resource, t.ControlPlane)
 	if err != nil {
@@ -285,7 +285,7 @@ func (r *resource) mergeListed(ctx context.Context, t target, objs []watchcache.
 // onRecordChange re-merges the cached object of a record that changed
 // (written by this or another replica, or by hand), so that open watches
 // see the new metadata.
-func (r *resource) onRecordChange(rec *records.Record) {
+func (r *genericStore) onRecordChange(rec *records.Record) {
 	if rec.Spec.Resource != r.gr.Resource {
 		return
 	}
@@ -305,7 +305,7 @@ func (r *resource) onRecordChange(rec *records.Record) {
 
 // cachedByUID finds the cached object of backend key with Coder ID id,
 // trying the name it had when last written first.
-func (r *resource) cachedByUID(key, name, id string) object {
+func (r *genericStore) cachedByUID(key, name, id string) object {
 	if o, ok := r.cache.Get(key, name); ok && string(o.GetUID()) == id {
 		return o.(object)
 	}
@@ -316,4 +316,21 @@ func (r *resource) cachedByUID(key, name, id string) object {
 		}
 	}
 	return nil
+}
+
+// coderdOwnsStatus is the managedFields entry every object carries: coderd
+// owns the status. Coder has nowhere to keep Kubernetes field ownership,
+// so appliers' entries are not stored; without any entry, server-side
+// apply would treat every field as owned by "before-first-apply" and
+// refuse each change as a conflict. With this one, applies change the
+// fields they set (no field-owner conflicts between appliers, and fields
+// dropped from an apply configuration are left as they are).
+func coderdOwnsStatus() []metav1.ManagedFieldsEntry {
+	return []metav1.ManagedFieldsEntry{{
+		Manager:    "coderd",
+		Operation:  metav1.ManagedFieldsOperationUpdate,
+		APIVersion: aggv1.SchemeGroupVersion.String(),
+		FieldsType: "FieldsV1",
+		FieldsV1:   metav1.NewFieldsV1(`{"f:status":{}}`),
+	}}
 }

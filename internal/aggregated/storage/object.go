@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/registry/rest"
 
-	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 )
 
 // The request paths below are the same for templates and workspaces; what
@@ -39,12 +39,12 @@ func (n templateObjectName) controlPlane() string { return n.ControlPlane }
 type objectStore[N objectName, T object] interface {
 	lookup(ctx context.Context, name string) (target, N, error)
 	read(ctx context.Context, t target, n N, name string) (T, error)
-	res() *resource
+	store() *genericStore
 }
 
 // lookupName parses name and finds its backend. A malformed name is
 // NotFound: no object can have it.
-func lookupName[N objectName](ctx context.Context, r *resource, name string, parse func(string) (N, error)) (target, N, error) {
+func lookupName[N objectName](ctx context.Context, r *genericStore, name string, parse func(string) (N, error)) (target, N, error) {
 	n, err := parse(name)
 	if err != nil {
 		return target{}, n, r.badName(name, err)
@@ -57,8 +57,8 @@ func lookupName[N objectName](ctx context.Context, r *resource, name string, par
 	return t, n, err
 }
 
-// res is the resource the shared paths work with.
-func (r *resource) res() *resource { return r }
+// store is the kind's generic store, for the shared paths.
+func (r *genericStore) store() *genericStore { return r }
 
 // current reads the object name refers to from coderd: Get, Update and
 // Delete start from it.
@@ -74,12 +74,12 @@ func current[N objectName, T object](ctx context.Context, s objectStore[N, T], n
 	if t.caller != nil && apierrors.IsNotFound(err) {
 		// Whatever coderd said: the same 404 as for an object the
 		// caller may not read.
-		err = s.res().hidden(name)
+		err = s.store().hidden(name)
 	}
 	if err != nil {
 		return t, n, cur, err
 	}
-	shown, err := s.res().filterOne(ctx, t, cur)
+	shown, err := s.store().filterOne(ctx, t, cur)
 	if err != nil {
 		var zero T
 		return t, n, zero, err
@@ -92,20 +92,15 @@ func current[N objectName, T object](ctx context.Context, s objectStore[N, T], n
 func getObject[N objectName, T object](ctx context.Context, s objectStore[N, T], name string) (runtime.Object, error) {
 	_, _, obj, err := current(ctx, s, name)
 	if err != nil {
-		return nil, s.res().refusedReads(name, err)
+		return nil, s.store().refusedReads(name, err)
 	}
 	return obj, nil
-}
-
-// invalid is the 422 a request whose object breaks the rules gets.
-func (r *resource) invalid(name string, errs field.ErrorList) error {
-	return apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(r.kind).GroupKind(), name, errs)
 }
 
 // toCreate checks a create request: the object's type, the kind's own
 // rules (validate) and the request's createValidation; it returns the
 // object, its parsed name and the backend it goes to.
-func toCreate[N objectName, T object](ctx context.Context, r *resource, obj runtime.Object, validate func(T) (N, field.ErrorList), createValidation rest.ValidateObjectFunc) (T, N, target, error) {
+func toCreate[N objectName, T object](ctx context.Context, r *genericStore, obj runtime.Object, validate func(T) (N, field.ErrorList), createValidation rest.ValidateObjectFunc) (T, N, target, error) {
 	var n N
 	o, ok := obj.(T)
 	if !ok {
@@ -134,7 +129,7 @@ func toCreate[N objectName, T object](ctx context.Context, r *resource, obj runt
 
 // toDelete reads the object a delete request names and checks the
 // request's preconditions and deleteValidation against it.
-func toDelete[N objectName, T object](ctx context.Context, r *resource, s objectStore[N, T], name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (target, N, T, error) {
+func toDelete[N objectName, T object](ctx context.Context, r *genericStore, s objectStore[N, T], name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (target, N, T, error) {
 	t, n, cur, err := current(ctx, s, name)
 	if err != nil {
 		return t, n, cur, err
@@ -149,4 +144,70 @@ func toDelete[N objectName, T object](ctx context.Context, r *resource, s object
 	}
 	t, err = r.mayWrite(ctx, t, cur, codersdk.ActionDelete)
 	return t, n, cur, err
+}
+
+// checkResourceVersion applies optimistic concurrency: the caller's
+// resourceVersion must describe the content coderd has now.
+func (r *genericStore) checkResourceVersion(name, given, current string) error {
+	if given == "" || watchcache.SameContent(given, current) {
+		return nil
+	}
+	return r.conflict(name)
+}
+
+func isDryRun(dryRun []string) bool { return len(dryRun) > 0 }
+
+// checkDeletePreconditions honours DeleteOptions.Preconditions.
+func (r *genericStore) checkDeletePreconditions(name string, cur metav1.Object, opts *metav1.DeleteOptions) error {
+	if opts == nil || opts.Preconditions == nil {
+		return nil
+	}
+	if uid := opts.Preconditions.UID; uid != nil && *uid != cur.GetUID() {
+		return apierrors.NewConflict(r.gr, name, fmt.Errorf("precondition failed: UID in precondition: %v, UID in object meta: %v", *uid, cur.GetUID()))
+	}
+	if rv := opts.Preconditions.ResourceVersion; rv != nil {
+		return r.checkResourceVersion(name, *rv, cur.GetResourceVersion())
+	}
+	return nil
+}
+
+// updatedObject is what an update request asks for: objInfo applied to a
+// copy of cur, whose resourceVersion (if given) must still describe cur.
+// When the object does not exist (readErr is NotFound) and
+// forceAllowCreate is set, as for server-side apply's create-on-apply, it
+// creates the object from objInfo applied to empty and returns the result
+// as created.
+func updatedObject[T object](ctx context.Context, r *genericStore, name string, cur T, readErr error, objInfo rest.UpdatedObjectInfo,
+	forceAllowCreate bool, empty runtime.Object, create func(runtime.Object) (runtime.Object, error)) (next T, created runtime.Object, err error) {
+	var zero T
+	if readErr != nil {
+		if !forceAllowCreate || !apierrors.IsNotFound(readErr) {
+			return zero, nil, readErr
+		}
+		obj, err := objInfo.UpdatedObject(ctx, empty)
+		if err != nil {
+			return zero, nil, err
+		}
+		created, err := create(obj)
+		return zero, created, err
+	}
+	obj, err := objInfo.UpdatedObject(ctx, cur.DeepCopyObject())
+	if err != nil {
+		return zero, nil, err
+	}
+	next, ok := obj.(T)
+	if !ok {
+		return zero, nil, apierrors.NewBadRequest(fmt.Sprintf("expected a %s, got %T", r.kind, obj))
+	}
+	if err := r.checkResourceVersion(name, next.GetResourceVersion(), cur.GetResourceVersion()); err != nil {
+		return zero, nil, err
+	}
+	return next, nil, nil
+}
+
+func createOptions(o *metav1.UpdateOptions) *metav1.CreateOptions {
+	if o == nil {
+		return &metav1.CreateOptions{}
+	}
+	return &metav1.CreateOptions{DryRun: o.DryRun, FieldManager: o.FieldManager, FieldValidation: o.FieldValidation}
 }

@@ -56,7 +56,7 @@ type recentWrite struct {
 // shows; the informer normally catches up within milliseconds.
 const recentFor = 30 * time.Second
 
-func newRecordView(s *records.Store, r *resource) *recordView {
+func newRecordView(s *records.Store, r *genericStore) *recordView {
 	return &recordView{store: s, log: r.log, recent: map[records.Key]recentWrite{}, queued: map[records.Key]bool{}, jobs: make(chan recordJob, 1024)}
 }
 

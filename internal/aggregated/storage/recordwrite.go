@@ -23,7 +23,7 @@ import (
 // as it was (nil for a create). Every write saves at most one record,
 // through commit.
 type write struct {
-	r    *resource
+	r    *genericStore
 	t    target
 	key  records.Key
 	prev *records.Record
@@ -31,7 +31,7 @@ type write struct {
 }
 
 // beginWrite reads the record of the object cur (read from coderd).
-func (r *resource) beginWrite(ctx context.Context, t target, cur object) (*write, error) {
+func (r *genericStore) beginWrite(ctx context.Context, t target, cur object) (*write, error) {
 	w := &write{r: r, t: t, cur: cur, key: r.recordKey(t, string(cur.GetUID()))}
 	prev, err := r.records.get(ctx, w.key)
 	if err != nil {
@@ -43,11 +43,11 @@ func (r *resource) beginWrite(ctx context.Context, t target, cur object) (*write
 
 // createWrite is a create's write: the key is known once Coder made the
 // object (out).
-func (r *resource) createWrite(t target, out object) *write {
+func (r *genericStore) createWrite(t target, out object) *write {
 	return &write{r: r, t: t, key: r.recordKey(t, string(out.GetUID()))}
 }
 
-func (r *resource) recordKey(t target, coderID string) records.Key {
+func (r *genericStore) recordKey(t target, coderID string) records.Key {
 	return records.Key{Namespace: t.Namespace, Resource: r.gr.Resource, ControlPlane: t.ControlPlane, CoderID: coderID}
 }
 

@@ -66,7 +66,7 @@ type strategy[N objectName, T object] interface {
 // listObjects serves List: what the request may see of its namespace
 // (or of every namespace), as the kind's list.
 func listObjects[N objectName, T object](ctx context.Context, s strategy[N, T], opts *metainternalversion.ListOptions) (runtime.Object, error) {
-	objs, rv, err := s.res().list(ctx, opts)
+	objs, rv, err := s.store().list(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +79,7 @@ type createCall func(ctx context.Context) (object, func(*records.Record), error)
 
 // createObject serves Create.
 func createObject[N objectName, T object](ctx context.Context, s strategy[N, T], obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error) {
-	r := s.res()
+	r := s.store()
 	o, n, t, err := toCreate(ctx, r, obj, s.validateCreate, createValidation)
 	if err != nil {
 		return nil, err
@@ -121,7 +121,7 @@ type specUpdate struct {
 // a missing object is created.
 func updateObject[N objectName, T object](ctx context.Context, s strategy[N, T], name string, objInfo rest.UpdatedObjectInfo,
 	createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, opts *metav1.UpdateOptions) (runtime.Object, bool, error) {
-	r := s.res()
+	r := s.store()
 	t, n, cur, err := current(ctx, s, name)
 	next, created, err := updatedObject(ctx, r, name, cur, err, objInfo, forceAllowCreate, s.New(),
 		func(obj runtime.Object) (runtime.Object, error) {
@@ -185,7 +185,7 @@ func updateObject[N objectName, T object](ctx context.Context, s strategy[N, T],
 // deleteObject serves Delete. An object with finalizers is only marked
 // for deletion; Coder is asked once they are removed (see releaseDelete).
 func deleteObject[N objectName, T object](ctx context.Context, s strategy[N, T], name string, deleteValidation rest.ValidateObjectFunc, opts *metav1.DeleteOptions) (runtime.Object, bool, error) {
-	r := s.res()
+	r := s.store()
 	t, n, cur, err := toDelete(ctx, r, s, name, deleteValidation, opts)
 	if err != nil {
 		return nil, false, err
@@ -214,7 +214,7 @@ func deleteObject[N objectName, T object](ctx context.Context, s strategy[N, T],
 }
 
 // noun names one object of the resource in messages: "workspace".
-func (r *resource) noun() string {
+func (r *genericStore) noun() string {
 	switch r.kind {
 	case "CoderWorkspace":
 		return "workspace"

@@ -42,7 +42,7 @@ type TemplateOptions struct {
 
 // TemplateStorage serves codertemplates.
 type TemplateStorage struct {
-	resource
+	genericStore
 	opts     TemplateOptions
 	sources  *templatesource.SourceCache
 	versions versionCache
@@ -72,7 +72,7 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 		to.SourceCacheBytes = 64 << 20
 	}
 	s := &TemplateStorage{
-		resource: resource{
+		genericStore: genericStore{
 			gr:       aggv1.Resource("codertemplates"),
 			kind:     "CoderTemplate",
 			backends: o.Backends,
@@ -92,7 +92,7 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 		opts:    to,
 		sources: templatesource.NewSourceCache(to.SourceCacheBytes),
 	}
-	if err := startCache(&s.resource, o, s.listTemplates, aggv1.TemplateFields); err != nil {
+	if err := startCache(&s.genericStore, o, s.listTemplates, aggv1.TemplateFields); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -162,7 +162,7 @@ func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *coders
 }
 
 func (s *TemplateStorage) lookup(ctx context.Context, name string) (target, templateObjectName, error) {
-	return lookupName(ctx, &s.resource, name, parseTemplateName)
+	return lookupName(ctx, &s.genericStore, name, parseTemplateName)
 }
 
 // fetch reads the Coder template an object name refers to.
@@ -302,7 +302,7 @@ func (s *TemplateStorage) Run(ctx context.Context) {
 		defer close(done)
 		s.runPromoter(ctx)
 	}()
-	s.resource.Run(ctx)
+	s.genericStore.Run(ctx)
 	<-done
 }
 

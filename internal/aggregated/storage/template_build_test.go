@@ -89,7 +89,7 @@ func TestBuildCondition(t *testing.T) {
 // A request whose own context ended says what it waited for, as a 504,
 // instead of blaming coderd.
 func TestRequestErrSaysWhatItWaitedFor(t *testing.T) {
-	s := &TemplateStorage{resource: resource{gr: aggv1.Resource("codertemplates"), kind: "CoderTemplate"}}
+	s := &TemplateStorage{genericStore: genericStore{gr: aggv1.Resource("codertemplates"), kind: "CoderTemplate"}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
 	defer cancel()
 	<-ctx.Done()

@@ -27,11 +27,11 @@ const (
 // see (DELETED included), typed as a watch of just those objects would
 // type them: ADDED for an object the watcher does not hold, MODIFIED for
 // one it holds, DELETED when it goes or stops being readable.
-func (r *resource) filterWatch(ctx context.Context, v viewer, in watch.Interface) watch.Interface {
-	if len(v) == 0 {
+func (r *genericStore) filterWatch(ctx context.Context, cs callers, in watch.Interface) watch.Interface {
+	if len(cs) == 0 {
 		return in
 	}
-	fw := &filteredWatch{in: in, out: make(chan watch.Event), done: make(chan struct{}), r: r, v: v, holds: map[types.UID]bool{}}
+	fw := &filteredWatch{in: in, out: make(chan watch.Event), done: make(chan struct{}), r: r, cs: cs, holds: map[types.UID]bool{}}
 	go fw.run(ctx)
 	return fw
 }
@@ -42,8 +42,8 @@ type filteredWatch struct {
 	done chan struct{}
 	stop sync.Once
 
-	r *resource
-	v viewer
+	r  *genericStore
+	cs callers
 	// holds records, per object the watcher has been told of, whether it
 	// holds it now (was last sent it as ADDED or MODIFIED). Objects the
 	// watch has not seen are those the client listed before watching:
@@ -126,7 +126,7 @@ func (w *filteredWatch) deliver(ctx context.Context, batch []watch.Event) bool {
 	}
 	var d shown
 	if len(objs) > 0 {
-		d = w.r.decisions(ctx, w.v, objs)
+		d = w.r.shownTo(ctx, w.cs, objs)
 		for _, err := range d.failed {
 			// The client relists, and the list says which coderd failed.
 			w.send(ctx, watch.Event{Type: watch.Error, Object: &apierrors.NewServiceUnavailable("ask coderd what the caller may read: " + err.Error()).ErrStatus})

@@ -24,7 +24,7 @@ import (
 
 // WorkspaceStorage serves coderworkspaces.
 type WorkspaceStorage struct {
-	resource
+	genericStore
 	params *buildParams
 	orgs   orgIDs
 	memo   listMemo
@@ -53,7 +53,7 @@ var (
 // watches to see changes.
 func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
 	s := &WorkspaceStorage{
-		resource: resource{
+		genericStore: genericStore{
 			gr:       aggv1.Resource("coderworkspaces"),
 			kind:     "CoderWorkspace",
 			backends: o.Backends,
@@ -77,7 +77,7 @@ func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
 		pageSize: o.WorkspacePageSize,
 	}
 	s.sourcesListed = s.memo.retain
-	if err := startCache(&s.resource, o, s.listWorkspaces, aggv1.WorkspaceFields); err != nil {
+	if err := startCache(&s.genericStore, o, s.listWorkspaces, aggv1.WorkspaceFields); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -124,7 +124,7 @@ func (s *WorkspaceStorage) readCoder(ctx context.Context, t target, n workspaceN
 
 // lookup parses name and finds its backend.
 func (s *WorkspaceStorage) lookup(ctx context.Context, name string) (target, workspaceName, error) {
-	return lookupName(ctx, &s.resource, name, parseWorkspaceName)
+	return lookupName(ctx, &s.genericStore, name, parseWorkspaceName)
 }
 
 // Get reads the workspace from coderd.
@@ -436,13 +436,6 @@ func fromParameters(in []aggv1.WorkspaceParameter) []codersdk.WorkspaceBuildPara
 		out[i] = codersdk.WorkspaceBuildParameter{Name: p.Name, Value: p.Value}
 	}
 	return out
-}
-
-func createOptions(o *metav1.UpdateOptions) *metav1.CreateOptions {
-	if o == nil {
-		return &metav1.CreateOptions{}
-	}
-	return &metav1.CreateOptions{DryRun: o.DryRun, FieldManager: o.FieldManager, FieldValidation: o.FieldValidation}
 }
 
 // dryRunWorkspace is what a create would return, without asking coderd.

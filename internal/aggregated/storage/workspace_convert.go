@@ -204,3 +204,14 @@ func timePtr(t *time.Time) *metav1.Time {
 	mt := metav1.NewTime(t.Truncate(time.Second))
 	return &mt
 }
+
+func toParameters(in []codersdk.WorkspaceBuildParameter) []aggv1.WorkspaceParameter {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]aggv1.WorkspaceParameter, len(in))
+	for i, p := range in {
+		out[i] = aggv1.WorkspaceParameter{Name: p.Name, Value: p.Value}
+	}
+	return out
+}

@@ -506,3 +506,25 @@ func TestCoderdOwnsStatus(t *testing.T) {
 		check(t, coderdOwnsStatus())
 	})
 }
+
+func TestDeletingAndBuildInProgress(t *testing.T) {
+	inProgress := map[codersdk.ProvisionerJobStatus]bool{
+		codersdk.ProvisionerJobPending:   true,
+		codersdk.ProvisionerJobRunning:   true,
+		codersdk.ProvisionerJobCanceling: true,
+		codersdk.ProvisionerJobSucceeded: false,
+		codersdk.ProvisionerJobCanceled:  false,
+		codersdk.ProvisionerJobFailed:    false,
+		codersdk.ProvisionerJobUnknown:   false,
+	}
+	for s, want := range inProgress {
+		if got := buildInProgress(s); got != want {
+			t.Errorf("buildInProgress(%s) = %v, want %v", s, got, want)
+		}
+		for _, tr := range []codersdk.WorkspaceTransition{codersdk.WorkspaceTransitionStart, codersdk.WorkspaceTransitionStop} {
+			if deleting(&codersdk.WorkspaceBuild{Transition: tr, Job: codersdk.ProvisionerJob{Status: s}}) {
+				t.Errorf("a %s build %s counts as deleting", tr, s)
+			}
+		}
+	}
+}

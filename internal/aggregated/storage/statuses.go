@@ -1,0 +1,61 @@
+package storage
+
+import (
+	"fmt"
+	"net/http"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/coderstatus"
+	"github.com/coder/coder-k8s/internal/coderapi"
+)
+
+// The Kubernetes statuses the storage answers with, naming the resource
+// and, for coderd's errors, the control plane behind them.
+
+// notFound is a NotFound status whose message says why.
+func (r *genericStore) notFound(name, why string) error {
+	err := apierrors.NewNotFound(r.gr, name)
+	err.ErrStatus.Message = fmt.Sprintf("%s: %s", err.ErrStatus.Message, why)
+	return err
+}
+
+// badName is the NotFound a malformed name gets on reads: no object can
+// have that name.
+func (r *genericStore) badName(name string, err error) error {
+	return r.notFound(name, err.Error())
+}
+
+// coderErr turns an error from t's coderd into a Kubernetes status that
+// names the control plane (or the static backend) in its hints.
+func (r *genericStore) coderErr(t target, err error, name string) error {
+	tgt := coderstatus.Target{Resource: r.gr, Kind: r.kind, Name: name, Fields: r.fields, StaticBackend: t.ControlPlane == ""}
+	if t.URL != nil {
+		tgt.CoderURL = t.URL.String()
+	}
+	if t.ControlPlane != "" {
+		tgt.ControlPlane = t.Namespace + "/" + t.ControlPlane
+	}
+	return coderstatus.Error(err, tgt)
+}
+
+// createErr is coderErr for a create: a 409 means the object exists.
+func (r *genericStore) createErr(t target, err error, name string) error {
+	se := r.coderErr(t, err, name)
+	if coderapi.StatusCode(err) == http.StatusConflict {
+		return apierrors.NewAlreadyExists(r.gr, name)
+	}
+	return se
+}
+
+// conflict is the 409 a stale resourceVersion gets.
+func (r *genericStore) conflict(name string) error {
+	return apierrors.NewConflict(r.gr, name, fmt.Errorf("the object has been modified; please apply your changes to the latest version and try again"))
+}
+
+// invalid is the 422 a request whose object breaks the rules gets.
+func (r *genericStore) invalid(name string, errs field.ErrorList) error {
+	return apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(r.kind).GroupKind(), name, errs)
+}
