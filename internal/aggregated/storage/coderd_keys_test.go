@@ -139,13 +139,13 @@ func TestCachesAreKeyedPerCoderd(t *testing.T) {
 	}
 	// One entry per coderd in each cache: nothing read from one coderd
 	// answered for the other.
-	if n := len(ts.versions.byID); n != 2 {
+	if n := len(ts.versions.facts); n != 2 {
 		t.Errorf("version cache holds %d entries, want one per coderd", n)
 	}
-	if n := len(ws.params.byID); n != 2 {
+	if n := len(ws.params.facts); n != 2 {
 		t.Errorf("build parameter cache holds %d entries, want one per coderd", n)
 	}
-	if n := len(ts.orgs.ids); n != 2 {
+	if n := len(ts.orgs.facts); n != 2 {
 		t.Errorf("organization cache holds %d entries, want one per coderd", n)
 	}
 }

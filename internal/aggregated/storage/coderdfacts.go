@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
@@ -13,48 +14,107 @@ import (
 	"github.com/coder/coder-k8s/internal/coderapi"
 )
 
-// orgIDs remembers organization IDs by backend and name: they never
-// change, and templates are looked up by organization ID.
+// coderdFacts remembers what coderd answered that never changes (an
+// organization's ID, a template version whose build ended, a build's
+// parameters), so that only new facts cost a request. IDs are only
+// unique within one coderd, and a tenant's coderd may answer with any ID
+// it likes, so a fact is kept per coderd (target.coderdKey) and never
+// served for another. At most max facts are kept (0: no bound), the
+// oldest dropped first.
+type coderdFacts[K comparable, V any] struct {
+	mu    sync.Mutex
+	facts map[factKey[K]]V
+	order []factKey[K]
+	max   int
+}
+
+// factKey is a fact's key as one coderd knows it.
+type factKey[K comparable] struct {
+	coderd string
+	id     K
+}
+
+func (f *coderdFacts[K, V]) known(coderd string, id K) (V, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.facts[factKey[K]{coderd, id}]
+	return v, ok
+}
+
+// add remembers v; a fact already known is kept as it is, age included.
+func (f *coderdFacts[K, V]) add(coderd string, id K, v V) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := factKey[K]{coderd, id}
+	if _, ok := f.facts[k]; ok {
+		return
+	}
+	if f.facts == nil {
+		f.facts = map[factKey[K]]V{}
+	}
+	f.facts[k] = v
+	if f.max <= 0 {
+		return
+	}
+	f.order = append(f.order, k)
+	for len(f.order) > f.max {
+		delete(f.facts, f.order[0])
+		f.order = f.order[1:]
+	}
+}
+
+// get returns fact id of t's coderd, asking ask when it is not known; ask
+// says whether its answer is final (remembered) or may still change.
+func (f *coderdFacts[K, V]) get(ctx context.Context, t target, id K, ask func(context.Context) (V, bool, error)) (V, error) {
+	coderd := t.coderdKey()
+	if v, ok := f.known(coderd, id); ok {
+		return v, nil
+	}
+	v, final, err := ask(ctx)
+	if err == nil && final {
+		f.add(coderd, id, v)
+	}
+	return v, err
+}
+
+// orgIDs remembers organization IDs by name: templates are looked up by
+// organization ID.
 type orgIDs struct {
-	mu  sync.Mutex
-	ids map[string]uuid.UUID
+	coderdFacts[string, uuid.UUID]
 }
 
 func (o *orgIDs) get(ctx context.Context, t target, org string) (uuid.UUID, error) {
-	key := t.coderdKey() + "/" + org
-	o.mu.Lock()
-	id, ok := o.ids[key]
-	o.mu.Unlock()
-	if ok {
-		return id, nil
-	}
-	got, err := t.Client.OrganizationByName(ctx, org)
-	if err != nil {
-		return uuid.Nil, fmt.Errorf("organization %q: %w", org, err)
-	}
-	o.mu.Lock()
-	if o.ids == nil {
-		o.ids = map[string]uuid.UUID{}
-	}
-	o.ids[key] = got.ID
-	o.mu.Unlock()
-	return got.ID, nil
+	return o.coderdFacts.get(ctx, t, org, func(ctx context.Context) (uuid.UUID, bool, error) {
+		got, err := t.Client.OrganizationByName(ctx, org)
+		if err != nil {
+			return uuid.Nil, false, fmt.Errorf("organization %q: %w", org, err)
+		}
+		return got.ID, true, nil
+	})
 }
 
-// coderdID is an ID as one coderd (target.coderdKey) knows it.
-type coderdID struct {
-	coderd string
-	id     uuid.UUID
+// versionCache remembers template versions whose build has ended: they
+// no longer change.
+type versionCache struct {
+	coderdFacts[uuid.UUID, codersdk.TemplateVersion]
 }
 
-// buildParams remembers each build's parameter values, per coderd. A
-// build's parameters never change, so a steady-state poll asks coderd only
-// about builds it has not seen.
+func newVersionCache() versionCache {
+	return versionCache{coderdFacts[uuid.UUID, codersdk.TemplateVersion]{max: 10000}}
+}
+
+func (c *versionCache) get(ctx context.Context, t target, id uuid.UUID) (codersdk.TemplateVersion, error) {
+	return c.coderdFacts.get(ctx, t, id, func(ctx context.Context) (codersdk.TemplateVersion, bool, error) {
+		v, err := t.Client.TemplateVersion(ctx, id)
+		return v, err == nil && !buildInProgress(v.Job.Status), err
+	})
+}
+
+// buildParams remembers each build's parameter values. A build's
+// parameters never change, so a steady-state poll asks coderd only about
+// builds it has not seen.
 type buildParams struct {
-	mu    sync.Mutex
-	byID  map[coderdID][]aggv1.WorkspaceParameter
-	order []coderdID
-	max   int
+	coderdFacts[uuid.UUID, []aggv1.WorkspaceParameter]
 	// inflight shares one request per build between fills running at
 	// once (a LIST and a poll of a cold cache would otherwise each ask
 	// for every build).
@@ -62,28 +122,7 @@ type buildParams struct {
 }
 
 func newBuildParams(max int) *buildParams {
-	return &buildParams{byID: map[coderdID][]aggv1.WorkspaceParameter{}, max: max}
-}
-
-func (p *buildParams) lookup(id coderdID) ([]aggv1.WorkspaceParameter, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	v, ok := p.byID[id]
-	return v, ok
-}
-
-func (p *buildParams) store(id coderdID, v []aggv1.WorkspaceParameter) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.byID[id]; ok {
-		return
-	}
-	p.byID[id] = v
-	p.order = append(p.order, id)
-	for len(p.order) > p.max {
-		delete(p.byID, p.order[0])
-		p.order = p.order[1:]
-	}
+	return &buildParams{coderdFacts: coderdFacts[uuid.UUID, []aggv1.WorkspaceParameter]{max: max}}
 }
 
 // fill returns the parameters of every build in ids of t's coderd, asking
@@ -97,7 +136,7 @@ func (p *buildParams) fill(ctx context.Context, t target, ids []uuid.UUID) (map[
 		if id == uuid.Nil {
 			continue
 		}
-		if v, ok := p.lookup(coderdID{coderd, id}); ok {
+		if v, ok := p.known(coderd, id); ok {
 			out[id] = v
 		} else {
 			missing = append(missing, id)
@@ -114,7 +153,7 @@ func (p *buildParams) fill(ctx context.Context, t target, ids []uuid.UUID) (map[
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			v, err := p.fetch(gctx, t, coderdID{coderd, id})
+			v, err := p.fetch(gctx, t, coderd, id)
 			if err != nil {
 				return err
 			}
@@ -134,17 +173,17 @@ func (p *buildParams) fill(ctx context.Context, t target, ids []uuid.UUID) (map[
 // joins the request another fill has open for it. The request is not
 // cancelled with ctx, since others may be waiting for it; the client's
 // timeout bounds it.
-func (p *buildParams) fetch(ctx context.Context, t target, id coderdID) ([]aggv1.WorkspaceParameter, error) {
-	ch := p.inflight.DoChan(id.coderd+"/"+id.id.String(), func() (any, error) {
-		if v, ok := p.lookup(id); ok {
+func (p *buildParams) fetch(ctx context.Context, t target, coderd string, id uuid.UUID) ([]aggv1.WorkspaceParameter, error) {
+	ch := p.inflight.DoChan(coderd+"/"+id.String(), func() (any, error) {
+		if v, ok := p.known(coderd, id); ok {
 			return v, nil
 		}
-		got, err := t.Client.WorkspaceBuildParameters(context.WithoutCancel(ctx), id.id)
+		got, err := t.Client.WorkspaceBuildParameters(context.WithoutCancel(ctx), id)
 		if err != nil {
-			return nil, fmt.Errorf("parameters of build %s: %w", id.id, err)
+			return nil, fmt.Errorf("parameters of build %s: %w", id, err)
 		}
 		v := toParameters(got)
-		p.store(id, v)
+		p.add(coderd, id, v)
 		return v, nil
 	})
 	select {

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -89,8 +88,9 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 				"file_id":             "spec.files",
 			},
 		},
-		opts:    to,
-		sources: templatesource.NewSourceCache(to.SourceCacheBytes),
+		opts:     to,
+		sources:  templatesource.NewSourceCache(to.SourceCacheBytes),
+		versions: newVersionCache(),
 	}
 	if err := startCache(&s.genericStore, o, s.listTemplates, aggv1.TemplateFields); err != nil {
 		return nil, err
@@ -456,37 +456,4 @@ func (s *TemplateStorage) deleteInCoder(ctx context.Context, w *write, _ templat
 	}
 	s.cache.Delete(w.t.Key(), name)
 	return cur, true, w.forget(ctx)
-}
-
-// versionCache remembers template versions whose build has ended, per
-// coderd: they no longer change.
-type versionCache struct {
-	mu   sync.Mutex
-	byID map[coderdID]codersdk.TemplateVersion
-}
-
-func (c *versionCache) get(ctx context.Context, t target, id uuid.UUID) (codersdk.TemplateVersion, error) {
-	key := coderdID{t.coderdKey(), id}
-	c.mu.Lock()
-	v, ok := c.byID[key]
-	c.mu.Unlock()
-	if ok {
-		return v, nil
-	}
-	v, err := t.Client.TemplateVersion(ctx, id)
-	if err != nil {
-		return v, err
-	}
-	if !buildInProgress(v.Job.Status) {
-		c.mu.Lock()
-		if c.byID == nil {
-			c.byID = map[coderdID]codersdk.TemplateVersion{}
-		}
-		if len(c.byID) > 10000 {
-			clear(c.byID)
-		}
-		c.byID[key] = v
-		c.mu.Unlock()
-	}
-	return v, nil
 }
