@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -58,4 +59,13 @@ func (r *genericStore) conflict(name string) error {
 // invalid is the 422 a request whose object breaks the rules gets.
 func (r *genericStore) invalid(name string, errs field.ErrorList) error {
 	return apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(r.kind).GroupKind(), name, errs)
+}
+
+// errMessage is the message of an error that may be a Kubernetes status.
+func errMessage(err error) string {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		return st.Status().Message
+	}
+	return err.Error()
 }

@@ -9,7 +9,9 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
+	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/identity"
 )
 
@@ -100,4 +102,60 @@ func controlPlaneNames(ts []target) string {
 	}
 	sort.Strings(names)
 	return strings.Join(names, ", ")
+}
+
+// coderd describes t's coderd to the identity service.
+func (t target) coderd() identity.Coderd {
+	return identity.Coderd{Key: t.coderdKey(), Name: t.describe(), Tag: t.tag(), Owner: t.Client, Rules: t.Identity, Reserved: t.ReservedUsers}
+}
+
+// describe names t's backend in messages.
+func (t target) describe() string { return describeKey(t.Key()) }
+
+// describeKey names the backend of a target key in messages.
+func describeKey(key string) string {
+	ns, cp, _ := strings.Cut(key, "/")
+	if cp == "" {
+		return "the static backend"
+	}
+	return fmt.Sprintf("control plane %s/%s", ns, cp)
+}
+
+// tag names t's backend in token names.
+func (t target) tag() string {
+	if t.ControlPlane == "" {
+		return "static"
+	}
+	return t.Namespace + "_" + t.ControlPlane
+}
+
+// acting returns t calling coderd as its caller: what writes use, so that
+// coderd decides and its audit log names the caller.
+func (t target) acting() target {
+	if t.caller != nil && t.operator == nil {
+		t.operator, t.Client = t.Client, t.caller.Client
+	}
+	return t
+}
+
+// operatorClient calls t's coderd as the operator, whoever acts: for what
+// only the operator reads (another user's ID to ask coderd about).
+func (t target) operatorClient() *codersdk.Client {
+	if t.operator != nil {
+		return t.operator
+	}
+	return t.Client
+}
+
+// backendOf is the backend a target key names (namespace and control
+// plane only).
+func backendOf(key string) backend.Backend {
+	ns, cp, _ := strings.Cut(key, "/")
+	return backend.Backend{Namespace: ns, ControlPlane: cp}
+}
+
+// backendKey is the target key of an object: its namespace and the control
+// plane its label names ("" for the static backend).
+func backendKey(o watchcache.Object) string {
+	return o.GetNamespace() + "/" + o.GetLabels()[aggv1.LabelControlPlane]
 }
