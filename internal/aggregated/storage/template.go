@@ -403,10 +403,9 @@ func (s *TemplateStorage) releaseDelete(ctx context.Context, w *write, _ templat
 	if dryRun {
 		return out, nil
 	}
-	if err := w.t.Client.DeleteTemplate(ctx, uuid.MustParse(cur.Status.ID)); err != nil {
-		return nil, s.coderErr(w.t, err, cur.Name)
+	if err := s.deleteTemplate(ctx, w.t, cur, cur.Name); err != nil {
+		return nil, err
 	}
-	s.cache.Delete(w.t.Key(), cur.Name)
 	return out, w.forget(ctx)
 }
 
@@ -451,9 +450,18 @@ func (s *TemplateStorage) deletePreview(cur *aggv1.CoderTemplate) (runtime.Objec
 }
 
 func (s *TemplateStorage) deleteInCoder(ctx context.Context, w *write, _ templateObjectName, name string, cur *aggv1.CoderTemplate) (runtime.Object, bool, error) {
-	if err := w.t.Client.DeleteTemplate(ctx, uuid.MustParse(cur.Status.ID)); err != nil {
-		return nil, false, s.coderErr(w.t, err, name)
+	if err := s.deleteTemplate(ctx, w.t, cur, name); err != nil {
+		return nil, false, err
 	}
-	s.cache.Delete(w.t.Key(), name)
 	return cur, true, w.forget(ctx)
+}
+
+// deleteTemplate deletes cur in Coder and from the watch cache: what a
+// delete does, at once or once the last finalizer holding it is removed.
+func (s *TemplateStorage) deleteTemplate(ctx context.Context, t target, cur *aggv1.CoderTemplate, name string) error {
+	if err := t.Client.DeleteTemplate(ctx, uuid.MustParse(cur.Status.ID)); err != nil {
+		return s.coderErr(t, err, name)
+	}
+	s.cache.Delete(t.Key(), name)
+	return nil
 }

@@ -339,8 +339,8 @@ func (s *WorkspaceStorage) releaseDelete(ctx context.Context, w *write, n worksp
 		return w.preview(next, withSpecOf(cur, next), nil), nil
 	}
 	t := w.t
-	if _, err := t.Client.CreateWorkspaceBuild(ctx, uuid.MustParse(cur.Status.ID), codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionDelete}); err != nil {
-		return nil, s.coderErr(t, err, name)
+	if err := s.startDeleteBuild(ctx, t, cur, name); err != nil {
+		return nil, err
 	}
 	out, err := s.readCoder(ctx, t, n, name)
 	if apierrors.IsNotFound(err) {
@@ -376,8 +376,8 @@ func (s *WorkspaceStorage) deletePreview(cur *aggv1.CoderWorkspace) (runtime.Obj
 
 func (s *WorkspaceStorage) deleteInCoder(ctx context.Context, w *write, n workspaceName, name string, cur *aggv1.CoderWorkspace) (runtime.Object, bool, error) {
 	t := w.t
-	if _, err := t.Client.CreateWorkspaceBuild(ctx, uuid.MustParse(cur.Status.ID), codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionDelete}); err != nil {
-		return nil, false, s.coderErr(t, err, name)
+	if err := s.startDeleteBuild(ctx, t, cur, name); err != nil {
+		return nil, false, err
 	}
 	out, err := s.read(ctx, t, n, name)
 	if apierrors.IsNotFound(err) {
@@ -385,6 +385,15 @@ func (s *WorkspaceStorage) deleteInCoder(ctx context.Context, w *write, n worksp
 		return cur, true, w.forget(ctx)
 	}
 	return out, false, err
+}
+
+// startDeleteBuild queues cur's delete build in Coder: what a delete
+// does, at once or once the last finalizer holding it is removed.
+func (s *WorkspaceStorage) startDeleteBuild(ctx context.Context, t target, cur *aggv1.CoderWorkspace, name string) error {
+	if _, err := t.Client.CreateWorkspaceBuild(ctx, uuid.MustParse(cur.Status.ID), codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionDelete}); err != nil {
+		return s.coderErr(t, err, name)
+	}
+	return nil
 }
 
 // workspaceChange says which parts of the spec an update changes.
