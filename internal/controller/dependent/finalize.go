@@ -7,14 +7,11 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
 	"github.com/coder/coder-k8s/internal/controller/reconcile"
-	"github.com/coder/coder-k8s/internal/metrics"
 )
 
 // UndoFunc deletes in Coder what a dependent object created there.
@@ -24,9 +21,6 @@ type UndoFunc func(ctx context.Context, cl *codersdk.Client) error
 // the object created in Coder, to delete on the object's deletion.
 type Cleanup struct {
 	Finalizer string
-	// ControlPlane is the name of the CoderControlPlane whose coderd holds
-	// what to delete.
-	ControlPlane string
 	// Find names what the object holds in Coder (what, for people) and
 	// how to delete it; a nil undo means nothing was created. An error is
 	// retried until the cleanup timeout.
@@ -47,13 +41,15 @@ type Cleanup struct {
 
 // Finalize runs c for obj, which is being deleted, then releases obj:
 // best effort and bounded by CleanupTimeout (reconcile.Kit.Clean), and at
-// once when the CoderControlPlane no longer exists.
-func (b *Base) Finalize(ctx context.Context, obj client.Object, c Cleanup) (ctrl.Result, error) {
-	return b.Kit().Finalize(ctx, obj, c.Finalizer, b.cleanup(obj.GetNamespace(), c))
+// once when the CoderControlPlane called controlPlane, whose coderd holds
+// what to delete, no longer exists.
+func (b *Base) Finalize(ctx context.Context, obj client.Object, controlPlane string, c Cleanup) (ctrl.Result, error) {
+	return b.Kit().Finalize(ctx, obj, c.Finalizer, b.cleanup(obj.GetNamespace(), controlPlane, c))
 }
 
-// cleanup is c as the kit runs it, for an object in namespace.
-func (b *Base) cleanup(namespace string, c Cleanup) reconcile.Cleanup {
+// cleanup is c as the kit runs it, for an object in namespace referencing
+// controlPlane.
+func (b *Base) cleanup(namespace, controlPlane string, c Cleanup) reconcile.Cleanup {
 	timeout := b.cleanupTimeout()
 	var what string // set by Try, named by the events
 	return reconcile.Cleanup{
@@ -68,7 +64,7 @@ func (b *Base) cleanup(namespace string, c Cleanup) reconcile.Cleanup {
 			if err != nil || undo == nil {
 				return "", err // a nil undo: nothing was created
 			}
-			if err := b.undo(ctx, namespace, c.ControlPlane, undo); err != nil {
+			if err := b.undo(ctx, namespace, controlPlane, undo); err != nil {
 				return "", err
 			}
 			return fmt.Sprintf(c.Done, what), nil
@@ -86,14 +82,10 @@ func (b *Base) cleanup(namespace string, c Cleanup) reconcile.Cleanup {
 // CoderControlPlane called name. Something already gone, or a feature
 // coderd no longer offers, counts as deleted.
 func (b *Base) undo(ctx context.Context, namespace, name string, undo UndoFunc) error {
-	var ccp coderv1alpha1.CoderControlPlane
-	if err := b.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &ccp); err != nil {
-		if apierrors.IsNotFound(err) {
-			return reconcile.Abandon(fmt.Errorf("CoderControlPlane %q no longer exists", name))
-		}
-		return err
+	ccp, cl, err := b.connect(ctx, namespace, name)
+	if ccp == nil && apierrors.IsNotFound(err) {
+		return reconcile.Abandon(fmt.Errorf("CoderControlPlane %q no longer exists", name))
 	}
-	cl, err := coderapi.ForControlPlane(ctx, b.APIReader, &ccp, b.CoderTimeout, metrics.ComponentController)
 	if err != nil {
 		return err
 	}

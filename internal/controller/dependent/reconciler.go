@@ -1,15 +1,19 @@
 // Package dependent holds what the reconcilers of the kinds that depend on
 // a CoderControlPlane (CoderProvisioner, CoderWorkspaceProxy) share beyond
-// the kit of package reconcile: the conditions and phases they report
-// alike, the resolution of the referenced control plane and the watch
-// that reconciles its dependents when it changes, and the cleanup in
-// Coder behind their finalizers (the kit bounds it in time).
+// the kit of package reconcile: the skeleton of their controllers and
+// passes (Setup, Reconcile; a kind implements Kind with what differs),
+// the conditions and phases they report alike, the resolution of the
+// referenced control plane and the watch that reconciles its dependents
+// when it changes, the Secret holding the credential each issues in Coder,
+// and the cleanup in Coder behind their finalizers (the kit bounds it in
+// time).
 //
 // The RBAC markers for what this code does stay in the reconciler packages
 // that use it, so that each reconciler states its own permissions.
 package dependent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,20 +72,12 @@ type Base struct {
 
 // Image is the image the workload runs: spec.image, else DefaultImage.
 func (b *Base) Image(specImage string) string {
-	if specImage != "" {
-		return specImage
-	}
-	if b.DefaultImage != "" {
-		return b.DefaultImage
-	}
-	return coderv1alpha1.DefaultImage
+	return cmp.Or(specImage, b.DefaultImage, coderv1alpha1.DefaultImage)
 }
 
+// cleanupTimeout is CleanupTimeout when positive, else the default.
 func (b *Base) cleanupTimeout() time.Duration {
-	if b.CleanupTimeout > 0 {
-		return b.CleanupTimeout
-	}
-	return DefaultCleanupTimeout
+	return cmp.Or(max(b.CleanupTimeout, 0), DefaultCleanupTimeout)
 }
 
 // ControlPlane resolves the CoderControlPlane called name in the
@@ -89,25 +85,39 @@ func (b *Base) cleanupTimeout() time.Duration {
 // it. When it returns a nil client it has set the ControlPlaneReady
 // condition and the phase, and the result and error are the reconcile's.
 func (b *Base) ControlPlane(ctx context.Context, st *State, name string) (*coderv1alpha1.CoderControlPlane, *codersdk.Client, ctrl.Result, error) {
-	var ccp coderv1alpha1.CoderControlPlane
-	key := types.NamespacedName{Namespace: st.obj.GetNamespace(), Name: name}
-	if err := b.Client.Get(ctx, key, &ccp); err != nil {
-		if apierrors.IsNotFound(err) {
-			st.Waiting(coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ReasonControlPlaneNotFound,
-				fmt.Sprintf("CoderControlPlane %q not found in namespace %s", key.Name, key.Namespace))
-			return nil, nil, ctrl.Result{RequeueAfter: ControlPlaneMissingRequeue}, nil
-		}
-		return nil, nil, ctrl.Result{}, fmt.Errorf("get CoderControlPlane %s: %w", key.Name, err)
-	}
-	sdk, err := coderapi.ForControlPlane(ctx, b.APIReader, &ccp, b.CoderTimeout, metrics.ComponentController)
-	if err != nil {
+	ns := st.obj.GetNamespace()
+	ccp, sdk, err := b.connect(ctx, ns, name)
+	switch {
+	case ccp == nil && apierrors.IsNotFound(err):
+		st.Waiting(coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ReasonControlPlaneNotFound,
+			fmt.Sprintf("CoderControlPlane %q not found in namespace %s", name, ns))
+		return nil, nil, ctrl.Result{RequeueAfter: ControlPlaneMissingRequeue}, nil
+	case ccp == nil:
+		return nil, nil, ctrl.Result{}, fmt.Errorf("get CoderControlPlane %s: %w", name, err)
+	case err != nil:
 		st.Waiting(coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ReasonOperatorAccessNotReady, err.Error())
 		if errors.Is(err, coderapi.ErrAccessNotReady) {
 			return nil, nil, ctrl.Result{RequeueAfter: AccessNotReadyRequeue}, nil
 		}
 		return nil, nil, ctrl.Result{}, err
 	}
-	return &ccp, sdk, ctrl.Result{}, nil
+	return ccp, sdk, ctrl.Result{}, nil
+}
+
+// connect reads the CoderControlPlane called name in namespace and makes
+// a Coder client acting as the operator on its coderd. A nil control
+// plane means it could not be read (err); a nil client with it, that the
+// operator's access to it is not usable (err).
+func (b *Base) connect(ctx context.Context, namespace, name string) (*coderv1alpha1.CoderControlPlane, *codersdk.Client, error) {
+	var ccp coderv1alpha1.CoderControlPlane
+	if err := b.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &ccp); err != nil {
+		return nil, nil, err
+	}
+	sdk, err := coderapi.ForControlPlane(ctx, b.APIReader, &ccp, b.CoderTimeout, metrics.ComponentController)
+	if err != nil {
+		return &ccp, nil, err
+	}
+	return &ccp, sdk, nil
 }
 
 // EnsureFinalizer adds finalizer to obj (one patch, only when missing).

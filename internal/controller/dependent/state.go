@@ -1,16 +1,19 @@
 package dependent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"time"
 
 	"github.com/coder/coder/v2/codersdk"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
@@ -95,6 +98,73 @@ func (st *State) Unsupported(err error, what string) bool {
 // Supported sets FeatureSupported True; what names the feature.
 func (st *State) Supported(what string) {
 	st.SetCondition(coderv1alpha1.ConditionFeatureSupported, metav1.ConditionTrue, coderv1alpha1.ReasonSupported, "coderd offers "+what, "")
+}
+
+// How often the outcomes of a pass that Offered and Deployed report are
+// checked again.
+const (
+	// UnsupportedRequeue is how often a coderd without the kind's feature
+	// is asked again (a license may be added).
+	UnsupportedRequeue = 10 * time.Minute
+	// SteadyRequeue re-checks, when everything is ready, what the object
+	// holds in Coder (that a provisioner key still exists, a proxy's
+	// registration) and notices a rotated supplied token.
+	SteadyRequeue = 10 * time.Minute
+)
+
+// Feature is the Coder feature a dependent kind needs, as the
+// FeatureSupported condition names it.
+type Feature struct {
+	// Name names the feature ("workspace proxies").
+	Name string
+	// Missing names it where coderd does not offer it; Name when empty.
+	Missing string
+}
+
+// Offered reports whether coderd offers f, from err, the outcome of call,
+// the pass's first request that needs it (what for the error). coderd
+// answered, so the control plane is ready; then FeatureSupported is set
+// (Unsupported, Supported). When ok is false, res and err are the pass's:
+// a check again after UnsupportedRequeue, or the failed call
+// (CoderError).
+func (st *State) Offered(ccp *coderv1alpha1.CoderControlPlane, f Feature, call string, err error) (ok bool, res ctrl.Result, _ error) {
+	if st.Unsupported(err, cmp.Or(f.Missing, f.Name)) {
+		st.SetControlPlaneReady(ccp)
+		return false, ctrl.Result{RequeueAfter: UnsupportedRequeue}, nil
+	}
+	if err != nil {
+		return false, ctrl.Result{}, st.CoderError(call, err)
+	}
+	st.SetControlPlaneReady(ccp)
+	st.Supported(f.Name)
+	return true, ctrl.Result{}, nil
+}
+
+// CredentialsFailed reports err, the failure to ensure what the object
+// holds in Coder (what, for the error): a conflict as CredentialsReady
+// Failed, checked again after FailedRequeue, otherwise as CoderError. Its
+// results are the pass's.
+func (st *State) CredentialsFailed(what string, err error) (ctrl.Result, error) {
+	if st.Conflict(coderv1alpha1.ConditionCredentialsReady, err) {
+		return ctrl.Result{RequeueAfter: FailedRequeue}, nil
+	}
+	return ctrl.Result{}, st.CoderError(what, err)
+}
+
+// Deployed ends a pass that applied the object's workload, whose live
+// Deployment is dep unless the apply failed with err: it reports the
+// Deployment's availability (SetAvailability) and checks again after
+// SteadyRequeue, or reports a conflict as Available Failed, checked again
+// after FailedRequeue. Its results are the pass's.
+func (st *State) Deployed(dep *appsv1.Deployment, err error) (ctrl.Result, error) {
+	if err != nil {
+		if st.Conflict(coderv1alpha1.ConditionAvailable, err) {
+			return ctrl.Result{RequeueAfter: FailedRequeue}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	st.SetAvailability(dep)
+	return ctrl.Result{RequeueAfter: SteadyRequeue}, nil
 }
 
 // Failed sets condType False with reason and message (and a Warning

@@ -2,6 +2,7 @@ package provisioner
 
 import (
 	"context"
+	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -70,9 +71,14 @@ func (r *Reconciler) desiredDeployment(obj *coderv1alpha1.CoderProvisioner, ccp 
 // take over one this object does not own, and returns the live one.
 func (r *Reconciler) applyDeployment(ctx context.Context, obj *coderv1alpha1.CoderProvisioner, ccp *coderv1alpha1.CoderControlPlane, id keyIdentity) (*appsv1.Deployment, error) {
 	var live appsv1.Deployment
-	owner := workload.Owner{Object: obj, Kind: "CoderProvisioner"}
-	if _, err := (workload.Applier{Client: r.Client, Scheme: r.Scheme, Uncached: r.APIReader}).Apply(ctx, r.Client, owner, r.desiredDeployment(obj, ccp, id), &live); err != nil {
-		return nil, err
+	applier := workload.Applier{Client: r.Client, Scheme: r.Scheme, Uncached: r.APIReader}
+	if _, err := applier.Apply(ctx, r.Client, owner(obj), r.desiredDeployment(obj, ccp, id), &live); err != nil {
+		return nil, fmt.Errorf("apply Deployment: %w", err)
 	}
 	return &live, nil
+}
+
+// owner is obj as the owner of its Secret and Deployment.
+func owner(obj *coderv1alpha1.CoderProvisioner) workload.Owner {
+	return workload.Owner{Object: obj, Kind: "CoderProvisioner"}
 }

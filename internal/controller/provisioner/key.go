@@ -5,15 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
@@ -94,20 +92,16 @@ func (r *Reconciler) ensureKey(ctx context.Context, obj *coderv1alpha1.CoderProv
 	name := keyName(obj)
 	tags := canonicalTags(obj.Spec.Tags)
 
-	var secret corev1.Secret
-	secretKey := types.NamespacedName{Namespace: obj.Namespace, Name: keySecretName(obj)}
-	exists := true
-	if err := r.APIReader.Get(ctx, secretKey, &secret); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return keyIdentity{}, fmt.Errorf("read Secret %s: %w", secretKey.Name, err)
-		}
-		exists = false
+	secretName := keySecretName(obj)
+	secret, err := r.OwnedSecret(ctx, owner(obj), secretName)
+	if err != nil {
+		return keyIdentity{}, err
 	}
-	if exists && !metav1.IsControlledBy(&secret, obj) {
-		return keyIdentity{}, workload.NotManaged("Secret", obj.Namespace, secretKey.Name, "CoderProvisioner")
+	exists := secret != nil
+	var ann map[string]string
+	if exists {
+		ann = secret.Annotations
 	}
-
-	ann := secret.Annotations
 	current := findKey(keys, name)
 	if exists && len(secret.Data[KeySecretKey]) > 0 && current != nil &&
 		ann[AnnotationKeyOrganizationID] == orgID.String() && ann[AnnotationKeyName] == name &&
@@ -159,30 +153,17 @@ func (r *Reconciler) ensureKey(ctx context.Context, obj *coderv1alpha1.CoderProv
 	}
 	id := keyIdentity{OrganizationID: orgID.String(), Name: name, ID: issued.ID.String()}
 
-	if !exists {
-		secret = corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: secretKey.Namespace, Name: secretKey.Name}}
-	}
-	secret.Labels = workload.MergeMaps(secret.Labels, commonLabels(obj))
-	secret.Annotations = workload.MergeMaps(secret.Annotations, map[string]string{
-		AnnotationKeyOrganizationID: id.OrganizationID,
-		AnnotationKeyName:           id.Name,
-		AnnotationKeyID:             id.ID,
-		AnnotationKeyTags:           tags,
-	})
-	secret.Type = corev1.SecretTypeOpaque
-	secret.Data = map[string][]byte{KeySecretKey: []byte(created.Key)}
-	if err := workload.SetOwner(obj, &secret, r.Scheme); err != nil {
+	if err := r.StoreSecret(ctx, obj, secret, secretName, dependent.Credential{
+		What: "key", Key: KeySecretKey, Value: created.Key, Labels: commonLabels(obj),
+		Annotations: map[string]string{
+			AnnotationKeyOrganizationID: id.OrganizationID,
+			AnnotationKeyName:           id.Name,
+			AnnotationKeyID:             id.ID,
+			AnnotationKeyTags:           tags,
+		},
+	}); err != nil {
 		revokeNew()
 		return keyIdentity{}, err
-	}
-	if exists {
-		err = r.Client.Update(ctx, &secret)
-	} else {
-		err = r.Client.Create(ctx, &secret)
-	}
-	if err != nil {
-		revokeNew()
-		return keyIdentity{}, fmt.Errorf("store key in Secret %s: %w", secretKey.Name, err)
 	}
 
 	if rotating {
@@ -190,8 +171,32 @@ func (r *Reconciler) ensureKey(ctx context.Context, obj *coderv1alpha1.CoderProv
 			fmt.Sprintf("rotated provisioner key %q (organization %s, tags %s); the daemons restart with the new key", name, orgID, tags))
 	} else {
 		st.Event(corev1.EventTypeNormal, EventKeyIssued, "IssueKey",
-			fmt.Sprintf("issued provisioner key %q (organization %s, tags %s) into Secret %s", name, orgID, tags, secretKey.Name))
+			fmt.Sprintf("issued provisioner key %q (organization %s, tags %s) into Secret %s", name, orgID, tags, secretName))
 	}
 	log.Info("provisioner key issued", "key", name, "organization", orgID, "rotated", rotating)
 	return id, nil
+}
+
+// issuedKey names the key the object holds in Coder and how to revoke it;
+// a nil revoke means none was issued. The key Secret's annotations win
+// over the status, which may lag behind an issue; a Secret the object
+// does not control is not its own.
+func (r *Reconciler) issuedKey(ctx context.Context, obj *coderv1alpha1.CoderProvisioner) (string, dependent.UndoFunc, error) {
+	orgID, name := obj.Status.OrganizationID, obj.Status.KeyName
+	secret, err := r.OwnedSecret(ctx, owner(obj), keySecretName(obj))
+	var foreign *workload.ConflictError
+	switch {
+	case err == nil && secret != nil && secret.Annotations[AnnotationKeyName] != "":
+		orgID, name = secret.Annotations[AnnotationKeyOrganizationID], secret.Annotations[AnnotationKeyName]
+	case err != nil && !errors.As(err, &foreign):
+		return "", nil, err
+	}
+	org, perr := uuid.Parse(orgID)
+	if name == "" || perr != nil {
+		return "", nil, nil
+	}
+	revoke := func(ctx context.Context, cl *codersdk.Client) error {
+		return cl.DeleteProvisionerKey(ctx, org, name)
+	}
+	return fmt.Sprintf("provisioner key %q in organization %s", name, orgID), revoke, nil
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -89,18 +88,7 @@ func findProxy(proxies []codersdk.WorkspaceProxy, name string) *codersdk.Workspa
 // ownedTokenSecret reads the Secret holding the token of the proxy the
 // operator registered; nil when there is none.
 func (r *Reconciler) ownedTokenSecret(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy) (*corev1.Secret, error) {
-	var secret corev1.Secret
-	name := tokenSecretName(obj)
-	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: obj.Namespace, Name: name}, &secret); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("read Secret %s: %w", name, err)
-	}
-	if !metav1.IsControlledBy(&secret, obj) {
-		return nil, workload.NotManaged("Secret", obj.Namespace, name, "CoderWorkspaceProxy")
-	}
-	return &secret, nil
+	return r.OwnedSecret(ctx, owner(obj), tokenSecretName(obj))
 }
 
 // ensureRegistration registers the proxy in Coder when it is not, keeps
@@ -176,29 +164,15 @@ func (r *Reconciler) storeToken(ctx context.Context, obj *coderv1alpha1.CoderWor
 	if token == "" {
 		return "", fmt.Errorf("coderd returned no token for workspace proxy %s", proxyID)
 	}
-	create := secret == nil
-	if create {
-		secret = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: obj.Namespace, Name: tokenSecretName(obj)}}
-	}
 	issuedAt := time.Now().UTC().Format(time.RFC3339Nano)
-	secret.Labels = workload.MergeMaps(secret.Labels, commonLabels(obj))
-	secret.Annotations = workload.MergeMaps(secret.Annotations, map[string]string{
-		AnnotationProxyID:       proxyID.String(),
-		AnnotationTokenIssuedAt: issuedAt,
-	})
-	secret.Type = corev1.SecretTypeOpaque
-	secret.Data = map[string][]byte{TokenSecretKey: []byte(token)}
-	if err := workload.SetOwner(obj, secret, r.Scheme); err != nil {
+	if err := r.StoreSecret(ctx, obj, secret, tokenSecretName(obj), dependent.Credential{
+		What: "proxy token", Key: TokenSecretKey, Value: token, Labels: commonLabels(obj),
+		Annotations: map[string]string{
+			AnnotationProxyID:       proxyID.String(),
+			AnnotationTokenIssuedAt: issuedAt,
+		},
+	}); err != nil {
 		return "", err
-	}
-	var err error
-	if create {
-		err = r.Client.Create(ctx, secret)
-	} else {
-		err = r.Client.Update(ctx, secret)
-	}
-	if err != nil {
-		return "", fmt.Errorf("store proxy token in Secret %s: %w", secret.Name, err)
 	}
 	return issuedAt, nil
 }
@@ -254,4 +228,31 @@ func (r *Reconciler) dropRegistration(ctx context.Context, obj *coderv1alpha1.Co
 		return fmt.Errorf("delete Secret %s: %w", secret.Name, err)
 	}
 	return nil
+}
+
+// registeredProxy names the proxy the object registered and how to
+// delete it; a nil deregister means it registered none.
+func (r *Reconciler) registeredProxy(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy) (string, dependent.UndoFunc, error) {
+	var id string
+	secret, err := r.ownedTokenSecret(ctx, obj)
+	switch {
+	case err == nil && secret != nil:
+		id = secret.Annotations[AnnotationProxyID]
+	case err == nil && obj.Spec.ProxyTokenSecretRef == nil:
+		// The Secret may be gone first (foreground deletion).
+		id = obj.Status.ProxyID
+	case err != nil:
+		var conflict *workload.ConflictError
+		if !errors.As(err, &conflict) {
+			return "", nil, err
+		}
+	}
+	proxyID, perr := uuid.Parse(id)
+	if perr != nil {
+		return "", nil, nil
+	}
+	deregister := func(ctx context.Context, cl *codersdk.Client) error {
+		return cl.DeleteWorkspaceProxyByID(ctx, proxyID)
+	}
+	return fmt.Sprintf("workspace proxy %q (ID %s)", proxyName(obj), proxyID), deregister, nil
 }

@@ -109,13 +109,17 @@ func desiredService(obj *coderv1alpha1.CoderWorkspaceProxy) *corev1.Service {
 // not own it, and returns the live Deployment.
 func (r *Reconciler) applyWorkload(ctx context.Context, obj *coderv1alpha1.CoderWorkspaceProxy, ccp *coderv1alpha1.CoderControlPlane, cred credentials) (*appsv1.Deployment, error) {
 	applier := workload.Applier{Client: r.Client, Scheme: r.Scheme, Uncached: r.APIReader}
-	owner := workload.Owner{Object: obj, Kind: "CoderWorkspaceProxy"}
 	var live appsv1.Deployment
-	if _, err := applier.Apply(ctx, r.Client, owner, r.desiredDeployment(obj, ccp, cred), &live); err != nil {
+	if _, err := applier.Apply(ctx, r.Client, owner(obj), r.desiredDeployment(obj, ccp, cred), &live); err != nil {
 		return nil, err
 	}
-	if _, err := applier.Apply(ctx, r.Client, owner, desiredService(obj), nil); err != nil {
+	if _, err := applier.Apply(ctx, r.Client, owner(obj), desiredService(obj), nil); err != nil {
 		return nil, err
 	}
 	return &live, nil
+}
+
+// owner is obj as the owner of its Secret, Deployment and Service.
+func owner(obj *coderv1alpha1.CoderWorkspaceProxy) workload.Owner {
+	return workload.Owner{Object: obj, Kind: "CoderWorkspaceProxy"}
 }
