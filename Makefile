@@ -31,9 +31,11 @@ export CODER_K8S_BIN_DIR := $(BIN)
 # cgo, -trimpath) by every command: they are part of each compiled package's
 # key in the Go build cache, so go test, go vet and go run reuse what `make
 # build` and `make image` compiled instead of compiling every dependency a
-# second time. (The tools and the GitOps modules are other modules.)
-# GOFLAGS keeps what `go env` has (the environment's or `go env -w`'s).
-GOPROJ := CGO_ENABLED=0 GOFLAGS='-trimpath $(shell $(GO) env GOFLAGS)' $(GO)
+# second time. (The tools and the GitOps modules are other modules.) Test
+# binaries are linked without DWARF (-w), as the shipped binary is: that
+# halves each of some thirty links. GOFLAGS keeps what `go env` has (the
+# environment's or `go env -w`'s); `make build`'s own -ldflags replace -w.
+GOPROJ := CGO_ENABLED=0 GOFLAGS='-trimpath -ldflags=-w $(shell $(GO) env GOFLAGS)' $(GO)
 
 # go test flags; CI and people can add -run, -v, -count.
 TEST_FLAGS ?=
@@ -83,16 +85,21 @@ dev: test-tools build build-dev $(if $(filter helm,$(DEV_RUN)),image) ## Run the
 ##@ Test
 
 .PHONY: test
-test: test-tools build image chart-lint test-gitops ## Build the binary and the image, then run every test suite against the real components (the chart's Go tests in test/chart, the GitOps engine suites and the fuzz targets' seeds included).
+test: test-tools build image chart-lint test-gitops-modules ## Build the binary and the image, then run every test suite against the real components (the chart's Go tests in test/chart, the GitOps engine suites and the fuzz targets' seeds included).
 	$(GOPROJ) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
 
-# The GitOps engine suites: Go modules of their own, pinned to the Kubernetes
-# libraries Argo CD's gitops-engine and Flux's ssa build with (they cannot
-# share the project's); each runs hack/dev for the stack (test/gitops/stack).
-GITOPS_MODULES := test/gitops/argocd test/gitops/flux
+# The GitOps engine suites run hack/dev for the stack (test/gitops/stack).
+# Argo CD's gitops-engine builds with older Kubernetes libraries than the
+# project's, so its suite is a Go module of its own; Flux's ssa builds with
+# the project's, so its suite (test/gitops/flux) is in the main module and
+# `go test ./...` runs it.
+GITOPS_MODULES := test/gitops/argocd
 
-.PHONY: test-gitops
-test-gitops: test-tools build build-dev ## Argo CD's gitops-engine and Flux's ssa managing templates and workspaces on the real stack.
+.PHONY: test-gitops test-gitops-modules
+test-gitops: test-gitops-modules ## Argo CD's gitops-engine and Flux's ssa managing templates and workspaces on the real stack.
+	$(GOPROJ) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./test/gitops/flux/
+
+test-gitops-modules: test-tools build build-dev
 	@for m in $(GITOPS_MODULES); do echo "go test ./$$m"; \
 	  (cd $$m && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...) || exit 1; done
 
@@ -303,35 +310,36 @@ test-tools: $(TEST_TOOLS) postgresql yamllint node-packages ## Build the pinned 
 # Built one after the other: each is a large link and the machines have two cores.
 .NOTPARALLEL:
 
-$(BIN)/kube-apiserver: hack/tools/kube/go.mod hack/tools/kube/go.sum
-	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kube-apiserver
+# The tools the suites start are built as their projects' release builds
+# are: no symbol table or DWARF (a panic's stack trace keeps its files and
+# lines). That halves each link: kube-apiserver's from 23 to 13 CPU-seconds.
+TOOL_LDFLAGS := -s -w
 
-# Run by tests that need real built-in controllers (the namespace controller).
-$(BIN)/kube-controller-manager: hack/tools/kube/go.mod hack/tools/kube/go.sum
-	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kube-controller-manager
-
-# The test node (internal/testenv.StartNode): kubelet, kube-scheduler and
-# kube-proxy at kube-apiserver's version, its cluster DNS, the pod sandbox's
-# pause, and the CNI plugins its network configuration uses.
-$(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy: hack/tools/kube/go.mod hack/tools/kube/go.sum
-	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/$(notdir $@)
+# kube-apiserver and kubectl; kube-controller-manager for tests that need
+# real built-in controllers (the namespace controller); and the test node
+# (internal/testenv.StartNode): kubelet, kube-scheduler and kube-proxy at
+# kube-apiserver's version. One go build links them while it still
+# compiles (one after the other, the links left a core idle).
+KUBE_CMDS := kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy
+$(KUBE_CMDS:%=$(BIN)/%) &: hack/tools/kube/go.mod hack/tools/kube/go.sum
+	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS) $(KUBE_LDFLAGS)" -o $(BIN)/ $(KUBE_CMDS:%=k8s.io/kubernetes/cmd/%)
 
 # The node's cluster DNS: CoreDNS with only the plugins it uses.
 $(BIN)/coredns: hack/tools/coredns/go.mod hack/tools/coredns/go.sum hack/tools/coredns/main.go
-	cd hack/tools/coredns && $(GO) build -trimpath -o $@ .
+	cd hack/tools/coredns && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $@ .
 
+# The pod sandbox's pause.
 $(BIN)/pause: hack/pause/main.go
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./hack/pause
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $@ ./hack/pause
 
+# The CNI plugins the node's network configuration uses.
 CNI_PKG_bridge     := plugins/main/bridge
 CNI_PKG_host-local := plugins/ipam/host-local
 CNI_PKG_loopback   := plugins/main/loopback
 CNI_PKG_portmap    := plugins/meta/portmap
-$(CNI_PLUGINS:%=$(BIN)/cni/%): hack/tools/cni/go.mod hack/tools/cni/go.sum
-	cd hack/tools/cni && CGO_ENABLED=0 $(GO) build -trimpath -o $@ github.com/containernetworking/plugins/$(CNI_PKG_$(notdir $@))
-
-$(BIN)/kubectl: hack/tools/kube/go.mod hack/tools/kube/go.sum
-	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kubectl
+$(CNI_PLUGINS:%=$(BIN)/cni/%) &: hack/tools/cni/go.mod hack/tools/cni/go.sum
+	cd hack/tools/cni && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $(BIN)/cni/ \
+	  $(foreach p,$(CNI_PLUGINS),github.com/containernetworking/plugins/$(CNI_PKG_$(p)))
 
 # The oldest kubectl the aggregated API supports, built from k8s.io/kubectl
 # alone (no monorepo), for the compatibility tests.
@@ -340,19 +348,19 @@ KUBECTL_OLD_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-g
                          -X $(p).gitVersion=$(KUBECTL_OLD_VERSION:v0.%=v1.%) -X $(p).gitMajor=1 \
                          -X $(p).gitMinor=$(word 2,$(subst ., ,$(KUBECTL_OLD_VERSION))))
 $(BIN)/kubectl-1.32: hack/tools/kubectl-old/go.mod hack/tools/kubectl-old/go.sum hack/tools/kubectl-old/main.go
-	cd hack/tools/kubectl-old && $(GO) build -trimpath -ldflags "$(KUBECTL_OLD_LDFLAGS)" -o $@ .
+	cd hack/tools/kubectl-old && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS) $(KUBECTL_OLD_LDFLAGS)" -o $@ .
 
 $(BIN)/etcd: hack/tools/etcd/go.mod hack/tools/etcd/go.sum hack/tools/etcd/main.go
-	cd hack/tools/etcd && $(GO) build -trimpath -o $@ .
+	cd hack/tools/etcd && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $@ .
 
 # Static, like Coder's and OpenTofu's releases: the test node runs them in
 # an image without a C library (testenv.CoderImage).
 $(BIN)/coder: hack/tools/coder/go.mod hack/tools/coder/go.sum hack/tools/coder/main.go
-	cd hack/tools/coder && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X github.com/coder/coder/v2/buildinfo.tag=$(CODER_VERSION:v%=%)" -o $@ .
+	cd hack/tools/coder && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS) -X github.com/coder/coder/v2/buildinfo.tag=$(CODER_VERSION:v%=%)" -o $@ .
 
 # OpenTofu, installed under the name coderd's provisioner looks for.
 $(BIN)/terraform: hack/tools/tofu/go.mod hack/tools/tofu/go.sum
-	cd hack/tools/tofu && CGO_ENABLED=0 $(GO) build -trimpath -o $@ github.com/opentofu/opentofu/cmd/tofu
+	cd hack/tools/tofu && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $@ github.com/opentofu/opentofu/cmd/tofu
 
 # Like helm's own release build: the Kubernetes version it assumes without a
 # cluster (helm template, lint) is the one of the client-go it is built with.
@@ -360,10 +368,10 @@ HELM_K8S_MINOR := $(word 2,$(subst ., ,$(call modversion,helm,k8s.io/client-go))
 HELM_LDFLAGS   := $(foreach p,helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules,\
                     -X $(p).k8sVersionMajor=1 -X $(p).k8sVersionMinor=$(HELM_K8S_MINOR))
 $(BIN)/helm: hack/tools/helm/go.mod hack/tools/helm/go.sum
-	cd hack/tools/helm && $(GO) build -trimpath -ldflags "$(HELM_LDFLAGS)" -o $@ helm.sh/helm/v3/cmd/helm
+	cd hack/tools/helm && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS) $(HELM_LDFLAGS)" -o $@ helm.sh/helm/v3/cmd/helm
 
 $(BIN)/ct: hack/tools/ct/go.mod hack/tools/ct/go.sum
-	cd hack/tools/ct && $(GO) build -trimpath -o $@ github.com/helm/chart-testing/v3/ct
+	cd hack/tools/ct && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $@ github.com/helm/chart-testing/v3/ct
 
 $(BIN)/staticcheck: hack/tools/lint/go.mod hack/tools/lint/go.sum
 	cd hack/tools/lint && $(GO) build -trimpath -o $@ honnef.co/go/tools/cmd/staticcheck

@@ -4,9 +4,10 @@
 // apply, a second apply that changes nothing, drift made in Coder detected
 // and corrected, kstatus health, and pruning by inventory.
 //
-// It is a Go module of its own so it builds with the Kubernetes libraries
-// fluxcd/pkg/ssa v0.76.2 pins (client-go v0.36, controller-runtime v0.24);
-// it runs the real stack through package stack (hack/dev).
+// fluxcd/pkg/ssa v0.76.1 builds with the project's own Kubernetes
+// libraries (client-go v0.36, controller-runtime v0.24), so the suite is
+// part of the main module and compiles with it; it runs the real stack
+// through package stack (hack/dev), as the Argo CD suite does.
 package flux
 
 import (

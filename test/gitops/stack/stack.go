@@ -1,7 +1,7 @@
 // Package stack runs the project's local stack for the GitOps engine suites
-// (test/gitops/argocd, test/gitops/flux). Those suites are Go modules of
-// their own, pinned to the Kubernetes libraries Argo CD and Flux build
-// with, so they cannot import internal/testenv. They run hack/dev instead,
+// (test/gitops/argocd, test/gitops/flux). The Argo CD suite is a Go module
+// of its own, pinned to the Kubernetes libraries gitops-engine builds with,
+// so it cannot import internal/testenv; both suites run hack/dev instead,
 // the program behind `make dev`, built from the main module with
 // internal/testenv: kube-apiserver with the aggregation layer and etcd,
 // kube-controller-manager, PostgreSQL and coderd (OpenTofu provisioner), and
@@ -19,12 +19,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -190,6 +192,11 @@ func tail(path string, n int) string {
 // build clients), runs the tests and stops the stack, keeping its logs when
 // something failed. It returns the exit code.
 func Tests(m interface{ Run() int }, setup func(*Stack) error) int {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("-short: the GitOps suites need the real stack (make test-gitops)")
+		return 0
+	}
 	st, err := Start(context.Background())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start the stack:", err)
