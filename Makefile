@@ -84,9 +84,12 @@ dev: test-tools build build-dev $(if $(filter helm,$(DEV_RUN)),image) ## Run the
 
 ##@ Test
 
+# go test starts the packages' runs in the order it is given them, two at
+# a time: test/e2e, by far the longest (about 20 of its minutes), comes
+# first so the other packages run beside it instead of before it.
 .PHONY: test
 test: test-tools build image chart-lint test-gitops-modules ## Build the binary and the image, then run every test suite against the real components (the chart's Go tests in test/chart, the GitOps engine suites and the fuzz targets' seeds included).
-	$(GOPROJ) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+	$(GOPROJ) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./test/e2e/ ./...
 
 # The GitOps engine suites run hack/dev for the stack (test/gitops/stack).
 # Argo CD's gitops-engine builds with older Kubernetes libraries than the
