@@ -59,7 +59,7 @@ then flags set on the command line.`,
 			if err != nil {
 				return err
 			}
-			log, flush, err := logging.New(cfg.Logging)
+			log, flush, err := logging.New(logging.Options{Level: cfg.Logging.Level, Format: cfg.Logging.Format})
 			if err != nil {
 				return err
 			}

@@ -1,5 +1,4 @@
-// Package logging builds the process's zap logger from the configuration
-// and installs it for controller-runtime and klog, so every component,
+// Package logging builds the process's zap logger and installs it for controller-runtime and klog, so every component,
 // including the Kubernetes libraries, logs in one format.
 package logging
 
@@ -13,19 +12,25 @@ import (
 	"go.uber.org/zap/zapcore"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
-
-	"github.com/coder/coder-k8s/internal/config"
 )
 
-// New builds a logger for cfg. The returned function flushes buffered
+// Options say how the process logs.
+type Options struct {
+	// Level is the lowest level logged: debug, info, warn or error.
+	Level string
+	// Format is json (for log collectors) or console (for people).
+	Format string
+}
+
+// New builds a logger for o. The returned function flushes buffered
 // entries; call it before the process exits.
-func New(cfg config.Logging) (logr.Logger, func(), error) {
-	level, err := zapcore.ParseLevel(cfg.Level)
+func New(o Options) (logr.Logger, func(), error) {
+	level, err := zapcore.ParseLevel(o.Level)
 	if err != nil {
 		return logr.Discard(), nil, fmt.Errorf("logging.level: %w", err)
 	}
 	var zc zap.Config
-	switch cfg.Format {
+	switch o.Format {
 	case "console":
 		zc = zap.NewDevelopmentConfig()
 		zc.Development = false
