@@ -34,9 +34,11 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/autotls"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
+	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/controller"
 	"github.com/coder/coder-k8s/internal/controller/controlplane"
+	"github.com/coder/coder-k8s/internal/identity"
 	"github.com/coder/coder-k8s/internal/kubecache"
 	"github.com/coder/coder-k8s/internal/mcpserver"
 	"github.com/coder/coder-k8s/internal/scheme"
@@ -75,14 +77,13 @@ var modes = map[config.AppMode]runFunc{
 		if err != nil {
 			return err
 		}
-		srv, err := mcpserver.New(mcpserver.Options{
-			Config: cfg.MCP,
-			// No cache in this mode: every read asks kube-apiserver.
-			Kube:  mcpserver.Kube{Cached: direct, Direct: direct, Clientset: cs},
-			REST:  kube.rest,
-			Ready: apiReachable(kube.rest),
-			Log:   log,
-		})
+		o := mcpOptions(cfg.MCP)
+		// No cache in this mode: every read asks kube-apiserver.
+		o.Kube = mcpserver.Kube{Cached: direct, Direct: direct, Clientset: cs}
+		o.REST = kube.rest
+		o.Ready = apiReachable(kube.rest)
+		o.Log = log
+		srv, err := mcpserver.New(o)
 		if err != nil {
 			return err
 		}
@@ -146,9 +147,9 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 			}
 			backends = backend.Join(static, cps)
 		}
-		opts := apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: backends,
-			Records:   records.New(mgr.GetCache(), mgr.GetClient()),
-			Admission: &admission.Options{REST: kube.rest, Cache: mgr.GetCache()}, Log: log}
+		opts := apiServerOptions(cfg.AggregatedAPIServer, &admission.Options{REST: kube.rest, Cache: mgr.GetCache()})
+		opts.Kubeconfig, opts.Backends, opts.Log = kube.file, backends, log
+		opts.Records = records.New(mgr.GetCache(), mgr.GetClient())
 		rot, err := autoTLS(cfg, kube, log)
 		if err != nil {
 			return err
@@ -171,15 +172,14 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 		if err != nil {
 			return err
 		}
-		mcpSrv, err := mcpserver.New(mcpserver.Options{
-			Config: cfg.MCP,
-			// The cache serves the tools only with mcp.auth none; callers'
-			// own clients read kube-apiserver directly.
-			Kube:  mcpserver.Kube{Cached: mgr.GetClient(), Direct: direct, Clientset: cs},
-			REST:  kube.rest,
-			Ready: cacheSynced,
-			Log:   log,
-		})
+		mo := mcpOptions(cfg.MCP)
+		// The cache serves the tools only with mcp.auth none; callers'
+		// own clients read kube-apiserver directly.
+		mo.Kube = mcpserver.Kube{Cached: mgr.GetClient(), Direct: direct, Clientset: cs}
+		mo.REST = kube.rest
+		mo.Ready = cacheSynced
+		mo.Log = log
+		mcpSrv, err := mcpserver.New(mo)
 		if err != nil {
 			return err
 		}
@@ -239,11 +239,11 @@ func runAggregatedAPIServer(ctx context.Context, cfg *config.Configuration, kube
 	if err != nil {
 		return err
 	}
-	opts := apiserver.Options{Config: cfg.AggregatedAPIServer, Kubeconfig: kube.file, Backends: static,
-		Records: records.New(recordCache, direct),
-		// Cluster-scoped, the admission configuration is cached whole
-		// whatever the cache's namespaces.
-		Admission: &admission.Options{REST: kube.rest, Cache: recordCache}, Log: log}
+	// Cluster-scoped, the admission configuration is cached whole
+	// whatever the cache's namespaces.
+	opts := apiServerOptions(cfg.AggregatedAPIServer, &admission.Options{REST: kube.rest, Cache: recordCache})
+	opts.Kubeconfig, opts.Backends, opts.Log = kube.file, static, log
+	opts.Records = records.New(recordCache, direct)
 	rot, err := autoTLS(cfg, kube, log)
 	if err != nil {
 		return err
@@ -289,7 +289,16 @@ func autoTLS(cfg *config.Configuration, kube *kubeConn, log logr.Logger) (*autot
 	if !cfg.AggregatedAPIServer.AutoTLS.Enabled {
 		return nil, nil
 	}
-	rot, err := autotls.New(autotls.Options{Config: cfg.AggregatedAPIServer.AutoTLS, REST: kube.rest, Log: log})
+	c := cfg.AggregatedAPIServer.AutoTLS
+	rot, err := autotls.New(autotls.Options{
+		SecretName:     c.SecretName,
+		Namespace:      c.Namespace,
+		ServiceName:    c.ServiceName,
+		APIServiceName: c.APIServiceName,
+		CertValidity:   c.CertValidity.Duration,
+		REST:           kube.rest,
+		Log:            log,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("aggregatedAPIServer.autoTLS: %w", err)
 	}
@@ -301,12 +310,81 @@ func staticBackend(cfg *config.Configuration, kube *kubeConn, log logr.Logger) (
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	a := cfg.AggregatedAPIServer
-	p, err := backend.NewStaticProvider(a.Coder.StaticBackend, a.Coder.RequestTimeout.Duration, cs, log)
+	p, err := backend.NewStaticProvider(staticOptions(cfg.AggregatedAPIServer.Coder), cs, log)
 	if err != nil {
 		return nil, fmt.Errorf("aggregatedAPIServer.coder.staticBackend: %w", err)
 	}
 	return p, nil
+}
+
+// apiServerOptions are the aggregated API server's options from
+// aggregatedAPIServer; adm is its admission chain's Kubernetes access,
+// used only when aggregatedAPIServer.admission is enabled. The caller
+// adds the rest: Kubeconfig, Backends, Records, ServingCert and Log.
+func apiServerOptions(c config.AggregatedAPIServer, adm *admission.Options) apiserver.Options {
+	o := apiserver.Options{
+		BindAddress:       c.BindAddress,
+		SecurePort:        c.SecurePort,
+		CertDir:           c.CertDir,
+		RequestTimeout:    c.RequestTimeout.Duration,
+		WatchPollInterval: c.WatchPollInterval.Duration,
+		BuildWait: templatesource.WaitConfig{
+			Timeout:             c.TemplateBuildWait.Timeout.Duration,
+			BackoffAfter:        c.TemplateBuildWait.BackoffAfter.Duration,
+			InitialPollInterval: c.TemplateBuildWait.InitialPollInterval.Duration,
+			MaxPollInterval:     c.TemplateBuildWait.MaxPollInterval.Duration,
+		},
+		Identity: identity.Options{ClusterControllers: c.Identity.ClusterControllers},
+	}
+	if c.Admission.Enabled {
+		o.Admission = adm
+	}
+	return o
+}
+
+// staticOptions are the static backend's options from
+// aggregatedAPIServer.coder.
+func staticOptions(c config.Coder) backend.StaticOptions {
+	sb := c.StaticBackend
+	mappings := make([]identity.Mapping, len(sb.Identity.Mappings))
+	for i, m := range sb.Identity.Mappings {
+		mappings[i] = identity.Mapping{KubernetesUser: m.KubernetesUser, CoderUser: m.CoderUser}
+	}
+	return backend.StaticOptions{
+		URL:              sb.URL,
+		SessionToken:     sb.SessionToken,
+		SessionTokenFile: sb.SessionTokenFile,
+		Namespace:        sb.Namespace,
+		Identity: identity.Rules{
+			Mode:           identity.Mode(sb.Identity.Mode),
+			UsernamePrefix: sb.Identity.UsernamePrefix,
+			MatchField:     identity.MatchField(sb.Identity.MatchBy),
+			Mappings:       mappings,
+		},
+		CoderTimeout: c.RequestTimeout.Duration,
+	}
+}
+
+// mcpOptions are the MCP server's options from mcp. The caller adds the
+// rest: Kube, REST, Ready and Log.
+func mcpOptions(c config.MCP) mcpserver.Options {
+	return mcpserver.Options{
+		BindAddress: c.BindAddress,
+		AuthNone:    c.Auth == config.MCPAuthNone,
+		Audiences:   c.Audiences,
+		OAuth: mcpserver.OAuth{
+			Resource:             c.OAuth.Resource,
+			AuthorizationServers: c.OAuth.AuthorizationServers,
+			Scopes:               c.OAuth.Scopes,
+		},
+		ReadOnly:              c.ReadOnly,
+		AllowDestructiveTools: c.AllowDestructiveTools,
+		AllowTools:            c.AllowTools,
+		DenyTools:             c.DenyTools,
+		MaxRequestBytes:       c.MaxRequestBytes,
+		ReadHeaderTimeout:     c.ReadHeaderTimeout.Duration,
+		ToolTimeout:           c.ToolTimeout.Duration,
+	}
 }
 
 // cacheSyncedChecker is ready once the shared cache has synced.

@@ -8,8 +8,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	rbacv1 "k8s.io/api/rbac/v1"
-
-	"github.com/coder/coder-k8s/internal/config"
 )
 
 func TestAuthentication(t *testing.T) {
@@ -74,23 +72,23 @@ func TestToolSelection(t *testing.T) {
 	var names []string
 	for _, tc := range []struct {
 		name   string
-		mutate func(*config.MCP)
+		mutate func(*Options)
 		has    []string
 		hasNot []string
 	}{
 		{"default", nil, []string{"list_workspaces", "set_workspace_running"}, []string{"delete_workspace"}},
-		{"read-only", func(c *config.MCP) { c.ReadOnly = true }, []string{"list_workspaces"}, []string{"set_workspace_running", "delete_workspace"}},
-		{"destructive allowed", func(c *config.MCP) { c.AllowDestructiveTools = true }, []string{"delete_workspace"}, nil},
-		{"allow list", func(c *config.MCP) { c.AllowTools = []string{"get_workspace"} }, []string{"get_workspace"}, []string{"list_workspaces"}},
-		{"deny list", func(c *config.MCP) { c.DenyTools = []string{"get_workspace"} }, []string{"list_workspaces"}, []string{"get_workspace"}},
+		{"read-only", func(c *Options) { c.ReadOnly = true }, []string{"list_workspaces"}, []string{"set_workspace_running", "delete_workspace"}},
+		{"destructive allowed", func(c *Options) { c.AllowDestructiveTools = true }, []string{"delete_workspace"}, nil},
+		{"allow list", func(c *Options) { c.AllowTools = []string{"get_workspace"} }, []string{"get_workspace"}, []string{"list_workspaces"}},
+		{"deny list", func(c *Options) { c.DenyTools = []string{"get_workspace"} }, []string{"list_workspaces"}, []string{"get_workspace"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := config.Default().MCP
-			cfg.Auth = config.MCPAuthNone
+			o := defaultOptions()
+			o.AuthNone = true
 			if tc.mutate != nil {
-				tc.mutate(&cfg)
+				tc.mutate(&o)
 			}
-			srv, err := New(Options{Config: cfg})
+			srv, err := New(o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,9 +105,9 @@ func TestToolSelection(t *testing.T) {
 			}
 		})
 	}
-	cfg := config.Default().MCP
-	cfg.DenyTools = []string{"no_such_tool"}
-	if _, err := New(Options{Config: cfg}); err == nil || !strings.Contains(err.Error(), `unknown tool "no_such_tool"`) {
+	o := defaultOptions()
+	o.DenyTools = []string{"no_such_tool"}
+	if _, err := New(o); err == nil || !strings.Contains(err.Error(), `unknown tool "no_such_tool"`) {
 		t.Errorf("an unknown tool name in denyTools: %v", err)
 	}
 	_ = mcp.Tool{}

@@ -31,7 +31,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -266,7 +265,7 @@ func TestToolsActAsTheCaller(t *testing.T) {
 // coder-k8s's own rights, which hold nothing for them.
 func TestAuthNoneActsAsCoderK8s(t *testing.T) {
 	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
-	h := newHarnessAs(t, k, operatorWithMCPRole(t, k, nil), func(c *config.MCP) { c.Auth = config.MCPAuthNone })
+	h := newHarnessAs(t, k, operatorWithMCPRole(t, k, nil), func(o *Options) { o.AuthNone = true })
 	res := callTool(t, h.connect(t, ""), "list_events", map[string]any{"namespace": "default"}, nil)
 	want := `list events in namespace default: events is forbidden: User "coder-k8s-operator" cannot list resource "events" in API group "" in the namespace "default" (with mcp.auth none the tools act with coder-k8s's own permissions, which include none of what only the tools need; use mcp.auth kubernetes)`
 	if !res.IsError || resultText(res) != want {
@@ -317,7 +316,7 @@ func send(t *testing.T, req *http.Request) (int, http.Header, string) {
 func TestAudiencesAndProtectedResourceMetadata(t *testing.T) {
 	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
 	const mcpAudience = "coder-k8s-mcp"
-	h := newHarness(t, k, func(c *config.MCP) { c.Audiences = []string{mcpAudience} })
+	h := newHarness(t, k, func(o *Options) { o.Audiences = []string{mcpAudience} })
 	base := strings.TrimSuffix(h.url, mcpPath)
 	ctx := t.Context()
 
@@ -388,8 +387,8 @@ func TestAudiencesAndProtectedResourceMetadata(t *testing.T) {
 	})
 
 	t.Run("metadata with OAuth configuration", func(t *testing.T) {
-		o := newHarness(t, k, func(c *config.MCP) {
-			c.OAuth = config.MCPOAuth{Resource: "https://mcp.example.com/mcp", AuthorizationServers: []string{"https://issuer.example.com"}, Scopes: []string{"openid", "groups"}}
+		o := newHarness(t, k, func(o *Options) {
+			o.OAuth = OAuth{Resource: "https://mcp.example.com/mcp", AuthorizationServers: []string{"https://issuer.example.com"}, Scopes: []string{"openid", "groups"}}
 		})
 		obase := strings.TrimSuffix(o.url, mcpPath)
 		want := `{"resource":"https://mcp.example.com/mcp","authorization_servers":["https://issuer.example.com"],"scopes_supported":["openid","groups"],"bearer_methods_supported":["header"],"resource_name":"coder-k8s MCP"}` + "\n"

@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 	"github.com/coder/coder-k8s/internal/testenv/mcpclient"
@@ -35,10 +34,21 @@ type harness struct {
 	url string
 }
 
-// newHarness starts kube-apiserver and an MCP server configured by cfg
-// (defaults when nil) whose tools read it directly; coder-k8s is the
+// defaultOptions are the server's options with the configuration file's
+// defaults (mcp in config.Default), without clients.
+func defaultOptions() Options {
+	return Options{
+		BindAddress:       ":8090",
+		MaxRequestBytes:   1 << 20,
+		ReadHeaderTimeout: 10 * time.Second,
+		ToolTimeout:       2 * time.Minute,
+	}
+}
+
+// newHarness starts kube-apiserver and an MCP server with the default
+// options changed by mutate (when not nil) whose tools read it directly; coder-k8s is the
 // admin.
-func newHarness(t *testing.T, k *testenv.KubeAPI, mutate func(*config.MCP)) *harness {
+func newHarness(t *testing.T, k *testenv.KubeAPI, mutate func(*Options)) *harness {
 	t.Helper()
 	return newHarnessAs(t, k, nil, mutate)
 }
@@ -46,7 +56,7 @@ func newHarness(t *testing.T, k *testenv.KubeAPI, mutate func(*config.MCP)) *har
 // newHarnessAs is newHarness with coder-k8s's own client configuration
 // operator (the admin's when nil); h.c and h.cs stay the admin's, for
 // setting tests up.
-func newHarnessAs(t *testing.T, k *testenv.KubeAPI, operator *rest.Config, mutate func(*config.MCP)) *harness {
+func newHarnessAs(t *testing.T, k *testenv.KubeAPI, operator *rest.Config, mutate func(*Options)) *harness {
 	t.Helper()
 	if k == nil {
 		k = testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
@@ -66,17 +76,15 @@ func newHarnessAs(t *testing.T, k *testenv.KubeAPI, operator *rest.Config, mutat
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := config.Default().MCP
+	o := defaultOptions()
 	if mutate != nil {
-		mutate(&cfg)
+		mutate(&o)
 	}
-	srv, err := New(Options{
-		Config: cfg,
-		Kube:   Kube{Cached: oc, Direct: oc, Clientset: ocs},
-		REST:   operator,
-		Ready:  func(*http.Request) error { return nil },
-		Log:    testr.New(t),
-	})
+	o.Kube = Kube{Cached: oc, Direct: oc, Clientset: ocs}
+	o.REST = operator
+	o.Ready = func(*http.Request) error { return nil }
+	o.Log = testr.New(t)
+	srv, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,8 +7,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
-
-	"github.com/coder/coder-k8s/internal/config"
 )
 
 // mcpPath is where the MCP endpoint is served.
@@ -18,11 +16,26 @@ const mcpPath = "/mcp"
 // MCP clients first try it with the endpoint's path appended.
 const wellKnownPath = "/.well-known/oauth-protected-resource"
 
+// OAuth is the protected resource metadata of /mcp (RFC 9728), served
+// with authentication on.
+type OAuth struct {
+	// Resource is the URL of /mcp as clients reach it. Empty means the
+	// URL each request reached, scheme from the connection: set it behind
+	// a TLS-terminating proxy.
+	Resource string
+	// AuthorizationServers are the issuer URLs of the identity providers
+	// whose tokens kube-apiserver accepts; empty names none, and clients
+	// need a token handed to them.
+	AuthorizationServers []string
+	// Scopes are the OAuth scopes clients should ask for.
+	Scopes []string
+}
+
 // protectedResource describes /mcp as an OAuth 2.0 protected resource
 // (RFC 9728), so MCP clients can find the authorization server to sign in
 // with instead of being handed a token.
 type protectedResource struct {
-	cfg config.MCPOAuth
+	oauth OAuth
 }
 
 // resource is the resource identifier of /mcp: the configured one, else
@@ -30,8 +43,8 @@ type protectedResource struct {
 // tells this server whether a proxy set it or the client did; behind a
 // TLS-terminating proxy, configure mcp.oauth.resource.
 func (p protectedResource) resource(r *http.Request) string {
-	if p.cfg.Resource != "" {
-		return p.cfg.Resource
+	if p.oauth.Resource != "" {
+		return p.oauth.Resource
 	}
 	scheme := "http"
 	if r.TLS != nil {
@@ -58,8 +71,8 @@ func (p protectedResource) metadata() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		auth.ProtectedResourceMetadataHandler(&oauthex.ProtectedResourceMetadata{
 			Resource:               p.resource(r),
-			AuthorizationServers:   p.cfg.AuthorizationServers,
-			ScopesSupported:        p.cfg.Scopes,
+			AuthorizationServers:   p.oauth.AuthorizationServers,
+			ScopesSupported:        p.oauth.Scopes,
 			BearerMethodsSupported: []string{"header"},
 			ResourceName:           "coder-k8s MCP",
 		}).ServeHTTP(w, r)

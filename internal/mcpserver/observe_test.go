@@ -12,7 +12,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/metrics/metricstest"
 	"github.com/coder/coder-k8s/internal/testenv"
 	"github.com/coder/coder-k8s/internal/testenv/mcpclient"
@@ -96,13 +95,12 @@ func TestToolCallMetricsAndRequestIDs(t *testing.T) {
 	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
 	h := newHarness(t, k, nil)
 	logs := &logLines{}
-	srv, err := New(Options{
-		Config: config.Default().MCP,
-		Kube:   Kube{Cached: h.c, Direct: h.c, Clientset: k.Clientset},
-		REST:   k.Config,
-		Ready:  func(*http.Request) error { return nil },
-		Log:    funcr.New(logs.write, funcr.Options{Verbosity: 1}),
-	})
+	o := defaultOptions()
+	o.Kube = Kube{Cached: h.c, Direct: h.c, Clientset: k.Clientset}
+	o.REST = k.Config
+	o.Ready = func(*http.Request) error { return nil }
+	o.Log = funcr.New(logs.write, funcr.Options{Verbosity: 1})
+	srv, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

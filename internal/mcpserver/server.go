@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/version"
 )
 
@@ -25,7 +24,7 @@ const shutdownTimeout = 25 * time.Second
 
 // Server serves the MCP HTTP endpoints as a manager runnable.
 type Server struct {
-	cfg   config.MCP
+	opts  Options
 	log   logr.Logger
 	ready healthz.Checker
 	// kube is coder-k8s's own access: TokenReviews, and with auth "none"
@@ -41,7 +40,36 @@ type Server struct {
 
 // Options are what the server is built from.
 type Options struct {
-	Config config.MCP
+	// BindAddress is where Start listens for /mcp, /healthz and /readyz.
+	BindAddress string
+	// AuthNone turns authentication off (mcp.auth none): the tools act
+	// with Kube, coder-k8s's own access; for local development only.
+	// Otherwise (mcp.auth kubernetes) a caller's bearer token is checked
+	// with a TokenReview and the tools act with that same token.
+	AuthNone bool
+	// Audiences, when set, are sent with every TokenReview: a token must
+	// be valid for one of them. Empty means kube-apiserver's own.
+	Audiences []string
+	// OAuth describes /mcp as an OAuth 2.0 protected resource, so MCP
+	// clients can sign in with the cluster's identity provider.
+	OAuth OAuth
+	// ReadOnly registers no tool that changes anything.
+	ReadOnly bool
+	// AllowDestructiveTools registers the tools that delete.
+	AllowDestructiveTools bool
+	// AllowTools, when not empty, registers only the tools named here.
+	AllowTools []string
+	// DenyTools never registers the tools named here.
+	DenyTools []string
+	// MaxRequestBytes bounds the body of a request to /mcp.
+	MaxRequestBytes int64
+	// ReadHeaderTimeout bounds how long a client may take to send request
+	// headers.
+	ReadHeaderTimeout time.Duration
+	// ToolTimeout bounds one tool call, including a bounded wait for a
+	// workspace build.
+	ToolTimeout time.Duration
+
 	// Kube is coder-k8s's own access. With auth "kubernetes" it only
 	// reviews tokens (Clientset) and lends its scheme and REST mapper
 	// (Direct) to the callers' clients.
@@ -57,8 +85,8 @@ type Options struct {
 
 // New returns a server for o with the tools its configuration allows.
 func New(o Options) (*Server, error) {
-	s := &Server{cfg: o.Config, ready: o.Ready, kube: o.Kube, log: o.Log.WithName("mcp"),
-		resource: protectedResource{cfg: o.Config.OAuth}}
+	s := &Server{opts: o, ready: o.Ready, kube: o.Kube, log: o.Log.WithName("mcp"),
+		resource: protectedResource{oauth: o.OAuth}}
 	ms := mcp.NewServer(&mcp.Implementation{Name: "coder-k8s", Title: "Coder on Kubernetes", Version: version.Get().Version}, &mcp.ServerOptions{
 		Instructions: instructions,
 	})
@@ -76,7 +104,7 @@ func New(o Options) (*Server, error) {
 	// tools do not use.
 	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return ms },
 		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
-	if s.cfg.Auth == config.MCPAuthNone {
+	if o.AuthNone {
 		s.log.Info("WARNING: MCP authentication is off (mcp.auth: none): every caller acts with coder-k8s's own permissions, which include none of what only the MCP tools need (those tools answer 403); use it only for local development")
 	} else {
 		if o.REST == nil || o.Kube.Direct == nil || o.Kube.Clientset == nil {
@@ -86,10 +114,10 @@ func New(o Options) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.reviewer = newTokenReviewer(o.Kube.Clientset, s.cfg.Audiences, cc.forToken)
+		s.reviewer = newTokenReviewer(o.Kube.Clientset, o.Audiences, cc.forToken)
 		h = s.resource.requireToken(s.reviewer.verify, h)
 	}
-	s.mcp = withRequestID(http.MaxBytesHandler(h, s.cfg.MaxRequestBytes), s.log)
+	s.mcp = withRequestID(http.MaxBytesHandler(h, o.MaxRequestBytes), s.log)
 	return s, nil
 }
 
@@ -107,9 +135,9 @@ func (s *Server) NeedLeaderElection() bool { return false }
 // Start listens on the configured address and serves until ctx is
 // cancelled, then lets in-flight requests finish.
 func (s *Server) Start(ctx context.Context) error {
-	ln, err := net.Listen("tcp", s.cfg.BindAddress)
+	ln, err := net.Listen("tcp", s.opts.BindAddress)
 	if err != nil {
-		return fmt.Errorf("mcp: listen on %s: %w", s.cfg.BindAddress, err)
+		return fmt.Errorf("mcp: listen on %s: %w", s.opts.BindAddress, err)
 	}
 	return s.Serve(ctx, ln)
 }
@@ -118,7 +146,7 @@ func (s *Server) Start(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           s.Handler(),
-		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout.Duration,
+		ReadHeaderTimeout: s.opts.ReadHeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
 		// Not ctx itself: cancelling it on SIGTERM would cut the requests
 		// in flight (the SDK then answers 200 with an empty body) instead
@@ -150,7 +178,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(mcpPath, s.mcp)
-	if s.cfg.Auth != config.MCPAuthNone {
+	if !s.opts.AuthNone {
 		// Both forms: MCP clients try the endpoint's path first.
 		md := s.resource.metadata()
 		mux.Handle(wellKnownPath, md)

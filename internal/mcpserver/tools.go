@@ -15,7 +15,6 @@ import (
 
 	"github.com/google/jsonschema-go/jsonschema"
 
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
@@ -79,7 +78,7 @@ type call struct {
 // kubeFor is what a call reaches Kubernetes with: the caller's own
 // clients, or coder-k8s's with auth "none".
 func (s *Server) kubeFor(req *mcp.CallToolRequest) (Kube, error) {
-	if s.cfg.Auth == config.MCPAuthNone {
+	if s.opts.AuthNone {
 		return s.kube, nil
 	}
 	c := callerOf(req)
@@ -114,7 +113,7 @@ func define[In, Out any](s *Server, name string, meta toolMeta, h handler[In, Ou
 		}
 		t.OutputSchema = outSchema
 		mcp.AddTool(ms, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (res *mcp.CallToolResult, _ any, err error) {
-			ctx, cancel := context.WithTimeout(ctx, s.cfg.ToolTimeout.Duration)
+			ctx, cancel := context.WithTimeout(ctx, s.opts.ToolTimeout)
 			defer cancel()
 			// Deferred first, so it runs last and sees a recovered panic's
 			// error; observeToolCalls logs and counts the call.
@@ -132,7 +131,7 @@ func define[In, Out any](s *Server, name string, meta toolMeta, h handler[In, Ou
 			}
 			out, err := h(ctx, &call{req: req, kube: kube}, in)
 			if err != nil {
-				return nil, nil, explain(err, s.cfg.Auth)
+				return nil, nil, explain(err, s.opts.AuthNone)
 			}
 			raw, err := json.Marshal(out)
 			if err != nil {
@@ -160,8 +159,9 @@ func (t tool) mcpTool() *mcp.Tool {
 	}
 }
 
-// explain turns an error into a message an agent can act on.
-func explain(err error, mode config.MCPAuth) error {
+// explain turns an error into a message an agent can act on; authNone
+// says the tools act with coder-k8s's own permissions.
+func explain(err error, authNone bool) error {
 	var se apierrors.APIStatus
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
@@ -172,7 +172,7 @@ func explain(err error, mode config.MCPAuth) error {
 		switch {
 		case apierrors.IsNotFound(err):
 			return fmt.Errorf("%w (check the namespace and the name; the list tools show what exists)", err)
-		case apierrors.IsForbidden(err) && mode == config.MCPAuthNone:
+		case apierrors.IsForbidden(err) && authNone:
 			return fmt.Errorf("%w (with mcp.auth none the tools act with coder-k8s's own permissions, which include none of what only the tools need; use mcp.auth kubernetes)", err)
 		case apierrors.IsForbidden(err):
 			// kube-apiserver's message names the user, verb and resource.
@@ -207,7 +207,7 @@ func (s *Server) registerTools(ms *mcp.Server, all []tool) (_ map[string]*mcp.To
 	for _, t := range all {
 		known[t.name] = true
 	}
-	for _, n := range append(slices.Clone(s.cfg.AllowTools), s.cfg.DenyTools...) {
+	for _, n := range append(slices.Clone(s.opts.AllowTools), s.opts.DenyTools...) {
 		if !known[n] {
 			return nil, fmt.Errorf("mcp.allowTools/denyTools: unknown tool %q (tools: %s)", n, strings.Join(sortedKeys(known), ", "))
 		}
@@ -215,10 +215,10 @@ func (s *Server) registerTools(ms *mcp.Server, all []tool) (_ map[string]*mcp.To
 	registered := map[string]*mcp.Tool{}
 	for _, t := range all {
 		switch {
-		case s.cfg.ReadOnly && !t.meta.ReadOnly,
-			t.meta.Destructive && !s.cfg.AllowDestructiveTools,
-			len(s.cfg.AllowTools) > 0 && !slices.Contains(s.cfg.AllowTools, t.name),
-			slices.Contains(s.cfg.DenyTools, t.name):
+		case s.opts.ReadOnly && !t.meta.ReadOnly,
+			t.meta.Destructive && !s.opts.AllowDestructiveTools,
+			len(s.opts.AllowTools) > 0 && !slices.Contains(s.opts.AllowTools, t.name),
+			slices.Contains(s.opts.DenyTools, t.name):
 			continue
 		}
 		mt := t.mcpTool()

@@ -30,7 +30,6 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/storage"
 	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/identity"
 	"github.com/coder/coder-k8s/internal/version"
 )
@@ -45,11 +44,14 @@ const watchTerminationGracePeriod = 5 * time.Second
 
 // Server runs the aggregated API server as a manager runnable.
 type Server struct {
-	cfg        config.AggregatedAPIServer
-	kubeconfig string
-	backends   backend.Provider
-	cert       ServingCert
-	log        logr.Logger
+	bindAddress    string
+	securePort     int
+	certDir        string
+	requestTimeout time.Duration
+	kubeconfig     string
+	backends       backend.Provider
+	cert           ServingCert
+	log            logr.Logger
 
 	scheme     *runtime.Scheme
 	codecs     serializer.CodecFactory
@@ -62,7 +64,26 @@ type Server struct {
 
 // Options are what the server is built from.
 type Options struct {
-	Config config.AggregatedAPIServer
+	// BindAddress is the IP the secure port listens on.
+	BindAddress string
+	// SecurePort is the HTTPS port kube-apiserver's aggregation layer
+	// connects to.
+	SecurePort int
+	// CertDir holds tls.crt and tls.key (a mounted kubernetes.io/tls
+	// Secret). Empty, or a directory without them, means a self-signed
+	// certificate generated at start. Ignored with ServingCert.
+	CertDir string
+	// RequestTimeout bounds every request; watches may stay open as long.
+	RequestTimeout time.Duration
+	// WatchPollInterval is how often the shared pollers list from coderd
+	// to turn changes made anywhere into watch events.
+	WatchPollInterval time.Duration
+	// BuildWait tunes the background wait for the template versions that
+	// CoderTemplate creates and updates upload.
+	BuildWait templatesource.WaitConfig
+	// Identity configures the callers that act with the operator's Coder
+	// session in identity mode Mapped.
+	Identity identity.Options
 	// Kubeconfig is the file the delegated authentication and
 	// authorization clients use; empty means in-cluster.
 	Kubeconfig string
@@ -71,12 +92,11 @@ type Options struct {
 	// Records keeps the objects' Kubernetes metadata; Start starts it
 	// (its informer) before serving.
 	Records *records.Store
-	// ServingCert, when set, is the serving certificate (autoTLS): certDir
-	// is ignored, and Start waits until it has a certificate. It is
-	// required when Config.AutoTLS is enabled.
+	// ServingCert, when set, is the serving certificate (autoTLS): CertDir
+	// is ignored, and Start waits until it has a certificate.
 	ServingCert ServingCert
-	// Admission is what the admission chain reads the cluster's
-	// configuration through; required unless Config.Admission is off.
+	// Admission, when set, runs the cluster's admission chain on writes,
+	// reading the cluster's configuration through it; nil runs none.
 	Admission *admission.Options
 	Log       logr.Logger
 }
@@ -91,10 +111,6 @@ type ServingCert interface {
 
 // New returns a server for o.
 func New(o Options) (*Server, error) {
-	cfg, log := o.Config, o.Log
-	if cfg.AutoTLS.Enabled && o.ServingCert == nil {
-		return nil, fmt.Errorf("autoTLS is enabled but no serving certificate provider was given")
-	}
 	scheme := runtime.NewScheme()
 	if err := aggv1.AddToScheme(scheme); err != nil {
 		return nil, fmt.Errorf("register %s: %w", aggv1.GroupName, err)
@@ -110,39 +126,39 @@ func New(o Options) (*Server, error) {
 	scheme.AddUnversionedTypes(schema.GroupVersion{Version: "v1"},
 		&metav1.Status{}, &metav1.APIVersions{}, &metav1.APIGroupList{},
 		&metav1.APIGroup{}, &metav1.APIResourceList{})
-	log = log.WithName("aggregated-apiserver")
+	log := o.Log.WithName("aggregated-apiserver")
 	if o.Records == nil {
 		return nil, fmt.Errorf("no records store given")
 	}
-	if cfg.Admission.Enabled && o.Admission == nil {
-		return nil, fmt.Errorf("admission is enabled but no Kubernetes connection was given for it")
-	}
-	ident := identity.New(log, identity.Options{ClusterControllers: cfg.Identity.ClusterControllers})
-	so := storage.Options{Backends: o.Backends, Records: o.Records, PollInterval: cfg.WatchPollInterval.Duration, Log: log, Identity: ident}
+	ident := identity.New(log, o.Identity)
+	so := storage.Options{Backends: o.Backends, Records: o.Records, PollInterval: o.WatchPollInterval, Log: log, Identity: ident}
 	workspaces, err := storage.NewWorkspaces(so)
 	if err != nil {
 		return nil, fmt.Errorf("coderworkspaces storage: %w", err)
 	}
 	templates, err := storage.NewTemplates(so, storage.TemplateOptions{
-		BuildWait: templatesource.WaitConfigFrom(cfg.TemplateBuildWait),
+		BuildWait: o.BuildWait,
 		Limits:    templatesource.DefaultLimits,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codertemplates storage: %w", err)
 	}
 	return &Server{
-		cfg:        cfg,
-		kubeconfig: o.Kubeconfig,
-		backends:   o.Backends,
-		cert:       o.ServingCert,
-		log:        log,
-		scheme:     scheme,
-		codecs:     serializer.NewCodecFactory(scheme),
-		workspaces: workspaces,
-		templates:  templates,
-		records:    o.Records,
-		identity:   ident,
-		admission:  o.Admission,
+		bindAddress:    o.BindAddress,
+		securePort:     o.SecurePort,
+		certDir:        o.CertDir,
+		requestTimeout: o.RequestTimeout,
+		kubeconfig:     o.Kubeconfig,
+		backends:       o.Backends,
+		cert:           o.ServingCert,
+		log:            log,
+		scheme:         scheme,
+		codecs:         serializer.NewCodecFactory(scheme),
+		workspaces:     workspaces,
+		templates:      templates,
+		records:        o.Records,
+		identity:       ident,
+		admission:      o.Admission,
 	}, nil
 }
 
@@ -189,7 +205,7 @@ func (s *Server) Start(ctx context.Context) error {
 	defer func() { stopIdentity(); tokens.Wait() }()
 	tokens.Go(func() { _ = s.identity.Run(identCtx) })
 
-	s.log.Info("serving", "address", net.JoinHostPort(s.cfg.BindAddress, fmt.Sprint(s.cfg.SecurePort)))
+	s.log.Info("serving", "address", net.JoinHostPort(s.bindAddress, fmt.Sprint(s.securePort)))
 	if err := gs.PrepareRun().RunWithContext(ctx); err != nil {
 		return fmt.Errorf("aggregated API server: %w", err)
 	}
@@ -198,18 +214,18 @@ func (s *Server) Start(ctx context.Context) error {
 
 func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer, error) {
 	serving := options.NewSecureServingOptions().WithLoopback()
-	serving.BindAddress = net.ParseIP(s.cfg.BindAddress)
-	serving.BindPort = s.cfg.SecurePort
+	serving.BindAddress = net.ParseIP(s.bindAddress)
+	serving.BindPort = s.securePort
 	if s.cert != nil {
 		// autoTLS: reloaded whenever the Secret's certificate changes.
 		serving.ServerCert.GeneratedCert = s.cert
 	} else {
-		serving.ServerCert.CertDirectory = s.cfg.CertDir
+		serving.ServerCert.CertDirectory = s.certDir
 		serving.ServerCert.PairName = "tls"
-		if s.cfg.CertDir != "" {
+		if s.certDir != "" {
 			// Files named as in a kubernetes.io/tls Secret mounted at CertDir.
-			serving.ServerCert.CertKey.CertFile = s.cfg.CertDir + "/tls.crt"
-			serving.ServerCert.CertKey.KeyFile = s.cfg.CertDir + "/tls.key"
+			serving.ServerCert.CertKey.CertFile = s.certDir + "/tls.crt"
+			serving.ServerCert.CertKey.KeyFile = s.certDir + "/tls.key"
 			serving.ServerCert.CertDirectory = ""
 			if !filesExist(serving.ServerCert.CertKey.CertFile, serving.ServerCert.CertKey.KeyFile) {
 				serving.ServerCert.CertKey = options.CertKey{}
@@ -245,9 +261,9 @@ func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer,
 	rc.BuildHandlerChainFunc = func(api http.Handler, c *genericapiserver.Config) http.Handler {
 		return genericapiserver.DefaultBuildHandlerChain(withRequestLog(withBodyErrorsAsBadRequest(api), s.log), c)
 	}
-	rc.RequestTimeout = s.cfg.RequestTimeout.Duration
+	rc.RequestTimeout = s.requestTimeout
 	// Watches may stay open up to the request timeout too.
-	rc.MinRequestTimeout = int(s.cfg.RequestTimeout.Duration / time.Second)
+	rc.MinRequestTimeout = int(s.requestTimeout / time.Second)
 	// On shutdown, end open watches at once (clients re-establish them,
 	// with another replica in a cluster) instead of draining them until
 	// the graceful shutdown bound kills the process.
@@ -267,7 +283,7 @@ func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer,
 	// kube-apiserver does not run admission on the requests it proxies
 	// here: the cluster's policies and webhooks apply only if this server
 	// runs them (after authorization, as kube-apiserver does).
-	if s.cfg.Admission.Enabled {
+	if s.admission != nil {
 		o := *s.admission
 		o.Log = s.log.WithName("admission")
 		if err := admission.Apply(ctx, rc, o); err != nil {

@@ -19,7 +19,6 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/admission"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/kubecache"
 	"github.com/coder/coder-k8s/internal/metrics/metricstest"
 	"github.com/coder/coder-k8s/internal/scheme"
@@ -43,8 +42,6 @@ func TestRejectedTokensAreRemembered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := config.Default().AggregatedAPIServer
-	cfg.BindAddress, cfg.SecurePort, cfg.CertDir = "127.0.0.1", port, t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	// The records' informer, as the aggregated-apiserver mode sets it up.
 	co := kubecache.Options()
@@ -60,7 +57,9 @@ func TestRejectedTokensAreRemembered(t *testing.T) {
 	cacheDone := make(chan struct{})
 	go func() { _ = rc.Start(ctx); close(cacheDone) }()
 	t.Cleanup(func() { cancel(); <-cacheDone })
-	srv, err := New(Options{Config: cfg, Kubeconfig: k.KubeconfigPath, Backends: noBackends{}, Records: records.New(rc, kc),
+	srv, err := New(Options{BindAddress: "127.0.0.1", SecurePort: port, CertDir: t.TempDir(),
+		RequestTimeout: 30 * time.Minute, WatchPollInterval: 5 * time.Second,
+		Kubeconfig: k.KubeconfigPath, Backends: noBackends{}, Records: records.New(rc, kc),
 		Admission: &admission.Options{REST: k.Config, Cache: rc}, Log: testr.New(t)})
 	if err != nil {
 		t.Fatal(err)

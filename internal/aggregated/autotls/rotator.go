@@ -25,7 +25,6 @@ import (
 	apiregistrationv1client "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset/typed/apiregistration/v1"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/config"
 )
 
 // Timing of the loop.
@@ -47,9 +46,21 @@ const (
 
 // Options configure a Rotator.
 type Options struct {
-	// Config is aggregatedAPIServer.autoTLS. An empty Namespace means the
-	// pod's own (see ResolveNamespace).
-	Config config.AutoTLS
+	// SecretName is the Secret holding the CA and the serving
+	// certificate, shared by every replica.
+	SecretName string
+	// Namespace of the Secret and the Service; empty means the pod's own
+	// (see ResolveNamespace).
+	Namespace string
+	// ServiceName is the Service kube-apiserver reaches the server
+	// through: the certificate names <service>.<namespace>.svc.
+	ServiceName string
+	// APIServiceName is the APIService whose caBundle is kept equal to
+	// the CA bundle.
+	APIServiceName string
+	// CertValidity is how long a serving certificate is valid; it is
+	// renewed when a third of that is left.
+	CertValidity time.Duration
 	// REST reaches kube-apiserver. The Rotator reads and writes the Secret
 	// and the APIService directly (no shared cache), and watches only
 	// those two objects (field selector metadata.name).
@@ -70,11 +81,14 @@ type Options struct {
 // concurrency: create-if-absent, and updates carrying the resourceVersion,
 // where the loser of a race re-reads and uses the winner's certificates.
 type Rotator struct {
-	cfg        config.AutoTLS
-	namespace  string
-	dnsNames   []string
-	caValidity time.Duration
-	resync     time.Duration
+	secretName     string
+	serviceName    string
+	apiServiceName string
+	certValidity   time.Duration
+	namespace      string
+	dnsNames       []string
+	caValidity     time.Duration
+	resync         time.Duration
 
 	secrets     corev1client.SecretInterface
 	apiServices apiregistrationv1client.APIServiceInterface
@@ -91,24 +105,22 @@ type Rotator struct {
 // New returns a Rotator for o. It fails when the namespace cannot be
 // determined or the configuration is incomplete.
 func New(o Options) (*Rotator, error) {
-	c := o.Config
 	switch {
-	case c.SecretName == "":
+	case o.SecretName == "":
 		return nil, errors.New("secretName is empty")
-	case c.ServiceName == "":
+	case o.ServiceName == "":
 		return nil, errors.New("serviceName is empty")
-	case c.APIServiceName == "":
+	case o.APIServiceName == "":
 		return nil, errors.New("apiServiceName is empty")
-	case c.CertValidity.Duration <= 0:
-		return nil, fmt.Errorf("certValidity %s is not positive", c.CertValidity)
+	case o.CertValidity <= 0:
+		return nil, fmt.Errorf("certValidity %s is not positive", o.CertValidity)
 	case o.REST == nil:
 		return nil, errors.New("no Kubernetes client configuration")
 	}
-	ns, err := ResolveNamespace(c.Namespace)
+	ns, err := ResolveNamespace(o.Namespace)
 	if err != nil {
 		return nil, err
 	}
-	c.Namespace = ns
 	kube, err := kubernetes.NewForConfig(o.REST)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -118,17 +130,20 @@ func New(o Options) (*Rotator, error) {
 		return nil, fmt.Errorf("apiregistration client: %w", err)
 	}
 	r := &Rotator{
-		cfg:         c,
-		namespace:   ns,
-		dnsNames:    DNSNames(c.ServiceName, ns),
-		caValidity:  o.caValidity,
-		resync:      o.resync,
-		secrets:     kube.CoreV1().Secrets(ns),
-		apiServices: agg.ApiregistrationV1().APIServices(),
-		cert:        NewServingCert(fmt.Sprintf("secret %s/%s", ns, c.SecretName)),
-		log:         o.Log.WithName("autotls").WithValues("secret", ns+"/"+c.SecretName, "apiService", c.APIServiceName),
-		now:         time.Now,
-		poke:        make(chan struct{}, 1),
+		secretName:     o.SecretName,
+		serviceName:    o.ServiceName,
+		apiServiceName: o.APIServiceName,
+		certValidity:   o.CertValidity,
+		namespace:      ns,
+		dnsNames:       DNSNames(o.ServiceName, ns),
+		caValidity:     o.caValidity,
+		resync:         o.resync,
+		secrets:        kube.CoreV1().Secrets(ns),
+		apiServices:    agg.ApiregistrationV1().APIServices(),
+		cert:           NewServingCert(fmt.Sprintf("secret %s/%s", ns, o.SecretName)),
+		log:            o.Log.WithName("autotls").WithValues("secret", ns+"/"+o.SecretName, "apiService", o.APIServiceName),
+		now:            time.Now,
+		poke:           make(chan struct{}, 1),
 	}
 	if r.caValidity == 0 {
 		r.caValidity = DefaultCAValidity
@@ -158,7 +173,7 @@ func (r *Rotator) NeedLeaderElection() bool { return false }
 // are retried with backoff (doubling from a second to a minute) and
 // logged. It returns nil when ctx ends.
 func (r *Rotator) Start(ctx context.Context) error {
-	r.log.Info("managing the aggregated API server's serving certificate", "dnsNames", r.dnsNames, "certValidity", r.cfg.CertValidity.String())
+	r.log.Info("managing the aggregated API server's serving certificate", "dnsNames", r.dnsNames, "certValidity", r.certValidity.String())
 	ctx, cancel := context.WithCancel(ctx)
 	var watchers sync.WaitGroup
 	defer watchers.Wait()
@@ -221,8 +236,8 @@ func (r *Rotator) wake() {
 // within a second. Their caches hold those two objects only; passes read
 // from kube-apiserver directly.
 func (r *Rotator) informers() []cache.SharedIndexInformer {
-	secretSel := fields.OneTermEqualSelector("metadata.name", r.cfg.SecretName).String()
-	apiSel := fields.OneTermEqualSelector("metadata.name", r.cfg.APIServiceName).String()
+	secretSel := fields.OneTermEqualSelector("metadata.name", r.secretName).String()
+	apiSel := fields.OneTermEqualSelector("metadata.name", r.apiServiceName).String()
 	secrets := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = secretSel
@@ -289,7 +304,7 @@ var errStaleSecret = errors.New("the Secret changed meanwhile")
 // another replica wrote first: re-read and plan from its content, which
 // normally needs nothing more.
 func (r *Rotator) ensureSecret(ctx context.Context) (*corev1.Secret, plan, error) {
-	name := r.cfg.SecretName
+	name := r.secretName
 	for range writeAttempts {
 		cur, err := r.secrets.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -306,9 +321,9 @@ func (r *Rotator) ensureSecret(ctx context.Context) (*corev1.Secret, plan, error
 			data:         data,
 			now:          r.now(),
 			dnsNames:     r.dnsNames,
-			certValidity: r.cfg.CertValidity.Duration,
+			certValidity: r.certValidity,
 			caValidity:   r.caValidity,
-			caName:       r.cfg.ServiceName + "-ca",
+			caName:       r.serviceName + "-ca",
 			trusted:      r.trusted(ctx),
 		})
 		if err != nil {
@@ -353,7 +368,7 @@ func (r *Rotator) ensureSecret(ctx context.Context) (*corev1.Secret, plan, error
 // no (the serving certificate in use is kept).
 func (r *Rotator) trusted(ctx context.Context) func(*x509.Certificate) bool {
 	return func(ca *x509.Certificate) bool {
-		svc, err := r.apiServices.Get(ctx, r.cfg.APIServiceName, metav1.GetOptions{})
+		svc, err := r.apiServices.Get(ctx, r.apiServiceName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return true
 		}
@@ -369,7 +384,7 @@ func (r *Rotator) trusted(ctx context.Context) func(*x509.Certificate) bool {
 func (r *Rotator) serve(secret *corev1.Secret) error {
 	changed, err := r.cert.Set(secret.Data[TLSCertKey], secret.Data[TLSKeyKey])
 	if err != nil {
-		return fmt.Errorf("secret %s/%s: %w", r.namespace, r.cfg.SecretName, err)
+		return fmt.Errorf("secret %s/%s: %w", r.namespace, r.secretName, err)
 	}
 	if changed {
 		if leaf := parseCerts(secret.Data[TLSCertKey]); len(leaf) > 0 {
@@ -387,7 +402,7 @@ func (r *Rotator) serve(secret *corev1.Secret) error {
 // and updates the APIService with the resourceVersion it read.
 func (r *Rotator) ensureAPIService(ctx context.Context, secret *corev1.Secret) error {
 	bundle := secret.Data[CABundleKey]
-	name := r.cfg.APIServiceName
+	name := r.apiServiceName
 	for range writeAttempts {
 		svc, err := r.apiServices.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -402,15 +417,15 @@ func (r *Rotator) ensureAPIService(ctx context.Context, secret *corev1.Secret) e
 		}
 		r.apiServiceMissing = false
 		ref := svc.Spec.Service
-		if ref == nil || ref.Name != r.cfg.ServiceName || ref.Namespace != r.namespace {
-			return fmt.Errorf("APIService %s routes to %s, not to Service %s/%s: not writing its caBundle", name, describeRef(ref), r.namespace, r.cfg.ServiceName)
+		if ref == nil || ref.Name != r.serviceName || ref.Namespace != r.namespace {
+			return fmt.Errorf("APIService %s routes to %s, not to Service %s/%s: not writing its caBundle", name, describeRef(ref), r.namespace, r.serviceName)
 		}
 		if bytes.Equal(svc.Spec.CABundle, bundle) && !svc.Spec.InsecureSkipTLSVerify {
 			return nil
 		}
-		latest, err := r.secrets.Get(ctx, r.cfg.SecretName, metav1.GetOptions{})
+		latest, err := r.secrets.Get(ctx, r.secretName, metav1.GetOptions{})
 		if err != nil {
-			return fmt.Errorf("get secret %s/%s: %w", r.namespace, r.cfg.SecretName, err)
+			return fmt.Errorf("get secret %s/%s: %w", r.namespace, r.secretName, err)
 		}
 		if latest.ResourceVersion != secret.ResourceVersion {
 			return errStaleSecret

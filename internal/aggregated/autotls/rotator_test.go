@@ -30,7 +30,6 @@ import (
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -64,8 +63,9 @@ func kubeAPI(t *testing.T) *testenv.KubeAPI {
 type fixture struct {
 	k   *testenv.KubeAPI
 	agg aggregatorclient.Interface
-	cfg config.AutoTLS
-	ns  string
+	// opts are the Rotator's options but its client and logger.
+	opts Options
+	ns   string
 }
 
 func newFixture(t *testing.T, prefix string) *fixture {
@@ -98,19 +98,19 @@ func newFixture(t *testing.T, prefix string) *fixture {
 	})
 	return &fixture{
 		k: k, agg: agg, ns: ns,
-		cfg: config.AutoTLS{
-			Enabled: true, SecretName: "aggregated-tls", Namespace: ns, ServiceName: "aggregated",
-			APIServiceName: svc.Name, CertValidity: config.D(24 * time.Hour),
+		opts: Options{
+			SecretName: "aggregated-tls", Namespace: ns, ServiceName: "aggregated",
+			APIServiceName: svc.Name, CertValidity: 24 * time.Hour,
 		},
 	}
 }
 
 // serviceDNSName is the name kube-apiserver verifies.
-func (f *fixture) serviceDNSName() string { return testenv.ServiceDNSName(f.cfg.ServiceName, f.ns) }
+func (f *fixture) serviceDNSName() string { return testenv.ServiceDNSName(f.opts.ServiceName, f.ns) }
 
 func (f *fixture) secret(t *testing.T) *corev1.Secret {
 	t.Helper()
-	s, err := f.k.Clientset.CoreV1().Secrets(f.ns).Get(context.Background(), f.cfg.SecretName, metav1.GetOptions{})
+	s, err := f.k.Clientset.CoreV1().Secrets(f.ns).Get(context.Background(), f.opts.SecretName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func (f *fixture) secret(t *testing.T) *corev1.Secret {
 
 func (f *fixture) apiService(t *testing.T) *apiregistrationv1.APIService {
 	t.Helper()
-	s, err := f.agg.ApiregistrationV1().APIServices().Get(context.Background(), f.cfg.APIServiceName, metav1.GetOptions{})
+	s, err := f.agg.ApiregistrationV1().APIServices().Get(context.Background(), f.opts.APIServiceName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,8 @@ func (f *fixture) updateAPIService(t *testing.T, mutate func(*apiregistrationv1.
 // newRotator builds a Rotator for f as the identity of rc.
 func (f *fixture) newRotator(t *testing.T, rc *rest.Config, mutate func(*Options)) *Rotator {
 	t.Helper()
-	o := Options{Config: f.cfg, REST: rc, Log: testr.New(t)}
+	o := f.opts
+	o.REST, o.Log = rc, testr.New(t)
 	if mutate != nil {
 		mutate(&o)
 	}
@@ -197,7 +198,7 @@ func (f *fixture) restrictedConfig(t *testing.T) *rest.Config {
 		switch {
 		case group == "" && slices.Equal(resources, []string{"secrets"}):
 			named := slices.DeleteFunc(slices.Clone(verbs), func(v string) bool { return v == "create" })
-			role = append(role, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: resources, ResourceNames: []string{f.cfg.SecretName}, Verbs: named})
+			role = append(role, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: resources, ResourceNames: []string{f.opts.SecretName}, Verbs: named})
 			if slices.Contains(verbs, "create") {
 				role = append(role, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: resources, Verbs: []string{"create"}})
 			}
@@ -205,7 +206,7 @@ func (f *fixture) restrictedConfig(t *testing.T) *rest.Config {
 			if names != "v1alpha1.aggregation.coder.com" {
 				t.Fatalf("apiservices marker names %q", names)
 			}
-			clusterRole = append(clusterRole, rbacv1.PolicyRule{APIGroups: []string{group}, Resources: resources, ResourceNames: []string{f.cfg.APIServiceName}, Verbs: verbs})
+			clusterRole = append(clusterRole, rbacv1.PolicyRule{APIGroups: []string{group}, Resources: resources, ResourceNames: []string{f.opts.APIServiceName}, Verbs: verbs})
 		default:
 			t.Fatalf("marker for %s %v: teach restrictedConfig about it", group, resources)
 		}
@@ -397,7 +398,7 @@ func TestConcurrentFirstPassesAgree(t *testing.T) {
 // APIService's caBundle) verifies both.
 func TestRenewalChangesTheServedCertificateWithoutRestart(t *testing.T) {
 	f := newFixture(t, "renew")
-	f.cfg.CertValidity = config.D(6 * time.Second) // renewed about 4s after issue
+	f.opts.CertValidity = 6 * time.Second // renewed about 4s after issue
 	r := f.newRotator(t, f.k.Config, nil)
 	run(t, r)
 	waitContent(t, r)
@@ -442,7 +443,7 @@ func TestRenewalChangesTheServedCertificateWithoutRestart(t *testing.T) {
 // served certificate verifies against the APIService's caBundle.
 func TestCARotationKeepsTheServerTrusted(t *testing.T) {
 	f := newFixture(t, "carotate")
-	f.cfg.CertValidity = config.D(time.Hour) // capped by the CA's expiry
+	f.opts.CertValidity = time.Hour // capped by the CA's expiry
 	r := f.newRotator(t, f.k.Config, func(o *Options) { o.caValidity = 12 * time.Second })
 	run(t, r)
 	waitContent(t, r)
@@ -520,8 +521,8 @@ func TestAPIServiceOfAnotherServiceIsLeftAlone(t *testing.T) {
 func TestNewUsesThePodNamespace(t *testing.T) {
 	t.Setenv(PodNamespaceEnv, "from-env")
 	r, err := New(Options{
-		Config: config.AutoTLS{SecretName: "s", ServiceName: "svc", APIServiceName: "v1.x", CertValidity: config.D(time.Hour)},
-		REST:   &rest.Config{Host: "https://127.0.0.1:1"},
+		SecretName: "s", ServiceName: "svc", APIServiceName: "v1.x", CertValidity: time.Hour,
+		REST: &rest.Config{Host: "https://127.0.0.1:1"},
 	})
 	if err != nil {
 		t.Fatal(err)

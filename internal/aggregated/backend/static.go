@@ -23,7 +23,6 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/coder/coder-k8s/internal/coderapi"
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/identity"
 	"github.com/coder/coder-k8s/internal/metrics"
 )
@@ -63,60 +62,75 @@ type StaticProvider struct {
 
 var _ Provider = (*StaticProvider)(nil)
 
-// NewStaticProvider validates cfg and reads the session token:
-// cfg.SessionToken (from the --coder-session-token flag) when set, else
-// the file cfg.SessionTokenFile, which Start then watches for changes.
-// kube is used only to watch cfg.Namespace. coderTimeout bounds each call
-// the client makes.
-func NewStaticProvider(cfg config.StaticBackend, coderTimeout time.Duration, kube kubernetes.Interface, log logr.Logger) (*StaticProvider, error) {
+// StaticOptions are the one coderd a StaticProvider serves, and how.
+type StaticOptions struct {
+	// URL of coderd.
+	URL string
+	// SessionToken, when not blank, is the session token (from the
+	// --coder-session-token flag); it wins over SessionTokenFile.
+	SessionToken string
+	// SessionTokenFile holds the session token otherwise (a mounted
+	// Secret); Start watches it, since a rotated Secret changes in place.
+	SessionTokenFile string
+	// Namespace is the one Kubernetes namespace the backend's objects
+	// appear in.
+	Namespace string
+	// Identity says whose Coder identity callers act with; an empty Mode
+	// or MatchField means Mapped or Email.
+	Identity identity.Rules
+	// CoderTimeout bounds each call the client makes to coderd.
+	CoderTimeout time.Duration
+}
+
+// NewStaticProvider validates o and reads the session token:
+// o.SessionToken when set, else the file o.SessionTokenFile, which Start
+// then watches for changes. kube is used only to watch o.Namespace.
+func NewStaticProvider(o StaticOptions, kube kubernetes.Interface, log logr.Logger) (*StaticProvider, error) {
 	if kube == nil {
 		return nil, errors.New("static backend: no Kubernetes client")
 	}
-	if cfg.Namespace == "" {
+	if o.Namespace == "" {
 		return nil, errors.New("static backend: namespace is required (the namespace its objects appear in)")
 	}
-	if errs := validation.IsDNS1123Label(cfg.Namespace); len(errs) > 0 {
-		return nil, fmt.Errorf("static backend: namespace %q: %s", cfg.Namespace, strings.Join(errs, "; "))
+	if errs := validation.IsDNS1123Label(o.Namespace); len(errs) > 0 {
+		return nil, fmt.Errorf("static backend: namespace %q: %s", o.Namespace, strings.Join(errs, "; "))
 	}
-	if cfg.URL == "" {
+	if o.URL == "" {
 		return nil, errors.New("static backend: url is required")
 	}
-	u, err := parseCoderURL(cfg.URL)
+	u, err := parseCoderURL(o.URL)
 	if err != nil {
 		return nil, fmt.Errorf("static backend: %w", err)
 	}
-	mappings := make([]identity.Mapping, len(cfg.Identity.Mappings))
-	for i, m := range cfg.Identity.Mappings {
-		mappings[i] = identity.Mapping{KubernetesUser: m.KubernetesUser, CoderUser: m.CoderUser}
-	}
-	rules := identityRules(cfg.Identity.Mode, cfg.Identity.UsernamePrefix, cfg.Identity.MatchBy, mappings)
+	id := o.Identity
+	rules := identityRules(string(id.Mode), id.UsernamePrefix, string(id.MatchField), id.Mappings)
 	if err := rules.Validate("aggregatedAPIServer.coder.staticBackend.identity"); err != nil {
 		return nil, fmt.Errorf("static backend: %w", err)
 	}
 	p := &StaticProvider{
 		identity:  rules,
-		namespace: cfg.Namespace,
+		namespace: o.Namespace,
 		url:       u,
-		timeout:   coderTimeout,
-		log:       log.WithName("static-backend").WithValues("url", u.String(), "namespace", cfg.Namespace),
+		timeout:   o.CoderTimeout,
+		log:       log.WithName("static-backend").WithValues("url", u.String(), "namespace", o.Namespace),
 		checkTick: tokenFileCheckInterval,
 	}
-	switch token := strings.TrimSpace(cfg.SessionToken); {
+	switch token := strings.TrimSpace(o.SessionToken); {
 	case token != "":
 		p.token = token
-	case cfg.SessionTokenFile == "":
+	case o.SessionTokenFile == "":
 		return nil, errors.New("static backend: a session token is required: set sessionTokenFile or --coder-session-token")
 	default:
-		p.tokenFile = cfg.SessionTokenFile
-		token, info, err := readToken(cfg.SessionTokenFile)
+		p.tokenFile = o.SessionTokenFile
+		token, info, err := readToken(o.SessionTokenFile)
 		if err != nil {
 			return nil, fmt.Errorf("static backend: %w", err)
 		}
 		p.token, p.fileInfo = token, info
 	}
-	p.client = coderapi.NewClient(u, p.token, coderTimeout, staticTarget)
+	p.client = coderapi.NewClient(u, p.token, o.CoderTimeout, staticTarget)
 	if !rules.Mapped() {
-		p.log.Info("WARNING: identity mode Operator: every caller of coderworkspaces and codertemplates in namespace " + cfg.Namespace +
+		p.log.Info("WARNING: identity mode Operator: every caller of coderworkspaces and codertemplates in namespace " + o.Namespace +
 			" acts in Coder as the session token's user, so whoever Kubernetes RBAC lets read or change them there reads and changes what that user may in Coder")
 	}
 
@@ -124,8 +138,8 @@ func NewStaticProvider(cfg config.StaticBackend, coderTimeout time.Duration, kub
 	// decide whether the backend is served, without an API call per
 	// request.
 	p.factory = informers.NewSharedInformerFactoryWithOptions(kube, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.Namespace).String()
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+			lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", o.Namespace).String()
 		}))
 	p.informer = p.factory.Core().V1().Namespaces().Informer()
 	if err := p.informer.SetTransform(stripManagedFields); err != nil {

@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/coder/coder-k8s/internal/coderapi"
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/controller/controllertest"
 )
 
@@ -67,8 +66,8 @@ func TestStaticProviderTokenFileRotation(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeTokenFile(t, tokenFile, "not-a-valid-token")
 
-	p, err := NewStaticProvider(config.StaticBackend{URL: coderd.URL.String(), SessionTokenFile: tokenFile, Namespace: ns},
-		10*time.Second, kube.Clientset, logr.Discard())
+	p, err := NewStaticProvider(StaticOptions{URL: coderd.URL.String(), SessionTokenFile: tokenFile, Namespace: ns,
+		CoderTimeout: 10 * time.Second}, kube.Clientset, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,8 +122,8 @@ func TestStaticProviderTokenFileRotation(t *testing.T) {
 func TestStaticProviderNamespaceLifecycle(t *testing.T) {
 	c := kubeClient(t)
 	ns := "static-later-" + controllertest.RandomHex(3)
-	p, err := NewStaticProvider(config.StaticBackend{URL: coderd.URL.String(), SessionToken: coderd.SessionToken, Namespace: ns},
-		10*time.Second, kube.Clientset, logr.Discard())
+	p, err := NewStaticProvider(StaticOptions{URL: coderd.URL.String(), SessionToken: coderd.SessionToken, Namespace: ns,
+		CoderTimeout: 10 * time.Second}, kube.Clientset, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,30 +154,30 @@ func TestStaticProviderConfigErrors(t *testing.T) {
 	if err := os.WriteFile(empty, []byte(" \n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	good := config.StaticBackend{URL: "https://coder.example.com", SessionToken: "tok-SECRET-123", Namespace: "coder"}
+	good := StaticOptions{URL: "https://coder.example.com", SessionToken: "tok-SECRET-123", Namespace: "coder"}
 	cases := map[string]struct {
-		mutate func(*config.StaticBackend)
+		mutate func(*StaticOptions)
 		want   string
 	}{
-		"no namespace":      {func(c *config.StaticBackend) { c.Namespace = "" }, "namespace is required"},
-		"invalid namespace": {func(c *config.StaticBackend) { c.Namespace = "Not_A_Namespace" }, `namespace "Not_A_Namespace"`},
-		"no url":            {func(c *config.StaticBackend) { c.URL = "" }, "url is required"},
-		"no scheme":         {func(c *config.StaticBackend) { c.URL = "coder.example.com" }, "scheme must be http or https"},
-		"ftp":               {func(c *config.StaticBackend) { c.URL = "ftp://coder.example.com" }, "scheme must be http or https"},
-		"no host":           {func(c *config.StaticBackend) { c.URL = "https:///path" }, "has no host"},
-		"unparsable url":    {func(c *config.StaticBackend) { c.URL = "https://coder example.com:x" }, "parse coderd URL"},
-		"no token":          {func(c *config.StaticBackend) { c.SessionToken = "" }, "a session token is required"},
-		"blank token":       {func(c *config.StaticBackend) { c.SessionToken = "  " }, "a session token is required"},
-		"missing file": {func(c *config.StaticBackend) {
+		"no namespace":      {func(c *StaticOptions) { c.Namespace = "" }, "namespace is required"},
+		"invalid namespace": {func(c *StaticOptions) { c.Namespace = "Not_A_Namespace" }, `namespace "Not_A_Namespace"`},
+		"no url":            {func(c *StaticOptions) { c.URL = "" }, "url is required"},
+		"no scheme":         {func(c *StaticOptions) { c.URL = "coder.example.com" }, "scheme must be http or https"},
+		"ftp":               {func(c *StaticOptions) { c.URL = "ftp://coder.example.com" }, "scheme must be http or https"},
+		"no host":           {func(c *StaticOptions) { c.URL = "https:///path" }, "has no host"},
+		"unparsable url":    {func(c *StaticOptions) { c.URL = "https://coder example.com:x" }, "parse coderd URL"},
+		"no token":          {func(c *StaticOptions) { c.SessionToken = "" }, "a session token is required"},
+		"blank token":       {func(c *StaticOptions) { c.SessionToken = "  " }, "a session token is required"},
+		"missing file": {func(c *StaticOptions) {
 			c.SessionToken, c.SessionTokenFile = "", filepath.Join(dir, "missing")
 		}, "no such file"},
-		"empty file": {func(c *config.StaticBackend) { c.SessionToken, c.SessionTokenFile = "", empty }, "is empty"},
+		"empty file": {func(c *StaticOptions) { c.SessionToken, c.SessionTokenFile = "", empty }, "is empty"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			cfg := good
 			tc.mutate(&cfg)
-			_, err := NewStaticProvider(cfg, 0, kube.Clientset, logr.Discard())
+			_, err := NewStaticProvider(cfg, kube.Clientset, logr.Discard())
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("NewStaticProvider = %v, want an error containing %q", err, tc.want)
 			}
@@ -187,13 +186,13 @@ func TestStaticProviderConfigErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewStaticProvider(good, 0, nil, logr.Discard()); err == nil {
+	if _, err := NewStaticProvider(good, nil, logr.Discard()); err == nil {
 		t.Errorf("NewStaticProvider without a Kubernetes client = nil error")
 	}
 	// The flag's token wins over the file.
 	cfg := good
 	cfg.SessionTokenFile = filepath.Join(dir, "missing")
-	p, err := NewStaticProvider(cfg, 0, kube.Clientset, logr.Discard())
+	p, err := NewStaticProvider(cfg, kube.Clientset, logr.Discard())
 	if err != nil {
 		t.Fatalf("token from the flag and a missing file: %v", err)
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/metrics/metricstest"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
@@ -494,19 +493,6 @@ func TestAgainstCoderd(t *testing.T) {
 			t.Errorf("Extract(coderd's zip) = %q, want %q", got, files)
 		}
 	})
-}
-
-func TestWaitConfigFrom(t *testing.T) {
-	got := WaitConfigFrom(config.TemplateBuildWait{
-		Timeout:             config.D(25 * time.Minute),
-		BackoffAfter:        config.D(2 * time.Minute),
-		InitialPollInterval: config.D(2 * time.Second),
-		MaxPollInterval:     config.D(10 * time.Second),
-	})
-	want := WaitConfig{Timeout: 25 * time.Minute, BackoffAfter: 2 * time.Minute, InitialPollInterval: 2 * time.Second, MaxPollInterval: 10 * time.Second}
-	if got != want {
-		t.Errorf("WaitConfigFrom() = %+v, want %+v", got, want)
-	}
 }
 
 func TestWaitForBuildRejectsUnusableConfig(t *testing.T) {

@@ -12,7 +12,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/google/uuid"
 
-	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/metrics"
 )
 
@@ -20,20 +19,16 @@ import (
 // BackoffAfter has passed, then double the interval on each poll up to
 // MaxPollInterval, and give up after Timeout.
 type WaitConfig struct {
-	Timeout             time.Duration
-	BackoffAfter        time.Duration
+	// Timeout is how long a version may build: then WaitForBuild gives up
+	// with a *BuildTimeoutError.
+	Timeout time.Duration
+	// BackoffAfter is how long to poll at InitialPollInterval before
+	// doubling the interval.
+	BackoffAfter time.Duration
+	// InitialPollInterval is the first polling interval.
 	InitialPollInterval time.Duration
-	MaxPollInterval     time.Duration
-}
-
-// WaitConfigFrom takes the build wait settings from the configuration file.
-func WaitConfigFrom(c config.TemplateBuildWait) WaitConfig {
-	return WaitConfig{
-		Timeout:             c.Timeout.Duration,
-		BackoffAfter:        c.BackoffAfter.Duration,
-		InitialPollInterval: c.InitialPollInterval.Duration,
-		MaxPollInterval:     c.MaxPollInterval.Duration,
-	}
+	// MaxPollInterval caps the doubled polling interval.
+	MaxPollInterval time.Duration
 }
 
 // nextInterval is the pause before the next poll, elapsed into the wait,
