@@ -10,7 +10,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -22,7 +21,7 @@ import (
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
-const waitTimeout = 30 * time.Second
+const waitTimeout = controllertest.WaitTimeout
 
 // TestProvisionerLifecycle drives a CoderProvisioner through its life
 // against a coderd entitled to external provisioner daemons (the fake
@@ -30,7 +29,7 @@ const waitTimeout = 30 * time.Second
 // no churn, rotation on a tag change and on an organization change, and
 // revocation on deletion.
 func TestProvisionerLifecycle(t *testing.T) {
-	h := newHarness(t, harnessOptions{})
+	h := newHarness(t, 0)
 	ctx := t.Context()
 	const token = "operator-session-token"
 	fake := newFakeCoderd(t, token, "coder", "other")
@@ -59,18 +58,18 @@ func TestProvisionerLifecycle(t *testing.T) {
 	secretName := "eu-provisioner-key"
 
 	// Issued: key in Coder, Secret, Deployment, status.
-	eventually(t, waitTimeout, "provisioner ready", func() (bool, string) {
-		p = h.get("eu")
-		c := condition(p, coderv1alpha1.ConditionAvailable)
-		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == coderv1alpha1.ReasonReplicasNotReady, describeConditions(p)
+	controllertest.Eventually(t, waitTimeout, "provisioner ready", func() (bool, string) {
+		p = h.Get("eu")
+		c := controllertest.Condition(p, coderv1alpha1.ConditionAvailable)
+		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == coderv1alpha1.ReasonReplicasNotReady, controllertest.Describe(p)
 	})
 	for _, ct := range []string{coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ConditionFeatureSupported, coderv1alpha1.ConditionCredentialsReady} {
-		c := condition(p, ct)
+		c := controllertest.Condition(p, ct)
 		if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != p.Generation {
 			t.Errorf("condition %s = %+v, want True at generation %d", ct, c, p.Generation)
 		}
 	}
-	if c := condition(p, coderv1alpha1.ConditionAvailable); c.Status != metav1.ConditionFalse || c.Message != "0/2 replicas ready" {
+	if c := controllertest.Condition(p, coderv1alpha1.ConditionAvailable); c.Status != metav1.ConditionFalse || c.Message != "0/2 replicas ready" {
 		t.Errorf("Available = %+v, want False with 0/2 replicas ready (no kubelet here)", c)
 	}
 	if p.Status.ObservedGeneration != p.Generation {
@@ -112,26 +111,15 @@ func TestProvisionerLifecycle(t *testing.T) {
 
 	// No churn: a reconcile with nothing to do writes nothing and asks
 	// coderd for nothing new.
-	controllertest.Settle(t, "reconciles", func() float64 { return reconciles(t) })
-	h.Writes.Reset()
-	before := reconciles(t)
 	depRV, crRV := dep.ResourceVersion, p.ResourceVersion
-	creates := fake.Count(http.MethodPost, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys")
-	secret.Labels["test.coder.com/touch"] = "1" // an owned Secret's change triggers a reconcile
-	if err := h.C.Update(ctx, secret); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, waitTimeout, "a reconcile after touching the Secret", func() (bool, string) {
-		return reconciles(t) > before, "no reconcile yet"
+	var creates int
+	h.CheckIdleReconcile(secret, func() {
+		creates = fake.Count(http.MethodPost, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys")
 	})
-	controllertest.Settle(t, "reconciles", func() float64 { return reconciles(t) })
-	if n, log := h.Writes.Written(); n != 0 {
-		t.Errorf("a no-op reconcile made %d writes: %v", n, log)
-	}
 	if got := h.Deployment("eu-provisioner").ResourceVersion; got != depRV {
 		t.Errorf("Deployment rewritten by a no-op reconcile: resourceVersion %s -> %s", depRV, got)
 	}
-	if got := h.get("eu").ResourceVersion; got != crRV {
+	if got := h.Get("eu").ResourceVersion; got != crRV {
 		t.Errorf("CoderProvisioner rewritten by a no-op reconcile: resourceVersion %s -> %s", crRV, got)
 	}
 	if got := fake.Count(http.MethodPost, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys"); got != creates {
@@ -141,12 +129,12 @@ func TestProvisionerLifecycle(t *testing.T) {
 	// A tag change rotates the key: old revoked, new issued with the new
 	// tags, Secret updated, pods rolled.
 	oldHash := dep.Spec.Template.Annotations[provisioner.AnnotationKeyHash]
-	p = h.get("eu")
+	p = h.Get("eu")
 	p.Spec.Tags = map[string]string{"region": "eu", "gpu": "true"}
 	if err := h.C.Update(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "key rotated for the new tags", func() (bool, string) {
+	controllertest.Eventually(t, waitTimeout, "key rotated for the new tags", func() (bool, string) {
 		k, ok := fake.keysIn("coder")[keyName]
 		return ok && k.key.ID != issued.key.ID && k.key.Tags["gpu"] == "true", "key still the old one"
 	})
@@ -157,29 +145,29 @@ func TestProvisionerLifecycle(t *testing.T) {
 	if deletes := fake.Count(http.MethodDelete, "/api/v2/organizations/"+fake.orgID("coder").String()+"/provisionerkeys/"+keyName); deletes != 1 {
 		t.Errorf("old key revocations = %d, want 1", deletes)
 	}
-	eventually(t, waitTimeout, "Secret and Deployment follow the rotation", func() (bool, string) {
+	controllertest.Eventually(t, waitTimeout, "Secret and Deployment follow the rotation", func() (bool, string) {
 		s := h.Secret(secretName)
 		d := h.Deployment("eu-provisioner")
 		newHash := d.Spec.Template.Annotations[provisioner.AnnotationKeyHash]
 		return string(s.Data["key"]) == rotated.secret && newHash != "" && newHash != oldHash,
 			"secret or pod template annotation not updated yet"
 	})
-	checkDeployment(t, h.Deployment("eu-provisioner"), h.get("eu"), fake.URL.String(), secretName, rotated.secret)
+	checkDeployment(t, h.Deployment("eu-provisioner"), h.Get("eu"), fake.URL.String(), secretName, rotated.secret)
 	if n := h.Recorder.Count("eu", corev1.EventTypeNormal, provisioner.EventKeyRotated); n != 1 {
 		t.Errorf("KeyRotated events = %d, want 1", n)
 	}
 
 	// An organization change moves the key: revoked in the old one,
 	// issued in the new one.
-	p = h.get("eu")
+	p = h.Get("eu")
 	p.Spec.Organization = "other"
 	if err := h.C.Update(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "key moved to organization other", func() (bool, string) {
-		p = h.get("eu")
+	controllertest.Eventually(t, waitTimeout, "key moved to organization other", func() (bool, string) {
+		p = h.Get("eu")
 		return p.Status.OrganizationID == fake.orgID("other").String() && len(fake.keysIn("other")) == 1 && len(fake.keysIn("coder")) == 0,
-			describeConditions(p) + " org=" + p.Status.OrganizationID
+			controllertest.Describe(p) + " org=" + p.Status.OrganizationID
 	})
 	if s := h.Secret(secretName); string(s.Data["key"]) != fake.keysIn("other")[keyName].secret {
 		t.Errorf("Secret does not hold the key issued in organization other")
@@ -189,10 +177,7 @@ func TestProvisionerLifecycle(t *testing.T) {
 	if err := h.C.Delete(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "CoderProvisioner deleted", func() (bool, string) {
-		err := h.C.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
-		return apierrors.IsNotFound(err), "still present"
-	})
+	h.WaitDeleted(p, "CoderProvisioner deleted")
 	if n := len(fake.keysIn("other")) + len(fake.keysIn("coder")); n != 0 {
 		t.Errorf("keys left in Coder after deletion: %d", n)
 	}
@@ -268,7 +253,7 @@ func checkDeployment(t *testing.T, dep *appsv1.Deployment, p *coderv1alpha1.Code
 // recovers by itself once the control plane appears with working access,
 // without anyone touching the CoderProvisioner.
 func TestProvisionerMissingControlPlane(t *testing.T) {
-	h := newHarness(t, harnessOptions{})
+	h := newHarness(t, 0)
 	ctx := t.Context()
 	const token = "operator-session-token"
 	fake := newFakeCoderd(t, token, "coder")
@@ -280,32 +265,7 @@ func TestProvisionerMissingControlPlane(t *testing.T) {
 	if err := h.C.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "ControlPlaneNotFound reported", func() (bool, string) {
-		p = h.get("late")
-		c := condition(p, coderv1alpha1.ConditionControlPlaneReady)
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == coderv1alpha1.ReasonControlPlaneNotFound, describeConditions(p)
-	})
-	if p.Status.Phase != coderv1alpha1.PhasePending {
-		t.Errorf("phase = %s, want Pending", p.Status.Phase)
-	}
-	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
-		return len(h.APIEvents("late", corev1.EventTypeWarning, coderv1alpha1.ReasonControlPlaneNotFound)) == 1, "no event yet"
-	})
-	if n := h.Recorder.Count("late", corev1.EventTypeWarning, coderv1alpha1.ReasonControlPlaneNotFound); n != 1 {
-		t.Errorf("ControlPlaneNotFound events emitted = %d, want 1", n)
-	}
-	generation := p.Generation
-
-	h.CreateControlPlane("coder", fake.URL.String(), token)
-	eventually(t, waitTimeout, "recovered once the control plane exists", func() (bool, string) {
-		p = h.get("late")
-		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
-		return condition(p, coderv1alpha1.ConditionControlPlaneReady).Status == metav1.ConditionTrue &&
-			c != nil && c.Status == metav1.ConditionTrue && p.Status.Phase == coderv1alpha1.PhaseProvisioning, describeConditions(p)
-	})
-	if p.Generation != generation {
-		t.Errorf("the CoderProvisioner's spec changed (generation %d -> %d); recovery must come from the control plane watch", generation, p.Generation)
-	}
+	h.CheckMissingControlPlane(p, func() { h.CreateControlPlane("coder", fake.URL.String(), token) })
 	if len(fake.keysIn("coder")) != 1 {
 		t.Errorf("keys in Coder = %d, want 1", len(fake.keysIn("coder")))
 	}
@@ -315,7 +275,7 @@ func TestProvisionerMissingControlPlane(t *testing.T) {
 // when coderd is gone: revocation is retried until CleanupTimeout, then
 // the finalizer is removed with a Warning event naming the key.
 func TestProvisionerDeletionWithUnreachableCoderd(t *testing.T) {
-	h := newHarness(t, harnessOptions{cleanupTimeout: 3 * time.Second})
+	h := newHarness(t, 3*time.Second)
 	ctx := t.Context()
 	const token = "operator-session-token"
 	fake := newFakeCoderd(t, token, "coder")
@@ -327,10 +287,10 @@ func TestProvisionerDeletionWithUnreachableCoderd(t *testing.T) {
 	if err := h.C.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "key issued", func() (bool, string) {
-		p = h.get("orphan")
-		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
-		return c != nil && c.Status == metav1.ConditionTrue, describeConditions(p)
+	controllertest.Eventually(t, waitTimeout, "key issued", func() (bool, string) {
+		p = h.Get("orphan")
+		c := controllertest.Condition(p, coderv1alpha1.ConditionCredentialsReady)
+		return c != nil && c.Status == metav1.ConditionTrue, controllertest.Describe(p)
 	})
 	fake.Close() // coderd goes away
 
@@ -338,10 +298,7 @@ func TestProvisionerDeletionWithUnreachableCoderd(t *testing.T) {
 	if err := h.C.Delete(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "CoderProvisioner deleted despite coderd being gone", func() (bool, string) {
-		err := h.C.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
-		return apierrors.IsNotFound(err), "still present"
-	})
+	h.WaitDeleted(p, "CoderProvisioner deleted despite coderd being gone")
 	if took := time.Since(start); took < 1500*time.Millisecond {
 		t.Errorf("finalizer removed after %s, before the 3s cleanup timeout: revocation was not retried", took)
 	}
@@ -356,11 +313,11 @@ func TestProvisionerDeletionWithUnreachableCoderd(t *testing.T) {
 // creates no Deployment, emits one Warning event, and does not loop.
 func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
 	coder := testenv.NewCoder(t, testenv.CoderOptions{})
-	h := newHarness(t, harnessOptions{})
+	h := newHarness(t, 0)
 	ctx := t.Context()
 	h.CreateControlPlane("coder", coder.URL.String(), coder.SessionToken)
 
-	start := reconciles(t)
+	start := h.Reconciles()
 	p := &coderv1alpha1.CoderProvisioner{
 		ObjectMeta: metav1.ObjectMeta{Namespace: h.NS, Name: "oss"},
 		Spec: coderv1alpha1.CoderProvisionerSpec{
@@ -371,46 +328,12 @@ func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
 	if err := h.C.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "FeatureSupported=False", func() (bool, string) {
-		p = h.get("oss")
-		c := condition(p, coderv1alpha1.ConditionFeatureSupported)
-		return c != nil && c.Status == metav1.ConditionFalse, describeConditions(p)
-	})
-	c := condition(p, coderv1alpha1.ConditionFeatureSupported)
-	if c.Reason != coderv1alpha1.ReasonNotSupported || !strings.Contains(c.Message, "Route not found.") {
-		t.Errorf("FeatureSupported = %s %q, want NotSupported with coderd's message (Route not found.)", c.Reason, c.Message)
-	}
-	if p.Status.Phase != coderv1alpha1.PhaseUnsupported {
-		t.Errorf("phase = %s, want Unsupported", p.Status.Phase)
-	}
-	if cp := condition(p, coderv1alpha1.ConditionControlPlaneReady); cp.Status != metav1.ConditionTrue {
+	p = h.CheckUnsupported(p, start)
+	if cp := controllertest.Condition(p, coderv1alpha1.ConditionControlPlaneReady); cp.Status != metav1.ConditionTrue {
 		t.Errorf("ControlPlaneReady = %+v, want True (coderd answered)", cp)
 	}
 	if p.Status.OrganizationID != coder.OrganizationID.String() {
 		t.Errorf("status.organizationID = %q, want %s", p.Status.OrganizationID, coder.OrganizationID)
-	}
-	if len(p.Finalizers) != 0 {
-		t.Errorf("finalizers = %v, want none: nothing was issued in Coder", p.Finalizers)
-	}
-	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
-		return len(h.APIEvents("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported)) == 1, "no event yet"
-	})
-	if ev := h.APIEvents("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported)[0]; !strings.Contains(ev.Note, "Route not found.") {
-		t.Errorf("event note = %q, want coderd's message", ev.Note)
-	}
-
-	// No hot loop: the object stays put while the manager runs.
-	rv := p.ResourceVersion
-	settled := reconciles(t)
-	time.Sleep(5 * time.Second)
-	if got := h.get("oss").ResourceVersion; got != rv {
-		t.Errorf("resourceVersion changed %s -> %s while nothing changed", rv, got)
-	}
-	if got := reconciles(t); got != settled || got-start > 3 {
-		t.Errorf("reconciles: %v before settling, %v after 5s idle (started at %v): want no further reconciles and at most 3 in all", settled, got, start)
-	}
-	if n := h.Recorder.Count("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported); n != 1 {
-		t.Errorf("NotSupported events emitted = %d, want exactly 1", n)
 	}
 	var deps appsv1.DeploymentList
 	if err := h.C.List(ctx, &deps, client.InNamespace(h.NS)); err != nil {
@@ -433,8 +356,5 @@ func TestProvisionerUnsupportedOnOpenSourceCoderd(t *testing.T) {
 	if err := h.C.Delete(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "deleted", func() (bool, string) {
-		err := h.C.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderProvisioner{})
-		return apierrors.IsNotFound(err), "still present"
-	})
+	h.WaitDeleted(p, "deleted")
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
-const waitTimeout = 30 * time.Second
+const waitTimeout = controllertest.WaitTimeout
 
 // TestWorkspaceProxyLifecycle drives a CoderWorkspaceProxy through its
 // life against a coderd entitled to workspace proxies (the fake following
@@ -29,7 +29,7 @@ const waitTimeout = 30 * time.Second
 // status, display name sync, token regeneration when its Secret is lost,
 // and deregistration on deletion.
 func TestWorkspaceProxyLifecycle(t *testing.T) {
-	h := newHarness(t, harnessOptions{})
+	h := newHarness(t, 0)
 	ctx := t.Context()
 	const token = "operator-session-token"
 	fake := newFakeCoderd(t, token)
@@ -59,10 +59,10 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 	}
 	const secretName, workload = "eu-wsproxy-token", "eu-wsproxy"
 
-	eventually(t, waitTimeout, "proxy registered and deployed", func() (bool, string) {
-		p = h.get("eu")
-		c := condition(p, coderv1alpha1.ConditionAvailable)
-		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == coderv1alpha1.ReasonReplicasNotReady, describeConditions(p)
+	controllertest.Eventually(t, waitTimeout, "proxy registered and deployed", func() (bool, string) {
+		p = h.Get("eu")
+		c := controllertest.Condition(p, coderv1alpha1.ConditionAvailable)
+		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == coderv1alpha1.ReasonReplicasNotReady, controllertest.Describe(p)
 	})
 	registered, ok := fake.proxy("eu")
 	if !ok || fake.registered() != 1 {
@@ -72,7 +72,7 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 		t.Errorf("registered display name/icon = %q/%q", registered.proxy.DisplayName, registered.proxy.IconURL)
 	}
 	for _, ct := range []string{coderv1alpha1.ConditionControlPlaneReady, coderv1alpha1.ConditionFeatureSupported, coderv1alpha1.ConditionCredentialsReady} {
-		c := condition(p, ct)
+		c := controllertest.Condition(p, ct)
 		if c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != p.Generation {
 			t.Errorf("condition %s = %+v, want True at generation %d", ct, c, p.Generation)
 		}
@@ -110,22 +110,9 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 	}
 
 	// No churn on a reconcile with nothing to do.
-	controllertest.Settle(t, "reconciles", func() float64 { return reconciles(t) })
-	h.Writes.Reset()
-	before := reconciles(t)
 	depRV, svcRV, crRV := dep.ResourceVersion, svc.ResourceVersion, p.ResourceVersion
-	secret.Labels["test.coder.com/touch"] = "1"
-	if err := h.C.Update(ctx, secret); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, waitTimeout, "a reconcile after touching the Secret", func() (bool, string) {
-		return reconciles(t) > before, "no reconcile yet"
-	})
-	controllertest.Settle(t, "reconciles", func() float64 { return reconciles(t) })
-	if n, log := h.Writes.Written(); n != 0 {
-		t.Errorf("a no-op reconcile made %d writes: %v", n, log)
-	}
-	if h.Deployment(workload).ResourceVersion != depRV || h.Service(workload).ResourceVersion != svcRV || h.get("eu").ResourceVersion != crRV {
+	h.CheckIdleReconcile(secret, nil)
+	if h.Deployment(workload).ResourceVersion != depRV || h.Service(workload).ResourceVersion != svcRV || h.Get("eu").ResourceVersion != crRV {
 		t.Errorf("a no-op reconcile rewrote the Deployment, the Service or the CoderWorkspaceProxy")
 	}
 	if n := fake.Count(http.MethodPatch, "/api/v2/workspaceproxies/"+registered.proxy.ID.String()); n != 0 {
@@ -134,13 +121,13 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 
 	// Display name and icon follow the spec; the token stays.
 	tokenHash := dep.Spec.Template.Annotations[workspaceproxy.AnnotationTokenHash]
-	p = h.get("eu")
+	p = h.Get("eu")
 	p.Spec.DisplayName = "Europe (Frankfurt)"
 	p.Spec.Icon = ""
 	if err := h.C.Update(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "display name and icon synced", func() (bool, string) {
+	controllertest.Eventually(t, waitTimeout, "display name and icon synced", func() (bool, string) {
 		got, _ := fake.proxy("eu")
 		return got.proxy.DisplayName == "Europe (Frankfurt)" && got.proxy.IconURL == workspaceproxy.DefaultIcon,
 			got.proxy.DisplayName + " " + got.proxy.IconURL
@@ -158,7 +145,7 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 	if err := h.C.Delete(ctx, h.Secret(secretName)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "token regenerated into a new Secret", func() (bool, string) {
+	controllertest.Eventually(t, waitTimeout, "token regenerated into a new Secret", func() (bool, string) {
 		got, _ := fake.proxy("eu")
 		var s corev1.Secret
 		if err := h.C.Get(ctx, client.ObjectKey{Namespace: h.NS, Name: secretName}, &s); err != nil {
@@ -169,7 +156,7 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 	if got, _ := fake.proxy("eu"); got.proxy.ID != registered.proxy.ID || fake.registered() != 1 {
 		t.Errorf("the proxy was registered again instead of regenerating its token")
 	}
-	eventually(t, waitTimeout, "pods rolled for the new token", func() (bool, string) {
+	controllertest.Eventually(t, waitTimeout, "pods rolled for the new token", func() (bool, string) {
 		got := h.Deployment(workload).Spec.Template.Annotations[workspaceproxy.AnnotationTokenHash]
 		return got != "" && got != tokenHash, "token hash unchanged"
 	})
@@ -178,13 +165,10 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 	}
 
 	// Deletion deregisters the proxy and releases the object.
-	if err := h.C.Delete(ctx, h.get("eu")); err != nil {
+	if err := h.C.Delete(ctx, h.Get("eu")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "CoderWorkspaceProxy deleted", func() (bool, string) {
-		err := h.C.Get(ctx, client.ObjectKey{Namespace: h.NS, Name: "eu"}, &coderv1alpha1.CoderWorkspaceProxy{})
-		return apierrors.IsNotFound(err), "still present"
-	})
+	h.WaitDeleted(&coderv1alpha1.CoderWorkspaceProxy{ObjectMeta: metav1.ObjectMeta{Namespace: h.NS, Name: "eu"}}, "CoderWorkspaceProxy deleted")
 	if fake.registered() != 0 {
 		t.Errorf("proxy still registered in Coder after deletion")
 	}
@@ -266,7 +250,7 @@ func checkDeployment(t *testing.T, dep *appsv1.Deployment, p *coderv1alpha1.Code
 // proxy runs with that token and nothing is registered, edited or deleted
 // in Coder, on creation or on deletion.
 func TestWorkspaceProxySuppliedToken(t *testing.T) {
-	h := newHarness(t, harnessOptions{})
+	h := newHarness(t, 0)
 	ctx := t.Context()
 	const token = "operator-session-token"
 	fake := newFakeCoderd(t, token)
@@ -291,10 +275,10 @@ func TestWorkspaceProxySuppliedToken(t *testing.T) {
 	if err := h.C.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "proxy deployed with the supplied token", func() (bool, string) {
-		p = h.get("byo")
-		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
-		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == coderv1alpha1.ReasonTokenSupplied, describeConditions(p)
+	controllertest.Eventually(t, waitTimeout, "proxy deployed with the supplied token", func() (bool, string) {
+		p = h.Get("byo")
+		c := controllertest.Condition(p, coderv1alpha1.ConditionCredentialsReady)
+		return p.Status.Phase == coderv1alpha1.PhaseProvisioning && c != nil && c.Reason == coderv1alpha1.ReasonTokenSupplied, controllertest.Describe(p)
 	})
 	if p.Status.TokenSecretRef == nil || *p.Status.TokenSecretRef != *p.Spec.ProxyTokenSecretRef {
 		t.Errorf("status.tokenSecretRef = %+v, want the supplied one", p.Status.TokenSecretRef)
@@ -311,10 +295,7 @@ func TestWorkspaceProxySuppliedToken(t *testing.T) {
 	if err := h.C.Delete(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "deleted", func() (bool, string) {
-		err := h.C.Get(ctx, client.ObjectKeyFromObject(p), &coderv1alpha1.CoderWorkspaceProxy{})
-		return apierrors.IsNotFound(err), "still present"
-	})
+	h.WaitDeleted(p, "deleted")
 	if calls := fake.CallsExcept(http.MethodGet); len(calls) != 0 {
 		t.Errorf("calls to coderd other than reads with a supplied token: %v", calls)
 	}
@@ -328,7 +309,7 @@ func TestWorkspaceProxySuppliedToken(t *testing.T) {
 // and recovers by itself once the control plane appears with working
 // access, without anyone touching the CoderWorkspaceProxy.
 func TestWorkspaceProxyMissingControlPlane(t *testing.T) {
-	h := newHarness(t, harnessOptions{})
+	h := newHarness(t, 0)
 	ctx := t.Context()
 	const token = "operator-session-token"
 	fake := newFakeCoderd(t, token)
@@ -343,32 +324,7 @@ func TestWorkspaceProxyMissingControlPlane(t *testing.T) {
 	if err := h.C.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "ControlPlaneNotFound reported", func() (bool, string) {
-		p = h.get("late")
-		c := condition(p, coderv1alpha1.ConditionControlPlaneReady)
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == coderv1alpha1.ReasonControlPlaneNotFound, describeConditions(p)
-	})
-	if p.Status.Phase != coderv1alpha1.PhasePending {
-		t.Errorf("phase = %s, want Pending", p.Status.Phase)
-	}
-	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
-		return len(h.APIEvents("late", corev1.EventTypeWarning, coderv1alpha1.ReasonControlPlaneNotFound)) == 1, "no event yet"
-	})
-	if n := h.Recorder.Count("late", corev1.EventTypeWarning, coderv1alpha1.ReasonControlPlaneNotFound); n != 1 {
-		t.Errorf("ControlPlaneNotFound events emitted = %d, want 1", n)
-	}
-	generation := p.Generation
-
-	h.CreateControlPlane("coder", fake.URL.String(), token)
-	eventually(t, waitTimeout, "recovered once the control plane exists", func() (bool, string) {
-		p = h.get("late")
-		c := condition(p, coderv1alpha1.ConditionCredentialsReady)
-		return condition(p, coderv1alpha1.ConditionControlPlaneReady).Status == metav1.ConditionTrue &&
-			c != nil && c.Status == metav1.ConditionTrue && p.Status.Phase == coderv1alpha1.PhaseProvisioning, describeConditions(p)
-	})
-	if p.Generation != generation {
-		t.Errorf("the CoderWorkspaceProxy's spec changed (generation %d -> %d); recovery must come from the control plane watch", generation, p.Generation)
-	}
+	h.CheckMissingControlPlane(p, func() { h.CreateControlPlane("coder", fake.URL.String(), token) })
 	if fake.registered() != 1 {
 		t.Errorf("registered proxies = %d, want 1", fake.registered())
 	}
@@ -381,11 +337,11 @@ func TestWorkspaceProxyMissingControlPlane(t *testing.T) {
 // loop.
 func TestWorkspaceProxyUnsupportedOnOpenSourceCoderd(t *testing.T) {
 	coder := testenv.NewCoder(t, testenv.CoderOptions{})
-	h := newHarness(t, harnessOptions{})
+	h := newHarness(t, 0)
 	ctx := t.Context()
 	h.CreateControlPlane("coder", coder.URL.String(), coder.SessionToken)
 
-	start := reconciles(t)
+	start := h.Reconciles()
 	p := &coderv1alpha1.CoderWorkspaceProxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: h.NS, Name: "oss"},
 		Spec: coderv1alpha1.CoderWorkspaceProxySpec{
@@ -396,41 +352,7 @@ func TestWorkspaceProxyUnsupportedOnOpenSourceCoderd(t *testing.T) {
 	if err := h.C.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitTimeout, "FeatureSupported=False", func() (bool, string) {
-		p = h.get("oss")
-		c := condition(p, coderv1alpha1.ConditionFeatureSupported)
-		return c != nil && c.Status == metav1.ConditionFalse, describeConditions(p)
-	})
-	c := condition(p, coderv1alpha1.ConditionFeatureSupported)
-	if c.Reason != coderv1alpha1.ReasonNotSupported || !strings.Contains(c.Message, "Route not found.") {
-		t.Errorf("FeatureSupported = %s %q, want NotSupported with coderd's message (Route not found.)", c.Reason, c.Message)
-	}
-	if p.Status.Phase != coderv1alpha1.PhaseUnsupported {
-		t.Errorf("phase = %s, want Unsupported", p.Status.Phase)
-	}
-	if len(p.Finalizers) != 0 {
-		t.Errorf("finalizers = %v, want none: nothing was registered in Coder", p.Finalizers)
-	}
-	eventually(t, waitTimeout, "Warning event recorded in the API", func() (bool, string) {
-		return len(h.APIEvents("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported)) == 1, "no event yet"
-	})
-	if ev := h.APIEvents("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported)[0]; !strings.Contains(ev.Note, "Route not found.") {
-		t.Errorf("event note = %q, want coderd's message", ev.Note)
-	}
-
-	// No hot loop: the object stays put while the manager runs.
-	rv := p.ResourceVersion
-	settled := reconciles(t)
-	time.Sleep(5 * time.Second)
-	if got := h.get("oss").ResourceVersion; got != rv {
-		t.Errorf("resourceVersion changed %s -> %s while nothing changed", rv, got)
-	}
-	if got := reconciles(t); got != settled || got-start > 3 {
-		t.Errorf("reconciles: %v before settling, %v after 5s idle (started at %v): want no further reconciles and at most 3 in all", settled, got, start)
-	}
-	if n := h.Recorder.Count("oss", corev1.EventTypeWarning, coderv1alpha1.ReasonNotSupported); n != 1 {
-		t.Errorf("NotSupported events emitted = %d, want exactly 1", n)
-	}
+	h.CheckUnsupported(p, start)
 	var deps appsv1.DeploymentList
 	if err := h.C.List(ctx, &deps, client.InNamespace(h.NS)); err != nil {
 		t.Fatal(err)
