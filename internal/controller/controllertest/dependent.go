@@ -194,3 +194,18 @@ func (h *Dependent[T, O]) CheckIdleReconcile(child *corev1.Secret, settled func(
 		t.Errorf("a no-op reconcile made %d writes: %v", n, log)
 	}
 }
+
+// CheckRestricted checks that pod's one container runs with the
+// restricted security defaults of package workload.
+func CheckRestricted(t *testing.T, pod corev1.PodSpec) {
+	t.Helper()
+	sc := pod.Containers[0].SecurityContext
+	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+		t.Errorf("container security context = %+v, want the restricted default", sc)
+	}
+	psc := pod.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context = %+v, want non-root with RuntimeDefault seccomp", psc)
+	}
+}

@@ -234,15 +234,7 @@ func checkDeployment(t *testing.T, dep *appsv1.Deployment, p *coderv1alpha1.Code
 	if pod.NodeSelector["pool"] != "builders" || len(pod.ImagePullSecrets) != 1 || pod.ImagePullSecrets[0].Name != "registry" {
 		t.Errorf("scheduling/pull secrets not passed: nodeSelector %v, imagePullSecrets %v", pod.NodeSelector, pod.ImagePullSecrets)
 	}
-	sc := c.SecurityContext
-	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
-		sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
-		t.Errorf("container security context = %+v, want the restricted default", sc)
-	}
-	psc := pod.SecurityContext
-	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-		t.Errorf("pod security context = %+v, want non-root with RuntimeDefault seccomp", psc)
-	}
+	controllertest.CheckRestricted(t, pod)
 	if dep.Spec.Template.Annotations[provisioner.AnnotationKeyHash] == "" {
 		t.Errorf("pod template lacks %s", provisioner.AnnotationKeyHash)
 	}

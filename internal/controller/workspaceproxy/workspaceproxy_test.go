@@ -229,15 +229,7 @@ func checkDeployment(t *testing.T, dep *appsv1.Deployment, p *coderv1alpha1.Code
 	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/healthz" {
 		t.Errorf("readiness probe = %+v, want GET /healthz", c.ReadinessProbe)
 	}
-	sc := c.SecurityContext
-	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
-		sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
-		t.Errorf("container security context = %+v, want the restricted default", sc)
-	}
-	psc := pod.SecurityContext
-	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-		t.Errorf("pod security context = %+v, want non-root with RuntimeDefault seccomp", psc)
-	}
+	controllertest.CheckRestricted(t, pod)
 	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
 		t.Errorf("the proxy pod mounts a service account token it does not need")
 	}
