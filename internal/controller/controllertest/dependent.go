@@ -1,10 +1,12 @@
 package controllertest
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -208,4 +210,59 @@ func CheckRestricted(t *testing.T, pod corev1.PodSpec) {
 	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 		t.Errorf("pod security context = %+v, want non-root with RuntimeDefault seccomp", psc)
 	}
+}
+
+// DeploymentWant is what CheckDeployment expects of the Deployment of a
+// dependent kind's object.
+type DeploymentWant struct {
+	// Kind is the owner's kind, for messages.
+	Kind string
+	// Secret is the credential the workload runs with, which must appear
+	// nowhere in the Deployment; SecretWhat says what it is, for
+	// messages.
+	Secret, SecretWhat string
+	// Image and Command (with the arguments) are what the one container
+	// runs.
+	Image, Command string
+	// SecretEnv is the environment variable that takes the credential
+	// from key SecretKey of Secret SecretName.
+	SecretEnv, SecretName, SecretKey string
+}
+
+// CheckDeployment checks what the Deployments of the dependent kinds
+// have in common: dep is controlled by owner, holds no credential
+// itself, and runs one container with the image and command, whose
+// want.SecretEnv refers to the credential's Secret. It returns the pod
+// spec and the container's environment by name, for the kind's own
+// checks.
+func CheckDeployment(t *testing.T, dep *appsv1.Deployment, owner metav1.Object, want DeploymentWant) (corev1.PodSpec, map[string]corev1.EnvVar) {
+	t.Helper()
+	if !metav1.IsControlledBy(dep, owner) {
+		t.Errorf("Deployment not controlled by the %s: %+v", want.Kind, dep.OwnerReferences)
+	}
+	raw, _ := json.Marshal(dep)
+	if strings.Contains(string(raw), want.Secret) {
+		t.Errorf("the Deployment contains the %s itself", want.SecretWhat)
+	}
+	pod := dep.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("containers = %d, want 1", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if c.Image != want.Image {
+		t.Errorf("image = %q, want %q", c.Image, want.Image)
+	}
+	if got := strings.Join(append(c.Command, c.Args...), " "); got != want.Command {
+		t.Errorf("command = %q, want %s", got, want.Command)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	ref := env[want.SecretEnv].ValueFrom
+	if env[want.SecretEnv].Value != "" || ref == nil || ref.SecretKeyRef == nil ||
+		ref.SecretKeyRef.Name != want.SecretName || ref.SecretKeyRef.Key != want.SecretKey {
+		t.Errorf("%s = %+v, want a secretKeyRef to %s/%s", want.SecretEnv, env[want.SecretEnv], want.SecretName, want.SecretKey)
+	}
+	return pod, env
 }

@@ -108,3 +108,27 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 		_ = json.NewEncoder(w).Encode(v)
 	}
 }
+
+// ReadJSON reads a request body strictly, as coderd's httpapi.Read does,
+// and checks the fields codersdk marks validate:"required" (required
+// maps a field's JSON name to whether the request has it). On a bad body
+// it answers 400 as coderd does and returns false.
+func ReadJSON(w http.ResponseWriter, r *http.Request, v any, required map[string]func() bool) bool {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		WriteJSON(w, http.StatusBadRequest, codersdk.Response{Message: "Request body must be valid JSON.", Detail: err.Error()})
+		return false
+	}
+	var missing []codersdk.ValidationError
+	for field, present := range required {
+		if !present() {
+			missing = append(missing, codersdk.ValidationError{Field: field, Detail: "Validation failed for tag \"required\" with value: \"\""})
+		}
+	}
+	if len(missing) > 0 {
+		WriteJSON(w, http.StatusBadRequest, codersdk.Response{Message: "Validation failed.", Validations: missing})
+		return false
+	}
+	return true
+}

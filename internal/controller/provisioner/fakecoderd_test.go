@@ -1,7 +1,6 @@
 package provisioner_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"sort"
@@ -97,10 +96,7 @@ func (f *fakeCoderd) listKeys(w http.ResponseWriter, _ *http.Request, o codersdk
 
 func (f *fakeCoderd) createKey(w http.ResponseWriter, r *http.Request, o codersdk.Organization) {
 	var req codersdk.CreateProvisionerKeyRequest
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		controllertest.WriteJSON(w, http.StatusBadRequest, codersdk.Response{Message: "Request body must be valid JSON.", Detail: err.Error()})
+	if !controllertest.ReadJSON(w, r, &req, nil) {
 		return
 	}
 	switch {

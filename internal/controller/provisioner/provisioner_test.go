@@ -1,10 +1,8 @@
 package provisioner_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -189,38 +187,17 @@ func TestProvisionerLifecycle(t *testing.T) {
 // checkDeployment asserts what the daemons run with.
 func checkDeployment(t *testing.T, dep *appsv1.Deployment, p *coderv1alpha1.CoderProvisioner, coderURL, secretName, key string) {
 	t.Helper()
-	if !metav1.IsControlledBy(dep, p) {
-		t.Errorf("Deployment not controlled by the CoderProvisioner: %+v", dep.OwnerReferences)
-	}
+	pod, env := controllertest.CheckDeployment(t, dep, p, controllertest.DeploymentWant{
+		Kind: "CoderProvisioner", Secret: key, SecretWhat: "provisioner key",
+		Image: provisioner.DefaultImage, Command: "/opt/coder provisioner start",
+		SecretEnv: "CODER_PROVISIONER_DAEMON_KEY", SecretName: secretName, SecretKey: "key",
+	})
 	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
 		t.Errorf("replicas = %v, want 2", dep.Spec.Replicas)
 	}
-	raw, _ := json.Marshal(dep)
-	if strings.Contains(string(raw), key) {
-		t.Errorf("the Deployment contains the provisioner key itself")
-	}
-	pod := dep.Spec.Template.Spec
-	if len(pod.Containers) != 1 {
-		t.Fatalf("containers = %d, want 1", len(pod.Containers))
-	}
 	c := pod.Containers[0]
-	if c.Image != provisioner.DefaultImage {
-		t.Errorf("image = %q, want %q", c.Image, provisioner.DefaultImage)
-	}
-	if got := strings.Join(append(c.Command, c.Args...), " "); got != "/opt/coder provisioner start" {
-		t.Errorf("command = %q, want /opt/coder provisioner start", got)
-	}
-	env := map[string]corev1.EnvVar{}
-	for _, e := range c.Env {
-		env[e.Name] = e
-	}
 	if env["CODER_URL"].Value != coderURL {
 		t.Errorf("CODER_URL = %q, want %q", env["CODER_URL"].Value, coderURL)
-	}
-	ref := env["CODER_PROVISIONER_DAEMON_KEY"].ValueFrom
-	if env["CODER_PROVISIONER_DAEMON_KEY"].Value != "" || ref == nil || ref.SecretKeyRef == nil ||
-		ref.SecretKeyRef.Name != secretName || ref.SecretKeyRef.Key != "key" {
-		t.Errorf("CODER_PROVISIONER_DAEMON_KEY = %+v, want a secretKeyRef to %s/key", env["CODER_PROVISIONER_DAEMON_KEY"], secretName)
 	}
 	if _, ok := env["CODER_PROVISIONERD_TAGS"]; ok {
 		t.Errorf("CODER_PROVISIONERD_TAGS set: `coder provisioner start` refuses tags with a key (they are bound to it)")

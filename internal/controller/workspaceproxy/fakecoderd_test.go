@@ -1,7 +1,6 @@
 package workspaceproxy_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -53,28 +52,6 @@ func newFakeCoderd(t *testing.T, token string) *fakeCoderd {
 	return f
 }
 
-// decode reads a request body strictly, as coderd's httpapi.Read does,
-// and checks the fields codersdk marks validate:"required".
-func decode(w http.ResponseWriter, r *http.Request, v any, required map[string]func() bool) bool {
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		controllertest.WriteJSON(w, http.StatusBadRequest, codersdk.Response{Message: "Request body must be valid JSON.", Detail: err.Error()})
-		return false
-	}
-	var missing []codersdk.ValidationError
-	for field, present := range required {
-		if !present() {
-			missing = append(missing, codersdk.ValidationError{Field: field, Detail: "Validation failed for tag \"required\" with value: \"\""})
-		}
-	}
-	if len(missing) > 0 {
-		controllertest.WriteJSON(w, http.StatusBadRequest, codersdk.Response{Message: "Validation failed.", Validations: missing})
-		return false
-	}
-	return true
-}
-
 func (f *fakeCoderd) list(w http.ResponseWriter, _ *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -89,7 +66,7 @@ func newProxyToken(id uuid.UUID) string { return id.String() + ":" + controllert
 
 func (f *fakeCoderd) create(w http.ResponseWriter, r *http.Request) {
 	var req codersdk.CreateWorkspaceProxyRequest
-	if !decode(w, r, &req, map[string]func() bool{"name": func() bool { return req.Name != "" }}) {
+	if !controllertest.ReadJSON(w, r, &req, map[string]func() bool{"name": func() bool { return req.Name != "" }}) {
 		return
 	}
 	f.mu.Lock()
@@ -134,7 +111,7 @@ func (f *fakeCoderd) find(param string) *fakeProxy {
 
 func (f *fakeCoderd) patch(w http.ResponseWriter, r *http.Request) {
 	var req codersdk.PatchWorkspaceProxy
-	if !decode(w, r, &req, map[string]func() bool{
+	if !controllertest.ReadJSON(w, r, &req, map[string]func() bool{
 		"id":           func() bool { return req.ID != uuid.Nil },
 		"name":         func() bool { return req.Name != "" },
 		"display_name": func() bool { return req.DisplayName != "" },

@@ -1,10 +1,8 @@
 package workspaceproxy_test
 
 import (
-	"encoding/json"
 	"net/http"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -180,28 +178,12 @@ func TestWorkspaceProxyLifecycle(t *testing.T) {
 // checkDeployment asserts what the proxy runs with.
 func checkDeployment(t *testing.T, dep *appsv1.Deployment, p *coderv1alpha1.CoderWorkspaceProxy, primaryURL, secretName, secretKey, token string) {
 	t.Helper()
-	if !metav1.IsControlledBy(dep, p) {
-		t.Errorf("Deployment not controlled by the CoderWorkspaceProxy: %+v", dep.OwnerReferences)
-	}
-	raw, _ := json.Marshal(dep)
-	if strings.Contains(string(raw), token) {
-		t.Errorf("the Deployment contains the proxy token itself")
-	}
-	pod := dep.Spec.Template.Spec
-	if len(pod.Containers) != 1 {
-		t.Fatalf("containers = %d, want 1", len(pod.Containers))
-	}
+	pod, env := controllertest.CheckDeployment(t, dep, p, controllertest.DeploymentWant{
+		Kind: "CoderWorkspaceProxy", Secret: token, SecretWhat: "proxy token",
+		Image: workspaceproxy.DefaultImage, Command: "/opt/coder wsproxy server",
+		SecretEnv: "CODER_PROXY_SESSION_TOKEN", SecretName: secretName, SecretKey: secretKey,
+	})
 	c := pod.Containers[0]
-	if c.Image != workspaceproxy.DefaultImage {
-		t.Errorf("image = %q, want %q", c.Image, workspaceproxy.DefaultImage)
-	}
-	if got := strings.Join(append(c.Command, c.Args...), " "); got != "/opt/coder wsproxy server" {
-		t.Errorf("command = %q, want /opt/coder wsproxy server", got)
-	}
-	env := map[string]corev1.EnvVar{}
-	for _, e := range c.Env {
-		env[e.Name] = e
-	}
 	want := map[string]string{
 		"CODER_PRIMARY_ACCESS_URL": primaryURL,
 		"CODER_ACCESS_URL":         p.Spec.AccessURL,
@@ -217,11 +199,6 @@ func checkDeployment(t *testing.T, dep *appsv1.Deployment, p *coderv1alpha1.Code
 		if env[k].Value != v {
 			t.Errorf("%s = %q, want %q", k, env[k].Value, v)
 		}
-	}
-	ref := env["CODER_PROXY_SESSION_TOKEN"].ValueFrom
-	if env["CODER_PROXY_SESSION_TOKEN"].Value != "" || ref == nil || ref.SecretKeyRef == nil ||
-		ref.SecretKeyRef.Name != secretName || ref.SecretKeyRef.Key != secretKey {
-		t.Errorf("CODER_PROXY_SESSION_TOKEN = %+v, want a secretKeyRef to %s/%s", env["CODER_PROXY_SESSION_TOKEN"], secretName, secretKey)
 	}
 	if len(c.Ports) != 1 || c.Ports[0].Name != "http" || c.Ports[0].ContainerPort != 8080 {
 		t.Errorf("ports = %+v, want http 8080", c.Ports)
