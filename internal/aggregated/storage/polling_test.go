@@ -92,14 +92,22 @@ func newFaultProxy(t *testing.T, target *url.URL) *faultProxy {
 		}
 		rp.ServeHTTP(w, r)
 	})}
+	p.URL = serveLocal(t, srv)
+	return p
+}
+
+// serveLocal serves srv on a free port of 127.0.0.1 until the test ends,
+// closing it then without waiting for the requests it holds, and returns
+// its URL.
+func serveLocal(t *testing.T, srv *http.Server) *url.URL {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	p.URL = &url.URL{Scheme: "http", Host: l.Addr().String()}
-	return p
+	return &url.URL{Scheme: "http", Host: l.Addr().String()}
 }
 
 func (p *faultProxy) set(limitPage string, stall chan struct{}) {

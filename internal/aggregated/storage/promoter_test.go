@@ -3,7 +3,6 @@ package storage
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -333,13 +332,7 @@ func newStallingProxy(t *testing.T, target *url.URL) *stallingProxy {
 		p.mu.Unlock()
 		<-r.Context().Done()
 	}), ReadHeaderTimeout: 10 * time.Second}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	p.URL = &url.URL{Scheme: "http", Host: l.Addr().String()}
+	p.URL = serveLocal(t, srv)
 	return p
 }
 

@@ -23,21 +23,29 @@ func TestToTemplateDeterministic(t *testing.T) {
 		for _, active := range []func() *codersdk.TemplateVersion{fxVersion, func() *codersdk.TemplateVersion { return nil }} {
 			a := toTemplate(tgt, fxTemplate(), active(), fxFiles)
 			b := toTemplate(tgt, fxTemplate(), active(), fxFiles)
-			if !reflect.DeepEqual(a, b) {
-				t.Fatalf("prefixed=%v: two conversions differ:\n%#v\n%#v", prefixed, a, b)
-			}
-			ja, err := json.Marshal(a)
-			if err != nil {
-				t.Fatal(err)
-			}
-			jb, err := json.Marshal(b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(ja, jb) {
-				t.Fatalf("prefixed=%v: JSON differs:\n%s\n%s", prefixed, ja, jb)
-			}
+			checkSameConversion(t, prefixed, "two conversions", a, b)
 		}
+	}
+}
+
+// checkSameConversion fails the test unless a and b, two conversions
+// (what) of the same input, are deeply equal and marshal to the same
+// JSON.
+func checkSameConversion(t *testing.T, prefixed bool, what string, a, b any) {
+	t.Helper()
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("prefixed=%v: %s differ:\n%#v\n%#v", prefixed, what, a, b)
+	}
+	ja, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jb, err := json.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(ja, jb) {
+		t.Fatalf("prefixed=%v: JSON differs:\n%s\n%s", prefixed, ja, jb)
 	}
 }
 
@@ -128,6 +136,19 @@ func TestToTemplateNamesAndLabels(t *testing.T) {
 	}
 }
 
+// fxVersionJob returns fxVersion with its build's job in status, with
+// error jobErr, and completed (fxVersion's completion time) or not.
+func fxVersionJob(status codersdk.ProvisionerJobStatus, jobErr string, completed bool) func() *codersdk.TemplateVersion {
+	return func() *codersdk.TemplateVersion {
+		v := fxVersion()
+		v.Job.Status, v.Job.Error = status, jobErr
+		if !completed {
+			v.Job.CompletedAt = nil
+		}
+		return v
+	}
+}
+
 func TestToTemplateReadyCondition(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -146,42 +167,26 @@ func TestToTemplateReadyCondition(t *testing.T) {
 			at: fxVersionCompleted, build: "succeeded", versionNm: "v3",
 		},
 		{
-			name: "failed",
-			active: func() *codersdk.TemplateVersion {
-				v := fxVersion()
-				v.Job.Status, v.Job.Error = codersdk.ProvisionerJobFailed, "terraform init: no provider"
-				return v
-			},
+			name:   "failed",
+			active: fxVersionJob(codersdk.ProvisionerJobFailed, "terraform init: no provider", true),
 			status: metav1.ConditionFalse, reason: "Failed", message: "terraform init: no provider",
 			at: fxVersionCompleted, build: "failed", buildErr: "terraform init: no provider", versionNm: "v3",
 		},
 		{
-			name: "running",
-			active: func() *codersdk.TemplateVersion {
-				v := fxVersion()
-				v.Job.Status, v.Job.CompletedAt = codersdk.ProvisionerJobRunning, nil
-				return v
-			},
+			name:   "running",
+			active: fxVersionJob(codersdk.ProvisionerJobRunning, "", false),
 			status: metav1.ConditionFalse, reason: "Running", message: "the active version's build is running",
 			at: fxVersionCreated, build: "running", versionNm: "v3",
 		},
 		{
-			name: "pending",
-			active: func() *codersdk.TemplateVersion {
-				v := fxVersion()
-				v.Job.Status, v.Job.CompletedAt = codersdk.ProvisionerJobPending, nil
-				return v
-			},
+			name:   "pending",
+			active: fxVersionJob(codersdk.ProvisionerJobPending, "", false),
 			status: metav1.ConditionFalse, reason: "Pending", message: "the active version's build is pending",
 			at: fxVersionCreated, build: "pending", versionNm: "v3",
 		},
 		{
-			name: "canceled",
-			active: func() *codersdk.TemplateVersion {
-				v := fxVersion()
-				v.Job.Status = codersdk.ProvisionerJobCanceled
-				return v
-			},
+			name:   "canceled",
+			active: fxVersionJob(codersdk.ProvisionerJobCanceled, "", true),
 			status: metav1.ConditionFalse, reason: "Canceled", message: "the active version's build is canceled",
 			at: fxVersionCompleted, build: "canceled", versionNm: "v3",
 		},

@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"bytes"
 	"encoding/json"
 	"reflect"
 	"testing"
@@ -22,20 +21,7 @@ func TestToWorkspaceDeterministic(t *testing.T) {
 		tgt := fxTarget(t, "prod", prefixed)
 		a := toWorkspace(tgt, fxWorkspace(), fxParams)
 		b := toWorkspace(tgt, fxWorkspace(), fxParams)
-		if !reflect.DeepEqual(a, b) {
-			t.Fatalf("prefixed=%v: two conversions of the same workspace differ:\n%#v\n%#v", prefixed, a, b)
-		}
-		ja, err := json.Marshal(a)
-		if err != nil {
-			t.Fatal(err)
-		}
-		jb, err := json.Marshal(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(ja, jb) {
-			t.Fatalf("prefixed=%v: JSON differs:\n%s\n%s", prefixed, ja, jb)
-		}
+		checkSameConversion(t, prefixed, "two conversions of the same workspace", a, b)
 		// Converting the very same value again gives the same object too.
 		w := fxWorkspace()
 		if c, d := toWorkspace(tgt, w, fxParams), toWorkspace(tgt, w, fxParams); !reflect.DeepEqual(c, d) {
