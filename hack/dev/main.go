@@ -47,6 +47,7 @@ import (
 	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 	"github.com/coder/coder-k8s/internal/testenv/chartrbac"
+	"github.com/coder/coder-k8s/internal/testenv/nodeenv"
 )
 
 const (
@@ -110,8 +111,15 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 	} else {
 		step("starting kube-apiserver and etcd")
 	}
-	kubeOpts := testenv.KubeAPIOptions{Node: helm}
+	kubeOpts := testenv.KubeAPIOptions{}
+	var network *nodeenv.Network
 	if helm {
+		// The node's network comes first: kube-apiserver serves on it.
+		if network, err = nodeenv.StartNetwork(ctx); err != nil {
+			return err
+		}
+		defer network.Remove()
+		kubeOpts.Node = network.Serving()
 		// The chart installs the CRDs.
 		noCRDs := filepath.Join(stateDir, "no-crds")
 		if err := os.MkdirAll(noCRDs, 0o755); err != nil {
@@ -124,10 +132,10 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 		return err
 	}
 	defer kube.Stop()
-	var node *testenv.Node
+	var node *nodeenv.Node
 	coderOpts := testenv.CoderOptions{}
 	if helm {
-		if node, err = kube.StartNode(ctx); err != nil {
+		if node, err = nodeenv.StartNode(ctx, kube, network); err != nil {
 			return err
 		}
 		defer node.Stop()
@@ -692,8 +700,8 @@ func step(format string, args ...any) {
 // registry, then `helm install oci://...` runs with the values a user sets
 // for a private registry, and waits until the pods are Ready and the
 // aggregated API is served through them.
-func installChart(ctx context.Context, stateDir string, kube *testenv.KubeAPI, node *testenv.Node) (*operator, error) {
-	idx, err := testenv.ShippedImage()
+func installChart(ctx context.Context, stateDir string, kube *testenv.KubeAPI, node *nodeenv.Node) (*operator, error) {
+	idx, err := nodeenv.ShippedImage()
 	if err != nil {
 		return nil, err
 	}

@@ -43,7 +43,7 @@ type CoderOptions struct {
 	HTTPPort int
 	// Host is the address coderd listens on, which its URL and access
 	// URL name; empty means 127.0.0.1. `make dev` gives the host's end of
-	// its node's network (Node.HostIP), which pods reach too.
+	// its node's network (nodeenv.Node.HostIP), which pods reach too.
 	Host string
 	// StartTimeout bounds the wait for coderd to become ready; 0 means one
 	// minute. coderd itself retries an unreachable database for 30s.
@@ -224,7 +224,7 @@ func (c *Coder) environment(binDir string) ([]string, error) {
 	if err := os.WriteFile(tfrc, nil, 0o644); err != nil {
 		return nil, fmt.Errorf("start coderd: %w", err)
 	}
-	env := filterEnv(os.Environ(), "CODER_", "TF_", "PATH=", "HOME=", "XDG_")
+	env := FilterEnv(os.Environ(), "CODER_", "TF_", "PATH=", "HOME=", "XDG_")
 	return append(env,
 		// bin/ first, so `terraform` is the pinned OpenTofu.
 		"PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"),

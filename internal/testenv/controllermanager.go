@@ -161,7 +161,7 @@ func (k *KubeAPI) startSecureComponent(ctx context.Context, name string, args []
 			"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port), "--cert-dir="+certDir)...)
 		cmd.Dir = dir
 		// Only the flags configure it: no in-cluster config, no KUBECONFIG.
-		cmd.Env = filterEnv(os.Environ(), "KUBECONFIG=", "KUBERNETES_SERVICE_")
+		cmd.Env = FilterEnv(os.Environ(), "KUBECONFIG=", "KUBERNETES_SERVICE_")
 		p, err := StartProcess(name, cmd, logPath)
 		if err != nil {
 			return nil, err
@@ -226,6 +226,23 @@ func controllerChecksListed(verbose string) bool {
 		}
 	}
 	return false
+}
+
+// StartScheduler runs the real kube-scheduler against k as the admin
+// user, without leader election, serving HTTPS on a free loopback port
+// like StartControllerManagerWith. It returns once /healthz answers ok;
+// the caller stops the process.
+func (k *KubeAPI) StartScheduler(ctx context.Context) (*Process, error) {
+	Sweep()
+	if k.KubeconfigPath == "" || k.Dir == "" {
+		return nil, errors.New("start kube-scheduler: the KubeAPI is not running")
+	}
+	return k.startSecureComponent(ctx, "kube-scheduler", []string{
+		"--kubeconfig=" + k.KubeconfigPath,
+		"--authentication-kubeconfig=" + k.KubeconfigPath,
+		"--authorization-kubeconfig=" + k.KubeconfigPath,
+		"--leader-elect=false",
+	}, nil)
 }
 
 // NewControllerManager runs kube-controller-manager with the named

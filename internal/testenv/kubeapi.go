@@ -46,8 +46,6 @@ type KubeAPI struct {
 	ServingCAPath string
 
 	env *envtest.Environment
-	// network is the node's network when the stack was started for a node.
-	network *nodeNetwork
 }
 
 // KubeAPIOptions tunes StartKubeAPI.
@@ -55,17 +53,32 @@ type KubeAPIOptions struct {
 	// CRDDirs are directories of CRD manifests to install; empty means the
 	// repository's config/crd/bases.
 	CRDDirs []string
-	// Node prepares the stack for a real node (StartNode): the node's
-	// network is created first and kube-apiserver listens on the host's
-	// end of it (not loopback, which pods cannot reach), advertises that
-	// address for the kubernetes Service, routes aggregated APIs to their
+	// Node prepares the stack for a real node on the network it describes
+	// (package nodeenv creates the network and fills it in): kube-apiserver
+	// listens on the host's end of that network (not loopback, which pods
+	// cannot reach), advertises that address for the kubernetes Service,
+	// takes the network's Service subnet, routes aggregated APIs to their
 	// Service endpoints, and runs the ServiceAccount admission plugin that
 	// gives pods their API credentials.
-	Node bool
+	Node *NodeServing
 	// Args are more kube-apiserver flags, set as given: for example
 	// runtime-config and disable-admission-plugins, to serve what an older
 	// Kubernetes serves.
 	Args map[string]string
+}
+
+// NodeServing is what kube-apiserver needs to serve a node's network. The
+// network is not the KubeAPI's: its creator removes it after the KubeAPI
+// stops.
+type NodeServing struct {
+	// HostIP is the host's end of the node's network: kube-apiserver
+	// listens there, on a free port, and advertises it.
+	HostIP net.IP
+	// ServiceCIDR is kube-apiserver's --service-cluster-ip-range.
+	ServiceCIDR string
+	// KubernetesServiceIP is the kubernetes Service's address, the first of
+	// ServiceCIDR; the serving certificate is valid for it.
+	KubernetesServiceIP net.IP
 }
 
 // kubeAPIStartTimeout bounds each attempt to start etcd and kube-apiserver.
@@ -147,20 +160,16 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 	args := api.Configure()
 	// 10.0.0.1: the kubernetes Service in envtest's service range.
 	servingIPs := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv4(10, 0, 0, 1)}
-	if opts.Node {
-		if k.network, err = newNodeNetwork(ctx); err != nil {
-			k.Stop()
-			return nil, err
-		}
-		host := k.network.HostIP.String()
+	if node := opts.Node; node != nil {
+		host := node.HostIP.String()
 		port, err := freePortOn(host)
 		if err != nil {
 			k.Stop()
 			return nil, err
 		}
 		api.SecureServing.Address, api.SecureServing.Port = host, strconv.Itoa(port)
-		servingIPs = []net.IP{net.IPv4(127, 0, 0, 1), k.network.KubernetesServiceIP, k.network.HostIP}
-		args.Set("service-cluster-ip-range", k.network.ServiceCIDR)
+		servingIPs = []net.IP{net.IPv4(127, 0, 0, 1), node.KubernetesServiceIP, node.HostIP}
+		args.Set("service-cluster-ip-range", node.ServiceCIDR)
 		args.Set("advertise-address", host)
 		args.Set("enable-aggregator-routing", "true")
 		args.Set("kubelet-preferred-address-types", "InternalIP")
@@ -274,8 +283,6 @@ func (k *KubeAPI) Stop() {
 		_ = k.env.Stop()
 		k.env = nil
 	}
-	k.network.remove()
-	k.network = nil
 	if k.Dir != "" {
 		removeStackDir(k.Dir)
 	}

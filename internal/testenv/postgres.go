@@ -28,7 +28,14 @@ type PostgresOptions struct {
 	// Node makes the server reachable from the node's pods too: it also
 	// listens on the node's HostIP and trusts the node's pod subnet (see
 	// NodeURL).
-	Node *Node
+	Node NodePods
+}
+
+// NodePods is where a node's pods are (a *nodeenv.Node is one): the
+// address at which they reach this machine, and their subnet.
+type NodePods interface {
+	HostIP() net.IP
+	PodCIDR() string
 }
 
 // Postgres is a private PostgreSQL server for one test or dev stack.
@@ -43,7 +50,7 @@ type Postgres struct {
 
 	binDir string
 	cred   *syscall.Credential // nil unless we run as root
-	node   *Node
+	node   NodePods
 
 	mu      sync.Mutex
 	stopped bool
@@ -224,7 +231,7 @@ func (p *Postgres) urlOn(host, db string) string {
 func (p *Postgres) command(name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(filepath.Join(p.binDir, name), args...)
 	cmd.Dir = p.DataDir // the postgres user cannot enter root's working directory
-	cmd.Env = filterEnv(os.Environ(), "PG")
+	cmd.Env = FilterEnv(os.Environ(), "PG")
 	if p.cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
 	}
@@ -262,7 +269,7 @@ func (p *Postgres) psql(ctx context.Context, db, sql string) (string, error) {
 	cmd := exec.Command(filepath.Join(p.binDir, "psql"),
 		"-h", "127.0.0.1", "-p", strconv.Itoa(p.Port), "-U", "postgres", "-d", db,
 		"-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql)
-	cmd.Env = filterEnv(os.Environ(), "PG")
+	cmd.Env = FilterEnv(os.Environ(), "PG")
 	if err := runToCompletion(ctx, "psql", cmd, out.Name()); err != nil {
 		return "", err
 	}
@@ -309,20 +316,4 @@ func runToCompletion(ctx context.Context, name string, cmd *exec.Cmd, logPath st
 		return fmt.Errorf("%s failed (%v): %s", name, err, strings.TrimSpace(proc.LogTail(20)))
 	}
 	return nil
-}
-
-// filterEnv returns env without the variables whose names start with one
-// of prefixes.
-func filterEnv(env []string, prefixes ...string) []string {
-	out := make([]string, 0, len(env))
-next:
-	for _, kv := range env {
-		for _, prefix := range prefixes {
-			if strings.HasPrefix(kv, prefix) {
-				continue next
-			}
-		}
-		out = append(out, kv)
-	}
-	return out
 }

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/nodeenv"
 )
 
 // TestDeployedCoderd runs a coderd that coder-k8s deploys, for real, on
@@ -46,7 +47,7 @@ func TestDeployedCoderd(t *testing.T) {
 	if _, err := pg.CreateDatabase(ctx, "coder"); err != nil {
 		t.Fatal(err)
 	}
-	coderImage, err := testenv.CoderImage()
+	coderImage, err := nodeenv.CoderImage()
 	if err != nil {
 		t.Fatal(err)
 	}

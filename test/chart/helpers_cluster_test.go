@@ -39,6 +39,7 @@ import (
 
 	"github.com/coder/coder-k8s/internal/config"
 	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/nodeenv"
 )
 
 // optionalGroups are API groups of other projects' CRDs the chart renders
@@ -66,7 +67,7 @@ func newCluster(t *testing.T) *cluster {
 // holds the image `make image` built.
 type onNode struct {
 	*cluster
-	node *testenv.Node
+	node *nodeenv.Node
 	// idx is the image index pushed; image its name in the registry.
 	idx   v1.ImageIndex
 	image string
@@ -79,12 +80,13 @@ func newOnNode(t *testing.T, imageTag string) *onNode {
 	if testing.Short() {
 		t.Skip("needs the test stack's node, kube-apiserver, etcd and helm from bin/, and bin/image from make image")
 	}
-	idx, err := testenv.ShippedImage()
+	idx, err := nodeenv.ShippedImage()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newClusterWith(t, testenv.KubeAPIOptions{Node: true})
-	node := c.k.NewNode(t)
+	network := nodeenv.NewNetwork(t)
+	c := newClusterWith(t, testenv.KubeAPIOptions{Node: network.Serving()})
+	node := nodeenv.NewNode(t, c.k, network)
 	image, err := node.Registry.PushIndex(t.Context(), "coder-k8s:"+imageTag, idx)
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 
-	"github.com/coder/coder-k8s/internal/testenv"
+	"github.com/coder/coder-k8s/internal/testenv/nodeenv"
 )
 
 // TestInstallFromOCIRegistry installs the chart the way users get it and
@@ -139,7 +139,7 @@ func TestInstallFromOCIRegistry(t *testing.T) {
 // pushedImageDigest is the repository digest containerd reports for the
 // pushed index: the image index's own digest, by the name it was pulled
 // as.
-func pushedImageDigest(t *testing.T, reg *testenv.Registry, idx v1.ImageIndex) string {
+func pushedImageDigest(t *testing.T, reg *nodeenv.Registry, idx v1.ImageIndex) string {
 	t.Helper()
 	d, err := idx.Digest()
 	if err != nil {

@@ -1,4 +1,4 @@
-package testenv
+package nodeenv
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // NodeName is the name the test node registers under.
@@ -27,8 +29,8 @@ const nodeStartTimeout = 2 * time.Minute
 // built into bin/cni by make tools.
 var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
 
-// Node is a real Kubernetes node for a KubeAPI started with
-// KubeAPIOptions.Node: the kubelet, containerd (with runc, from Debian),
+// Node is a real Kubernetes node for a KubeAPI serving its Network (see
+// StartNetwork): the kubelet, containerd (with runc, from Debian),
 // kube-proxy and a CNI bridge run in the node's own network namespace;
 // kube-scheduler and kube-controller-manager run beside kube-apiserver. Its images come from Registry, which the node
 // reaches as a mirror of the registry's loopback name.
@@ -38,25 +40,30 @@ type Node struct {
 	// PauseImage is the sandbox image, in Registry.
 	PauseImage string
 
-	k     *KubeAPI
+	// Network is the node's network, which the node does not own.
+	Network *Network
+
+	k     *testenv.KubeAPI
 	dir   string
-	procs []*Process // in start order
+	procs []*testenv.Process // in start order
 }
 
-// StartNode starts a node for k and waits until it is Ready.
-func (k *KubeAPI) StartNode(ctx context.Context) (n *Node, err error) {
-	Sweep()
-	if k.network == nil {
-		return nil, errors.New("start node: the KubeAPI was not started with KubeAPIOptions.Node")
+// StartNode starts a node on network for k, which must serve that network
+// (KubeAPIOptions.Node set to network.Serving()), and waits until it is
+// Ready.
+func StartNode(ctx context.Context, k *testenv.KubeAPI, network *Network) (n *Node, err error) {
+	testenv.Sweep()
+	if network == nil {
+		return nil, errors.New("start node: no node network")
 	}
 	bins := map[string]string{}
 	for _, name := range []string{"kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager", "coredns", "pause"} {
-		if bins[name], err = Binary(name); err != nil {
+		if bins[name], err = testenv.Binary(name); err != nil {
 			return nil, err
 		}
 	}
 	for _, name := range cniPlugins {
-		if _, err := Binary(filepath.Join("cni", name)); err != nil {
+		if _, err := testenv.Binary(filepath.Join("cni", name)); err != nil {
 			return nil, err
 		}
 	}
@@ -65,17 +72,18 @@ func (k *KubeAPI) StartNode(ctx context.Context) (n *Node, err error) {
 			return nil, fmt.Errorf("%s not found: run `make tools` (it installs containerd, runc and iptables from Debian)", name)
 		}
 	}
+	// Sweep finds a killed run's node directory there (kube-*/node-*).
 	dir, err := os.MkdirTemp(k.Dir, "node-")
 	if err != nil {
 		return nil, fmt.Errorf("start node: %w", err)
 	}
-	n = &Node{Name: NodeName, k: k, dir: dir}
+	n = &Node{Name: NodeName, Network: network, k: k, dir: dir}
 	defer func() {
 		if err != nil {
 			n.Stop()
 		}
 	}()
-	if n.Registry, err = StartRegistry(k.network.HostIP); err != nil {
+	if n.Registry, err = StartRegistry(network.HostIP); err != nil {
 		return nil, err
 	}
 	pause, err := binaryImage(bins["pause"], "pause", 65535)
@@ -105,12 +113,7 @@ func (k *KubeAPI) StartNode(ctx context.Context) (n *Node, err error) {
 		return nil, err
 	}
 	n.procs = append(n.procs, kcm)
-	scheduler, err := k.startSecureComponent(ctx, "kube-scheduler", []string{
-		"--kubeconfig=" + k.KubeconfigPath,
-		"--authentication-kubeconfig=" + k.KubeconfigPath,
-		"--authorization-kubeconfig=" + k.KubeconfigPath,
-		"--leader-elect=false",
-	}, nil)
+	scheduler, err := k.StartScheduler(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -124,16 +127,16 @@ func (k *KubeAPI) StartNode(ctx context.Context) (n *Node, err error) {
 // HostIP is the address at which the node and its pods reach this machine:
 // kube-apiserver and the registry listen there, and a coderd started with
 // CoderOptions.Host set to it is reachable from pods.
-func (n *Node) HostIP() net.IP { return n.k.network.HostIP }
+func (n *Node) HostIP() net.IP { return n.Network.HostIP }
 
 // PodCIDR is the subnet of the node's pods.
-func (n *Node) PodCIDR() string { return n.k.network.PodCIDR }
+func (n *Node) PodCIDR() string { return n.Network.PodCIDR }
 
 // NewNode starts a node for a test (see StartNode) and stops it when the
 // test ends, before the KubeAPI.
-func (k *KubeAPI) NewNode(t testing.TB) *Node {
+func NewNode(t testing.TB, k *testenv.KubeAPI, network *Network) *Node {
 	t.Helper()
-	n, err := k.StartNode(t.Context())
+	n, err := StartNode(t.Context(), k, network)
 	if err != nil {
 		t.Fatalf("node: %v", err)
 	}
@@ -156,33 +159,20 @@ func (n *Node) Stop() {
 		n.procs[i].Stop(10 * time.Second)
 	}
 	n.procs = nil
-	if n.k.network != nil {
-		// Containers and shims outlive containerd by design; they live in
-		// the node's or a pod's network namespace.
-		pods := podNetnsOf(context.Background(), n.k.network.Netns)
-		var ids []fileID
-		for _, ns := range append([]string{n.k.network.Netns}, pods...) {
-			if id, ok := statID(filepath.Join(netnsDir, ns)); ok {
-				ids = append(ids, id)
-			}
-		}
-		killProcessesInNetns(ids)
-		for _, ns := range pods {
-			_, _ = runOutput(context.Background(), "ip", "netns", "del", ns)
-		}
-	}
+	// Containers and shims outlive containerd by design; they live in the
+	// node's or a pod's network namespace.
+	testenv.KillNode(context.Background(), n.Network.Netns)
 	if n.Registry != nil {
 		n.Registry.Close()
 	}
-	removeNodeFiles(n.dir)
-	unmountUnder(n.dir)
+	testenv.ClearNodeDir(n.dir)
 }
 
 // startContainerd runs containerd in the node's network namespace with
 // its root, state, socket and CNI configuration under the node's
 // directory.
 func (n *Node) startContainerd(ctx context.Context, bin string) error {
-	cniBin, err := Binary("cni")
+	cniBin, err := testenv.Binary("cni")
 	if err != nil {
 		return err
 	}
@@ -198,7 +188,7 @@ func (n *Node) startContainerd(ctx context.Context, bin string) error {
 				"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
 				"ipam": map[string]any{
 					"type":    "host-local",
-					"ranges":  [][]map[string]string{{{"subnet": n.k.network.PodCIDR}}},
+					"ranges":  [][]map[string]string{{{"subnet": n.Network.PodCIDR}}},
 					"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
 					"dataDir": filepath.Join(n.dir, "cni", "ipam"),
 				},
@@ -279,7 +269,7 @@ conntrack:
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-`, n.k.KubeconfigPath, n.k.network.PodCIDR, n.Name)
+`, n.k.KubeconfigPath, n.Network.PodCIDR, n.Name)
 	configPath := filepath.Join(n.dir, "kube-proxy.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		return err
@@ -356,7 +346,7 @@ authentication:
     enabled: false
 authorization:
   mode: AlwaysAllow
-`, n.k.network.NodeIP.String(), clusterDomain, n.k.network.NodeIP.String(), "unix://"+n.containerdSocket())
+`, n.Network.NodeIP.String(), clusterDomain, n.Network.NodeIP.String(), "unix://"+n.containerdSocket())
 	configPath := filepath.Join(n.dir, "kubelet.yaml")
 	if err := os.WriteFile(configPath, []byte(config), 0o644); err != nil {
 		return err
@@ -367,19 +357,19 @@ authorization:
 		"--root-dir="+root,
 		"--cert-dir="+filepath.Join(root, "pki"),
 		"--hostname-override="+n.Name,
-		"--node-ip="+n.k.network.NodeIP.String(),
+		"--node-ip="+n.Network.NodeIP.String(),
 	)
 	return err
 }
 
 // start runs a node component in the node's network namespace.
-func (n *Node) start(name, bin string, args ...string) (*Process, error) {
-	cmd := n.k.network.Command(bin, args...)
+func (n *Node) start(name, bin string, args ...string) (*testenv.Process, error) {
+	cmd := n.Network.Command(bin, args...)
 	cmd.Dir = n.dir
-	env := filterEnv(os.Environ(), "KUBECONFIG=", "KUBERNETES_SERVICE_", "PATH=")
+	env := testenv.FilterEnv(os.Environ(), "KUBECONFIG=", "KUBERNETES_SERVICE_", "PATH=")
 	// containerd finds its shim and runc, kube-proxy iptables, on PATH.
 	cmd.Env = append(env, "PATH="+os.Getenv("PATH")+":/usr/local/sbin:/usr/sbin:/sbin")
-	p, err := StartProcess(name, cmd, filepath.Join(n.dir, name+".log"))
+	p, err := testenv.StartProcess(name, cmd, filepath.Join(n.dir, name+".log"))
 	if err != nil {
 		return nil, err
 	}
@@ -419,30 +409,6 @@ func (n *Node) waitReady(ctx context.Context) error {
 			}
 			return fmt.Errorf("node %s not Ready after %s: %s%s", n.Name, nodeStartTimeout, last, tails)
 		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
-
-// removeNodeFiles removes what the kubelet of the node in dir wrote
-// outside it: /var/log/pods/<namespace>_<pod>_<uid> for each pod it ran,
-// and the /var/log/containers links into them.
-func removeNodeFiles(dir string) {
-	pods, _ := filepath.Glob(filepath.Join(dir, "kubelet", "pods", "*"))
-	if len(pods) == 0 {
-		return
-	}
-	for _, p := range pods {
-		logs, _ := filepath.Glob(filepath.Join("/var/log/pods", "*_"+filepath.Base(p)))
-		for _, l := range logs {
-			_ = os.RemoveAll(l)
-		}
-	}
-	links, _ := filepath.Glob("/var/log/containers/*")
-	for _, l := range links {
-		if target, err := os.Readlink(l); err == nil && strings.HasPrefix(target, "/var/log/pods/") {
-			if _, err := os.Stat(target); errors.Is(err, os.ErrNotExist) {
-				_ = os.Remove(l)
-			}
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package testenv
+package nodeenv
 
 import (
 	"archive/tar"
@@ -22,6 +22,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // Registry is an OCI registry (go-containerregistry's, in memory) on
@@ -115,14 +117,14 @@ func binaryImage(path, name string, user int) (v1.Image, error) {
 // coder binary the stack runs (bin/coder, static) at /opt/coder, the
 // entrypoint, and OpenTofu (bin/terraform) as terraform on PATH, running
 // as user 1000 with a writable /tmp as HOME. Its Terraform CLI
-// configuration is an empty file (see Coder.environment), so templates
+// configuration is an empty file (see testenv's Coder.environment), so templates
 // without providers build with no network.
 func CoderImage() (v1.Image, error) {
-	coder, err := Binary("coder")
+	coder, err := testenv.Binary("coder")
 	if err != nil {
 		return nil, err
 	}
-	tofu, err := Binary("terraform")
+	tofu, err := testenv.Binary("terraform")
 	if err != nil {
 		return nil, err
 	}

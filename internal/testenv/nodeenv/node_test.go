@@ -1,4 +1,4 @@
-package testenv
+package nodeenv
 
 import (
 	"bufio"
@@ -15,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // TestNode runs pods on the test stack's real node: a pod of the shipped
@@ -22,10 +24,11 @@ import (
 // back through kube-apiserver and the kubelet, and stopping the node and
 // the stack leaves no process, network namespace or mount behind.
 func TestNode(t *testing.T) {
-	k := NewKubeAPI(t, KubeAPIOptions{Node: true})
-	netns := k.network.Netns
+	network := NewNetwork(t)
+	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{Node: network.Serving()})
+	netns := network.Netns
 	start := time.Now()
-	n := k.NewNode(t)
+	n := NewNode(t, k, network)
 	t.Logf("node Ready in %s", time.Since(start).Round(time.Millisecond))
 	ctx := t.Context()
 
@@ -40,7 +43,7 @@ func TestNode(t *testing.T) {
 		t.Errorf("container runtime %q, want containerd", rt)
 	}
 
-	shipped, err := ShippedBinary()
+	shipped, err := testenv.ShippedBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +80,7 @@ func TestNode(t *testing.T) {
 	}
 	// The ServiceAccount admission plugin needs the namespace's default
 	// ServiceAccount, which kube-controller-manager creates.
-	WaitFor(t, time.Minute, func() error {
+	testenv.WaitFor(t, time.Minute, func() error {
 		_, err := k.Clientset.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
 		return err
 	})
@@ -85,7 +88,7 @@ func TestNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got *corev1.Pod
-	WaitFor(t, 2*time.Minute, func() error {
+	testenv.WaitFor(t, 2*time.Minute, func() error {
 		got, err = k.Clientset.CoreV1().Pods("default").Get(ctx, "version", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -98,8 +101,8 @@ func TestNode(t *testing.T) {
 	if got.Spec.NodeName != NodeName {
 		t.Errorf("the pod ran on %q, want %q (scheduled by kube-scheduler)", got.Spec.NodeName, NodeName)
 	}
-	if ip := got.Status.PodIP; !podIPIn(ip, k.network.PodCIDR) {
-		t.Errorf("pod IP %q, want one in the node's pod subnet %s", ip, k.network.PodCIDR)
+	if ip := got.Status.PodIP; !podIPIn(ip, network.PodCIDR) {
+		t.Errorf("pod IP %q, want one in the node's pod subnet %s", ip, network.PodCIDR)
 	}
 	logs, err := k.Clientset.CoreV1().Pods("default").GetLogs("version", &corev1.PodLogOptions{}).DoRaw(ctx)
 	if err != nil {
@@ -110,34 +113,39 @@ func TestNode(t *testing.T) {
 	}
 
 	// Stopping the node takes down its containers and their networks.
-	nsID, ok := statID(filepath.Join(netnsDir, netns))
-	if !ok {
-		t.Fatalf("no network namespace %s", netns)
+	nsID, err := os.Stat(testenv.NetnsPath(netns))
+	if err != nil {
+		t.Fatalf("no network namespace %s: %v", netns, err)
 	}
 	n.Stop()
 	if left := processesInNetns(nsID); len(left) > 0 {
 		t.Errorf("processes left in the node's network namespace after Stop: %v", left)
 	}
-	if pods := podNetnsOf(context.Background(), netns); len(pods) > 0 {
+	if pods := testenv.PodNetns(context.Background(), netns); len(pods) > 0 {
 		t.Errorf("pod network namespaces left after Stop: %v", pods)
 	}
 	k.Stop()
-	if _, err := os.Stat(filepath.Join(netnsDir, netns)); !os.IsNotExist(err) {
-		t.Errorf("the node's network namespace is still there after KubeAPI.Stop: %v", err)
+	network.Remove()
+	if _, err := os.Stat(testenv.NetnsPath(netns)); !os.IsNotExist(err) {
+		t.Errorf("the node's network namespace is still there after Network.Remove: %v", err)
 	}
 }
 
 // TestNodeSweptAfterKill kills a test process that runs a node with a pod
-// (SIGKILL: no cleanup runs) and checks that the next run's Sweep stops
-// the containers and removes the network namespaces, the route to the
-// pods and the files.
+// (SIGKILL: no cleanup runs) and checks that the next run's Sweep, in a
+// new process, stops the containers and removes the network namespaces,
+// the route to the pods and the files.
 func TestNodeSweptAfterKill(t *testing.T) {
-	if os.Getenv("TESTENV_NODE_CHILD") == "1" {
+	switch os.Getenv("TESTENV_NODE_CHILD") {
+	case "node":
 		nodeChild(t)
+		return
+	case "sweep":
+		testenv.Sweep()
 		return
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestNodeSweptAfterKill$", "-test.timeout=5m")
-	cmd.Env = append(filterEnv(os.Environ(), ownerEnv+"="), "TESTENV_NODE_CHILD=1")
+	cmd.Env = append(os.Environ(), "TESTENV_NODE_CHILD=node")
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -157,11 +165,11 @@ func TestNodeSweptAfterKill(t *testing.T) {
 	if netns == "" {
 		t.Fatal("the child process did not start its node")
 	}
-	ids := []fileID{}
-	for _, ns := range append([]string{netns}, podNetnsOf(context.Background(), netns)...) {
-		id, ok := statID(filepath.Join(netnsDir, ns))
-		if !ok {
-			t.Fatalf("no network namespace %s", ns)
+	ids := []os.FileInfo{}
+	for _, ns := range append([]string{netns}, testenv.PodNetns(context.Background(), netns)...) {
+		id, err := os.Stat(testenv.NetnsPath(ns))
+		if err != nil {
+			t.Fatalf("no network namespace %s: %v", ns, err)
 		}
 		ids = append(ids, id)
 	}
@@ -176,19 +184,23 @@ func TestNodeSweptAfterKill(t *testing.T) {
 		}
 	}
 
-	sweep()
+	sweeper := exec.Command(os.Args[0], "-test.run=^TestNodeSweptAfterKill$", "-test.timeout=5m")
+	sweeper.Env = append(os.Environ(), "TESTENV_NODE_CHILD=sweep")
+	if out, err := sweeper.CombinedOutput(); err != nil {
+		t.Fatalf("sweep: %v\n%s", err, out)
+	}
 	for _, id := range ids {
 		if left := processesInNetns(id); len(left) > 0 {
 			t.Errorf("processes left after the sweep: %v", left)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(netnsDir, netns)); !os.IsNotExist(err) {
+	if _, err := os.Stat(testenv.NetnsPath(netns)); !os.IsNotExist(err) {
 		t.Errorf("the node's network namespace is still there: %v", err)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the node's directory is still there: %v", err)
 	}
-	if routes, _ := runOutput(context.Background(), "ip", "route", "show", podCIDR); strings.TrimSpace(routes) != "" {
+	if routes, _ := testenv.RunOutput(context.Background(), "ip", "route", "show", podCIDR); strings.TrimSpace(routes) != "" {
 		t.Errorf("the route to the pods is still there: %s", routes)
 	}
 }
@@ -196,11 +208,15 @@ func TestNodeSweptAfterKill(t *testing.T) {
 // nodeChild starts a node with a running pod, reports it and waits to be
 // killed.
 func nodeChild(t *testing.T) {
-	k, err := StartKubeAPI(t.Context(), KubeAPIOptions{Node: true})
+	network, err := StartNetwork(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := k.StartNode(t.Context())
+	k, err := testenv.StartKubeAPI(t.Context(), testenv.KubeAPIOptions{Node: network.Serving()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := StartNode(t.Context(), k, network)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,14 +231,14 @@ func nodeChild(t *testing.T) {
 			Containers:                   []corev1.Container{{Name: "pause", Image: n.PauseImage}},
 		},
 	}
-	WaitFor(t, time.Minute, func() error {
+	testenv.WaitFor(t, time.Minute, func() error {
 		_, err := k.Clientset.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
 		return err
 	})
 	if _, err := k.Clientset.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	WaitFor(t, 2*time.Minute, func() error {
+	testenv.WaitFor(t, 2*time.Minute, func() error {
 		p, err := k.Clientset.CoreV1().Pods("default").Get(ctx, "sleeper", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -232,12 +248,12 @@ func nodeChild(t *testing.T) {
 		}
 		return nil
 	})
-	fmt.Printf("NODE %s %s %s\n", k.network.Netns, filepath.Dir(k.Dir), k.network.PodCIDR)
+	fmt.Printf("NODE %s %s %s\n", network.Netns, filepath.Dir(k.Dir), network.PodCIDR)
 	select {}
 }
 
 // podEvents lists the events about a pod, for failure messages.
-func podEvents(k *KubeAPI, namespace, name string) string {
+func podEvents(k *testenv.KubeAPI, namespace, name string) string {
 	evs, err := k.Clientset.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 	if err != nil {
 		return fmt.Sprintf("events: %v", err)
@@ -250,12 +266,12 @@ func podEvents(k *KubeAPI, namespace, name string) string {
 }
 
 // processesInNetns lists the PIDs of running processes in network
-// namespace id.
-func processesInNetns(id fileID) []string {
+// namespace id (its file's information).
+func processesInNetns(id os.FileInfo) []string {
 	var pids []string
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range procs {
-		if got, ok := statID(filepath.Join(p, "ns", "net")); ok && got == id {
+		if got, err := os.Stat(filepath.Join(p, "ns", "net")); err == nil && os.SameFile(got, id) {
 			if stat, _ := os.ReadFile(filepath.Join(p, "stat")); !strings.Contains(string(stat), ") Z ") {
 				pids = append(pids, filepath.Base(p))
 			}
@@ -269,7 +285,7 @@ func podIPIn(ip, cidr string) bool {
 	return strings.HasPrefix(ip, prefix)
 }
 
-func serverVersion(t *testing.T, k *KubeAPI) string {
+func serverVersion(t *testing.T, k *testenv.KubeAPI) string {
 	t.Helper()
 	v, err := k.Clientset.Discovery().ServerVersion()
 	if err != nil {
