@@ -211,13 +211,8 @@ func testClusterControllers(t *testing.T, d *coderd) {
 func TestOwnerTokenRotation(t *testing.T) {
 	d := newCoderd(t, Rules{Mode: ModeMapped, MatchField: MatchEmail})
 	ctx := t.Context()
-	clk := &clock{now: time.Now()}
-	s := New(testr.New(t), Options{})
-	s.now, s.grace = clk.Now, 0
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	s, clk, shutdown := runOnClock(t)
+	defer shutdown()
 
 	// Two operator tokens of the owner, as operatoraccess rotates them.
 	ownerSession := func(name string) (*codersdk.Client, string) {
@@ -301,8 +296,7 @@ func TestOwnerTokenRotation(t *testing.T) {
 	request(cdB, "bob@example.com")
 
 	// Shutdown revokes every token held, with B.
-	stop()
-	<-done
+	shutdown()
 	for _, u := range []string{"alice", "bob"} {
 		if left := tokensOf(t, d.owner, u); len(left) != 0 {
 			t.Errorf("%s's tokens after shutdown: %+v", u, left)
@@ -339,15 +333,24 @@ func (c *clock) Add(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-func TestTokens(t *testing.T) {
-	d := newCoderd(t, Rules{Mode: ModeMapped, MatchField: MatchEmail})
-	ctx := t.Context()
-	clk := &clock{now: time.Now()}
-	s := New(testr.New(t), Options{})
+// runOnClock runs a Service on a clock the test moves, with no grace
+// period, until shutdown, which returns once Run has returned (and may be
+// called again).
+func runOnClock(t *testing.T) (s *Service, clk *clock, shutdown func()) {
+	t.Helper()
+	clk = &clock{now: time.Now()}
+	s = New(testr.New(t), Options{})
 	s.now, s.grace = clk.Now, 0
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(runCtx) }()
+	return s, clk, func() { stop(); <-done }
+}
+
+func TestTokens(t *testing.T) {
+	d := newCoderd(t, Rules{Mode: ModeMapped, MatchField: MatchEmail})
+	ctx := t.Context()
+	s, clk, shutdown := runOnClock(t)
 
 	alice, err := s.Caller(ctx, d.cd, k8sUser("alice@example.com"))
 	if err != nil {
@@ -424,8 +427,7 @@ func TestTokens(t *testing.T) {
 	}
 
 	// Shutdown revokes every token held.
-	stop()
-	<-done
+	shutdown()
 	for _, u := range []string{"alice", "bob"} {
 		if left := tokensOf(t, d.owner, u); len(left) != 0 {
 			t.Errorf("%s's tokens after shutdown: %+v", u, left)

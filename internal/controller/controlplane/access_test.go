@@ -10,7 +10,6 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -122,16 +121,7 @@ func TestAdoptedControlPlaneGetsOperatorAccess(t *testing.T) {
 	})
 
 	// Deletion revokes the token.
-	if err := c.Delete(ctx, ccp); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 60*time.Second, "control plane deleted", func() error {
-		err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (%v)", err)
-		}
-		return nil
-	})
+	deleteCCP(t, c, ns, "coder", 60*time.Second)
 	if _, err := sdk.User(ctx, codersdk.Me); err == nil {
 		t.Error("coderd still accepts the operator's token after the control plane was deleted")
 	}

@@ -19,21 +19,11 @@ import (
 func TestDeletionRevokesAccess(t *testing.T) {
 	ns := controllertest.Namespace(t, "delete")
 	h := startManager(t, []string{ns}, nil, nil)
-	ctx := context.Background()
 
 	create(t, h.c, newControlPlane(ns, "coder"))
 	runPod(t, h.c, ns, "coder", fakePodIP)
 	waitCondition(t, h.c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, "")
-	if err := h.c.Delete(ctx, getCCP(t, h.c, ns, "coder")); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "control plane deleted", func() error {
-		err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (%v)", err)
-		}
-		return nil
-	})
+	deleteCCP(t, h.c, ns, "coder", 30*time.Second)
 	if _, revokes := h.access.calls(); revokes != 1 {
 		t.Errorf("Revoke called %d times, want 1", revokes)
 	}

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -163,6 +164,23 @@ func getCCP(t *testing.T, c client.Client, ns, name string) *coderv1alpha1.Coder
 		t.Fatalf("get control plane: %v", err)
 	}
 	return &ccp
+}
+
+// deleteCCP deletes the control plane and waits up to timeout until it is
+// gone (its finalizer done).
+func deleteCCP(t *testing.T, c client.Client, ns, name string, timeout time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.Delete(ctx, &coderv1alpha1.CoderControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, timeout, "control plane deleted", func() error {
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &coderv1alpha1.CoderControlPlane{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
 }
 
 // updateCCP applies change to the latest version of the control plane.

@@ -112,16 +112,7 @@ func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
 		return nil
 	})
 
-	if err := admin.Delete(ctx, getCCP(t, admin, ns, "coder")); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "control plane deleted", func() error {
-		err := admin.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (%v)", err)
-		}
-		return nil
-	})
+	deleteCCP(t, admin, ns, "coder", 30*time.Second)
 	if _, revokes := h.access.calls(); revokes == 0 {
 		t.Error("Revoke was not called")
 	}
@@ -133,7 +124,6 @@ func TestRunsWithOnlyItsRBACMarkers(t *testing.T) {
 // ever issued.
 func TestAdoptedUnreachableCoderd(t *testing.T) {
 	ns := controllertest.Namespace(t, "unreachable")
-	ctx := context.Background()
 
 	// A port nothing listens on.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -165,14 +155,5 @@ func TestAdoptedUnreachableCoderd(t *testing.T) {
 		t.Errorf("status = %+v", ccp.Status)
 	}
 
-	if err := c.Delete(ctx, ccp); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 20*time.Second, "control plane deleted", func() error {
-		err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (%v)", err)
-		}
-		return nil
-	})
+	deleteCCP(t, c, ns, "coder", 20*time.Second)
 }

@@ -324,16 +324,7 @@ func TestWorkspaceRBACInExtraNamespaces(t *testing.T) {
 
 	// Deleting the control plane removes the rest (no garbage collector
 	// runs here, and none would for cross-namespace objects anyway).
-	if err := h.c.Delete(ctx, getCCP(t, h.c, ns, "coder")); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "control plane deleted", func() error {
-		err := h.c.Get(ctx, types.NamespacedName{Namespace: ns, Name: "coder"}, &coderv1alpha1.CoderControlPlane{})
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (%v)", err)
-		}
-		return nil
-	})
+	deleteCCP(t, h.c, ns, "coder", 30*time.Second)
 	if _, err := bindingIn(extra2); !apierrors.IsNotFound(err) {
 		t.Errorf("workspace RBAC in %s after deletion: %v, want not found", extra2, err)
 	}

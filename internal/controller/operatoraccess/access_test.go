@@ -121,6 +121,22 @@ func (f *fixture) ownerTokenAccess(t *testing.T, name string, coder *testenv.Cod
 	return ccp
 }
 
+// ownerCredentialsAccess creates a control plane whose operator access
+// starts from the owner's email and password, in Secret "creds".
+func (f *fixture) ownerCredentialsAccess(t *testing.T, name, coderURL, email, password string) *coderv1alpha1.CoderControlPlane {
+	t.Helper()
+	ccp := f.controlPlane(t, name, coderURL, coderv1alpha1.OperatorAccessSpec{
+		OwnerCredentialsSecretRef: &corev1.LocalObjectReference{Name: "creds"},
+	})
+	if err := f.c.Create(context.Background(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: ccp.Namespace},
+		Data:       map[string][]byte{"email": []byte(email), "password": []byte(password)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ccp
+}
+
 // issuedToken is the operator token as its Secret describes it and as
 // coderd reports it.
 type issuedToken struct {
@@ -439,15 +455,7 @@ func TestExistingCoderd(t *testing.T) {
 	})
 
 	t.Run("wrong owner credentials are reported with Coder's message", func(t *testing.T) {
-		ccp := f.controlPlane(t, "badcreds", coder.URL.String(), coderv1alpha1.OperatorAccessSpec{
-			OwnerCredentialsSecretRef: &corev1.LocalObjectReference{Name: "creds"},
-		})
-		if err := f.c.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: ccp.Namespace},
-			Data:       map[string][]byte{"email": []byte(coder.Email), "password": []byte("wrong-password-1")},
-		}); err != nil {
-			t.Fatal(err)
-		}
+		ccp := f.ownerCredentialsAccess(t, "badcreds", coder.URL.String(), coder.Email, "wrong-password-1")
 		r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
 		if err != nil {
 			t.Fatal(err)
@@ -458,15 +466,7 @@ func TestExistingCoderd(t *testing.T) {
 	})
 
 	t.Run("correct owner credentials give access", func(t *testing.T) {
-		ccp := f.controlPlane(t, "goodcreds", coder.URL.String(), coderv1alpha1.OperatorAccessSpec{
-			OwnerCredentialsSecretRef: &corev1.LocalObjectReference{Name: "creds"},
-		})
-		if err := f.c.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: ccp.Namespace},
-			Data:       map[string][]byte{"email": []byte(coder.Email), "password": []byte(coder.Password)},
-		}); err != nil {
-			t.Fatal(err)
-		}
+		ccp := f.ownerCredentialsAccess(t, "goodcreds", coder.URL.String(), coder.Email, coder.Password)
 		r, err := f.m.Reconcile(ctx, ccp, coder.URL.String())
 		mustReady(t, r, err)
 	})

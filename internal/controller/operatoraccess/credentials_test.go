@@ -10,7 +10,6 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
@@ -133,15 +132,7 @@ func TestCredentialsStayWithTheirCoderd(t *testing.T) {
 
 	t.Run("owner credentials, whose session is logged out after use", func(t *testing.T) {
 		rec := testenv.NewRecordingProxy(t, coder.URL)
-		ccp := f.controlPlane(t, "ownercreds", rec.URL.String(), coderv1alpha1.OperatorAccessSpec{
-			OwnerCredentialsSecretRef: &corev1.LocalObjectReference{Name: "creds"},
-		})
-		if err := f.c.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: "creds", Namespace: ccp.Namespace},
-			Data:       map[string][]byte{"email": []byte(coder.Email), "password": []byte(coder.Password)},
-		}); err != nil {
-			t.Fatal(err)
-		}
+		ccp := f.ownerCredentialsAccess(t, "ownercreds", rec.URL.String(), coder.Email, coder.Password)
 		r, err := f.m.Reconcile(ctx, ccp, rec.URL.String())
 		mustReady(t, r, err)
 		sessions := rec.SessionTokens()
