@@ -236,28 +236,8 @@ func (r *Rotator) wake() {
 // within a second. Their caches hold those two objects only; passes read
 // from kube-apiserver directly.
 func (r *Rotator) informers() []cache.SharedIndexInformer {
-	secretSel := fields.OneTermEqualSelector("metadata.name", r.secretName).String()
-	apiSel := fields.OneTermEqualSelector("metadata.name", r.apiServiceName).String()
-	secrets := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = secretSel
-			return r.secrets.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = secretSel
-			return r.secrets.Watch(ctx, o)
-		},
-	}
-	apiServices := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = apiSel
-			return r.apiServices.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = apiSel
-			return r.apiServices.Watch(ctx, o)
-		},
-	}
+	secrets := listWatchOne(r.secretName, r.secrets.List, r.secrets.Watch)
+	apiServices := listWatchOne(r.apiServiceName, r.apiServices.List, r.apiServices.Watch)
 	return []cache.SharedIndexInformer{
 		cache.NewSharedIndexInformer(secrets, &corev1.Secret{}, 0, cache.Indexers{}),
 		cache.NewSharedIndexInformer(apiServices, &apiregistrationv1.APIService{}, 0, cache.Indexers{}),
@@ -451,4 +431,20 @@ func describeRef(ref *apiregistrationv1.ServiceReference) string {
 		return "no Service (a local APIService)"
 	}
 	return "Service " + ref.Namespace + "/" + ref.Name
+}
+
+// listWatchOne lists and watches, with list and watch, only the object
+// called name.
+func listWatchOne[L runtime.Object](name string, list func(context.Context, metav1.ListOptions) (L, error), watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *cache.ListWatch {
+	sel := fields.OneTermEqualSelector("metadata.name", name).String()
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = sel
+			return list(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = sel
+			return watchFn(ctx, o)
+		},
+	}
 }
