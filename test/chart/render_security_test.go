@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"sigs.k8s.io/yaml"
 
@@ -237,14 +238,7 @@ func (r *rendered) checkRBAC(t *testing.T) {
 	if r.runsAggregated() && lookupString(r.vals, "tls.mode") == "auto" {
 		grants := func(kind, resource, name string) bool {
 			for _, o := range r.m.all(kind) {
-				var rules []rbacv1.PolicyRule
-				switch role := o.typed.(type) {
-				case *rbacv1.Role:
-					rules = role.Rules
-				case *rbacv1.ClusterRole:
-					rules = role.Rules
-				}
-				for _, rule := range rules {
+				for _, rule := range roleRules(o.typed) {
 					if slices.Contains(rule.Resources, resource) && slices.Equal(rule.ResourceNames, []string{name}) && slices.Contains(rule.Verbs, "update") {
 						return true
 					}
@@ -262,6 +256,18 @@ func (r *rendered) checkRBAC(t *testing.T) {
 	}
 }
 
+// roleRules are the rules of a Role or ClusterRole, none of anything
+// else.
+func roleRules(typed runtime.Object) []rbacv1.PolicyRule {
+	switch role := typed.(type) {
+	case *rbacv1.Role:
+		return role.Rules
+	case *rbacv1.ClusterRole:
+		return role.Rules
+	}
+	return nil
+}
+
 // checkNoEscalation: no rendered rule grants escalate, impersonate or a
 // wildcard; bind only on the ClusterRoles of controller.workspaceRBAC,
 // by name; the generated manager role neither creates Roles nor binds.
@@ -270,14 +276,7 @@ func (r *rendered) checkRBAC(t *testing.T) {
 func (r *rendered) checkNoEscalation(t *testing.T) {
 	var bindNames []string
 	for _, o := range slices.Concat(r.m.all("Role"), r.m.all("ClusterRole")) {
-		var rules []rbacv1.PolicyRule
-		switch role := o.typed.(type) {
-		case *rbacv1.Role:
-			rules = role.Rules
-		case *rbacv1.ClusterRole:
-			rules = role.Rules
-		}
-		for _, rule := range rules {
+		for _, rule := range roleRules(o.typed) {
 			for _, v := range rule.Verbs {
 				switch v {
 				case "escalate", "impersonate", "*":
