@@ -237,13 +237,7 @@ func TestAggregatedCoderdDown(t *testing.T) {
 	const bound = coderTimeout + 5*time.Second
 	s := newStack(t, withAggregated(fmt.Sprintf("coder: {requestTimeout: %s}", coderTimeout)))
 	ctx := context.Background()
-	if _, err := s.coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.coder.CreateWorkspace(ctx, "base", "ws-down"); err != nil {
-		t.Fatal(err)
-	}
-	wsName := s.workspaceName("ws-down")
+	wsName := s.seedWorkspace(t, "ws-down")
 	workspaces := s.dyn.Resource(workspacesGVR).Namespace(s.ns)
 	testenv.WaitFor(t, 30*time.Second, func() error {
 		list, err := workspaces.List(ctx, metav1.ListOptions{})

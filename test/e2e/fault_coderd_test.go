@@ -74,13 +74,7 @@ func TestFaultCoderd(t *testing.T) {
 	}))
 	proxy := s.proxy
 	ctx := context.Background()
-	if _, err := s.coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.coder.CreateWorkspace(ctx, "base", "ws-fault"); err != nil {
-		t.Fatal(err)
-	}
-	wsName := s.workspaceName("ws-fault")
+	wsName := s.seedWorkspace(t, "ws-fault")
 	const slowNS = "slow"
 	adoptControlPlane(t, s, slowNS, "coder", proxy.URL.String())
 	cfWaitAccess(t, s, slowNS, 60*time.Second, metav1.ConditionTrue, metav1.ConditionTrue)

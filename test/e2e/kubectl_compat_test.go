@@ -38,13 +38,7 @@ func TestOldKubectl(t *testing.T) {
 		t.Fatalf("%s is not kubectl %s:\n%s", bin, oldestKubectl, out)
 	}
 
-	if _, err := s.coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.coder.CreateWorkspace(ctx, "base", "ws-old"); err != nil {
-		t.Fatal(err)
-	}
-	wsOld := s.workspaceName("ws-old")
+	wsOld := s.seedWorkspace(t, "ws-old")
 
 	t.Run("get -A -o wide shows the workspace Coder made", func(t *testing.T) {
 		out := k.must(t, "get", "coderworkspaces", "-A", "-o", "wide")

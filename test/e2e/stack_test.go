@@ -594,6 +594,21 @@ func (s *aggStack) workspaceName(name string) string {
 	return s.org + "." + s.coder.Username + "." + name
 }
 
+// seedWorkspace pushes template "base" (free of providers) to Coder,
+// creates workspace name from it there, and returns the workspace's name
+// in Kubernetes.
+func (s *aggStack) seedWorkspace(t *testing.T, name string) string {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := s.coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.coder.CreateWorkspace(ctx, "base", name); err != nil {
+		t.Fatal(err)
+	}
+	return s.workspaceName(name)
+}
+
 // lineWatcher follows a long-running command's output line by line.
 type lineWatcher struct {
 	mu    sync.Mutex
