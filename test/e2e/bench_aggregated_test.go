@@ -186,7 +186,8 @@ func newBenchStack(b *testing.B, kubeQPS int, extra ...stackOption) *benchStack 
 // httpClient is an HTTP client with its own transport that trusts
 // kube-apiserver's and the operator's CA, presents the admin client
 // certificate (used only by kube-apiserver, over TLS), and sets header to
-// value on requests for host only.
+// value on requests for host only (every request when host is ""; no
+// header when header is "").
 func (st *benchStack) httpClient(b *testing.B, host, header, value string) *http.Client {
 	return st.httpClientFor(b, st.k.Config, host, header, value)
 }
@@ -197,10 +198,11 @@ func (st *benchStack) httpClientFor(b *testing.B, cfg *rest.Config, host, header
 	if len(cfg.CertData) == 0 && cfg.CertFile == "" {
 		b.Fatal("the configuration of kube-apiserver carries no client certificate")
 	}
-	return &http.Client{
-		Timeout:   2 * time.Minute,
-		Transport: &hostHeaderTransport{base: st.transportFor(b, cfg), host: host, header: header, value: value},
+	tr := &testenv.HeaderTransport{Next: st.transportFor(b, cfg), Host: host}
+	if header != "" {
+		tr.Header = http.Header{header: {value}}
 	}
+	return &http.Client{Timeout: 2 * time.Minute, Transport: tr}
 }
 
 // transportFor is a transport to kube-apiserver with cfg's TLS settings
@@ -220,22 +222,6 @@ func (st *benchStack) transportFor(b *testing.B, cfg *rest.Config) *http.Transpo
 	tr := &http.Transport{TLSClientConfig: tlsCfg, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second}
 	b.Cleanup(tr.CloseIdleConnections)
 	return tr
-}
-
-// hostHeaderTransport sets one header (a credential) on requests for host
-// only, or on every request when host is "".
-type hostHeaderTransport struct {
-	base          http.RoundTripper
-	host          string
-	header, value string
-}
-
-func (t *hostHeaderTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if t.host == "" || r.URL.Host == t.host {
-		r = r.Clone(r.Context())
-		r.Header.Set(t.header, t.value)
-	}
-	return t.base.RoundTrip(r)
 }
 
 // benchWorkspace is the Coder name of workspace i.

@@ -178,7 +178,7 @@ func (st *mcpBench) agentTokens(b *testing.B, n int) []string {
 func (st *mcpBench) agentClient(b *testing.B, token string) *http.Client {
 	b.Helper()
 	tr := st.transportFor(b, rest.AnonymousClientConfig(st.k.Config))
-	return &http.Client{Timeout: 2 * time.Minute, Transport: &hostHeaderTransport{base: tr, header: "Authorization", value: "Bearer " + token}}
+	return &http.Client{Timeout: 2 * time.Minute, Transport: &testenv.HeaderTransport{Next: tr, Header: http.Header{"Authorization": {"Bearer " + token}}}}
 }
 
 // connect opens an MCP client session over hc.

@@ -107,7 +107,7 @@ func TestMetrics(t *testing.T) {
 		{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderworkspaces"}, Verbs: []string{"get", "list"}},
 		{APIGroups: []string{"coder.com"}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list"}},
 	}...)
-	ids := &headerTransport{set: map[string]string{"Authorization": "Bearer " + token, "X-Request-Id": mcpRequestID}, next: http.DefaultTransport}
+	ids := &testenv.HeaderTransport{Next: http.DefaultTransport, Header: http.Header{"Authorization": {"Bearer " + token}, "X-Request-Id": {mcpRequestID}}}
 	session, err := mcpclient.Connect(ctx, s.op.MCP+"/mcp", mcpclient.Options{Transport: ids})
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +122,7 @@ func TestMetrics(t *testing.T) {
 			t.Fatalf("%s: %v %+v", call.Name, err, res)
 		}
 	}
-	if got := ids.lastResponse("X-Request-Id"); got != mcpRequestID {
+	if got := ids.LastResponse("X-Request-Id"); got != mcpRequestID {
 		t.Errorf("MCP response X-Request-Id %q, want the caller's %q", got, mcpRequestID)
 	}
 	freshCCP := waitOperatorAccess(t, s, freshNS, "coder", fresh.URL.String(), 60*time.Second)
@@ -488,28 +488,6 @@ func sessionTokensSent(rec *testenv.RecordingProxy) []string {
 	}
 	return out
 }
-
-// headerTransport sets headers on every request and keeps the last
-// response's headers.
-type headerTransport struct {
-	set  map[string]string
-	next http.RoundTripper
-	last http.Header
-}
-
-func (h *headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	for k, v := range h.set {
-		r.Header.Set(k, v)
-	}
-	res, err := h.next.RoundTrip(r)
-	if err == nil {
-		h.last = res.Header.Clone()
-	}
-	return res, err
-}
-
-func (h *headerTransport) lastResponse(key string) string { return h.last.Get(key) }
 
 // scrapeMetrics reads and parses the Prometheus text at url.
 func scrapeMetrics(t testing.TB, url string) map[string]*dto.MetricFamily {

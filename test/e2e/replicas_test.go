@@ -307,7 +307,10 @@ func replicaClient(t *testing.T, s *aggStack, op *Operator) dynamic.Interface {
 		},
 		QPS: 50, Burst: 100,
 		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
-			return frontProxyHeaders{next: rt, user: "admin", groups: []string{"system:masters", "system:authenticated"}}
+			return &testenv.HeaderTransport{Next: rt, Header: http.Header{
+				"X-Remote-User":  {"admin"},
+				"X-Remote-Group": {"system:masters", "system:authenticated"},
+			}}
 		},
 	}
 	dyn, err := dynamic.NewForConfig(cfg)
@@ -315,23 +318,6 @@ func replicaClient(t *testing.T, s *aggStack, op *Operator) dynamic.Interface {
 		t.Fatal(err)
 	}
 	return dyn
-}
-
-// frontProxyHeaders names the user as kube-apiserver's aggregator does.
-type frontProxyHeaders struct {
-	next   http.RoundTripper
-	user   string
-	groups []string
-}
-
-func (h frontProxyHeaders) RoundTrip(req *http.Request) (*http.Response, error) {
-	req = req.Clone(req.Context())
-	req.Header.Set("X-Remote-User", h.user)
-	req.Header.Del("X-Remote-Group")
-	for _, g := range h.groups {
-		req.Header.Add("X-Remote-Group", g)
-	}
-	return h.next.RoundTrip(req)
 }
 
 // splitListWatch lists on one replica and watches on another, and counts
