@@ -227,14 +227,18 @@ type DeploymentWant struct {
 	// SecretEnv is the environment variable that takes the credential
 	// from key SecretKey of Secret SecretName.
 	SecretEnv, SecretName, SecretKey string
+	// HashAnnotation is the pod template's annotation holding the
+	// credential's hash, which rolls the pods when it changes.
+	HashAnnotation string
 }
 
 // CheckDeployment checks what the Deployments of the dependent kinds
 // have in common: dep is controlled by owner, holds no credential
 // itself, and runs one container with the image and command, whose
-// want.SecretEnv refers to the credential's Secret. It returns the pod
-// spec and the container's environment by name, for the kind's own
-// checks.
+// want.SecretEnv refers to the credential's Secret, with the restricted
+// security defaults (CheckRestricted) and the credential's hash on the
+// pod template. It returns the pod spec and the container's environment
+// by name, for the kind's own checks.
 func CheckDeployment(t *testing.T, dep *appsv1.Deployment, owner metav1.Object, want DeploymentWant) (corev1.PodSpec, map[string]corev1.EnvVar) {
 	t.Helper()
 	if !metav1.IsControlledBy(dep, owner) {
@@ -263,6 +267,10 @@ func CheckDeployment(t *testing.T, dep *appsv1.Deployment, owner metav1.Object, 
 	if env[want.SecretEnv].Value != "" || ref == nil || ref.SecretKeyRef == nil ||
 		ref.SecretKeyRef.Name != want.SecretName || ref.SecretKeyRef.Key != want.SecretKey {
 		t.Errorf("%s = %+v, want a secretKeyRef to %s/%s", want.SecretEnv, env[want.SecretEnv], want.SecretName, want.SecretKey)
+	}
+	CheckRestricted(t, pod)
+	if dep.Spec.Template.Annotations[want.HashAnnotation] == "" {
+		t.Errorf("pod template lacks %s", want.HashAnnotation)
 	}
 	return pod, env
 }
