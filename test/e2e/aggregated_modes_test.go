@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 
@@ -239,16 +240,7 @@ func TestAggregatedCoderdDown(t *testing.T) {
 	ctx := context.Background()
 	wsName := s.seedWorkspace(t, "ws-down")
 	workspaces := s.dyn.Resource(workspacesGVR).Namespace(s.ns)
-	testenv.WaitFor(t, 30*time.Second, func() error {
-		list, err := workspaces.List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		if !modesHasName(list, wsName) {
-			return errNotYet("list lacks " + wsName)
-		}
-		return nil
-	})
+	testenv.WaitFor(t, 30*time.Second, func() error { return listed(ctx, workspaces, wsName) })
 	agg, err := aggregatorclient.NewForConfig(s.k.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -363,6 +355,19 @@ func modesAPIServiceAvailable(ctx context.Context, t *testing.T, agg aggregatorc
 		}
 	}
 	return apiregistrationv1.APIServiceCondition{Type: apiregistrationv1.Available, Status: apiregistrationv1.ConditionUnknown, Reason: "NoCondition"}
+}
+
+// listed is a condition for testenv.WaitFor: nil once a list of r holds
+// an object called name, the list's error, or errNotYet.
+func listed(ctx context.Context, r dynamic.ResourceInterface, name string) error {
+	list, err := r.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	if !modesHasName(list, name) {
+		return errNotYet("list lacks " + name)
+	}
+	return nil
 }
 
 func modesHasName(list *unstructured.UnstructuredList, name string) bool {

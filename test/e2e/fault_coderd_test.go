@@ -246,16 +246,7 @@ func testSlowCoderd(t *testing.T, s *aggStack, proxy *testenv.CountingProxy, age
 
 	t.Run("recovery once coderd is fast again", func(t *testing.T) {
 		start := time.Now()
-		testenv.WaitFor(t, cfCoderTimeout+cfSlack, func() error {
-			list, err := slow.List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return err
-			}
-			if !modesHasName(list, wsName) {
-				return errNotYet("list lacks " + wsName)
-			}
-			return nil
-		})
+		testenv.WaitFor(t, cfCoderTimeout+cfSlack, func() error { return listed(ctx, slow, wsName) })
 		cfWaitAccess(t, s, slowNS, cfCheckInterval+cfCoderTimeout+cfSlack, metav1.ConditionTrue, metav1.ConditionTrue)
 		if res := agent.call(t, "list_workspaces", map[string]any{"namespace": slowNS}, nil); res.IsError {
 			t.Errorf("list_workspaces after recovery: %s", e2eMCPText(res))
@@ -504,16 +495,7 @@ func testCoderdRestart(t *testing.T, s *aggStack, agent *e2eMCPAgent, wsName str
 	t.Logf("coderd was down %s", back.Sub(stoppedAt).Round(time.Millisecond))
 
 	t.Run("recovery without restarting the operator", func(t *testing.T) {
-		testenv.WaitFor(t, cfCoderTimeout+cfSlack, func() error {
-			list, err := workspaces.List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return err
-			}
-			if !modesHasName(list, wsName) {
-				return errNotYet("list lacks " + wsName)
-			}
-			return nil
-		})
+		testenv.WaitFor(t, cfCoderTimeout+cfSlack, func() error { return listed(ctx, workspaces, wsName) })
 		t.Logf("aggregated LIST works %s after coderd is back", time.Since(back).Round(time.Millisecond))
 		ccp := cfWaitAccess(t, s, s.ns, cfCheckInterval+cfCoderTimeout+cfSlack, metav1.ConditionTrue, metav1.ConditionTrue)
 		t.Logf("status recovered %s after coderd is back: phase %s", time.Since(back).Round(time.Millisecond), ccp.Status.Phase)
