@@ -49,10 +49,7 @@ const e2eMCPAgentNamespace = "agents"
 // see what earlier ones changed.
 func TestMCP(t *testing.T) {
 	env := newMCPEnv(t)
-	for _, tc := range []struct {
-		name string
-		run  func(*testing.T, *mcpEnv)
-	}{
+	runSubtests(t, env, []subtest[*mcpEnv]{
 		{"tools/list matches the golden file; defaults hide destructive tools, read-only hides every mutating tool", testMCPToolsList},
 		{"authentication: no or a bad token is HTTP 401", testMCPAuthentication},
 		{"authorization: calls run with the caller's RBAC", testMCPAuthorization},
@@ -66,9 +63,7 @@ func TestMCP(t *testing.T) {
 		{"output caps: rows per page and message length", testMCPOutputCaps},
 		{"read-only server offers no tool that changes anything", testMCPReadOnly},
 		{"no tool result carries a credential; no MCP server panicked", testMCPNoCredentials},
-	} {
-		t.Run(tc.name, func(t *testing.T) { tc.run(t, env) })
-	}
+	})
 }
 
 // mcpEnv is what TestMCP's subtests share.

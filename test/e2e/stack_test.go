@@ -710,3 +710,18 @@ func indent(s string, n int) string {
 	}
 	return b.String()
 }
+
+// subtest is one named subtest of a test whose subtests share a fixture
+// of type E.
+type subtest[E any] struct {
+	name string
+	run  func(*testing.T, E)
+}
+
+// runSubtests runs subtests in order, each as t.Run(name) with env.
+func runSubtests[E any](t *testing.T, env E, subtests []subtest[E]) {
+	t.Helper()
+	for _, st := range subtests {
+		t.Run(st.name, func(t *testing.T) { st.run(t, env) })
+	}
+}
