@@ -199,11 +199,20 @@ func getJSON(ctx context.Context, url string, v any) error {
 	return json.Unmarshal(body, v)
 }
 
-// operatorLogTail is the end of the coder-k8s pod's log, for failure
-// messages.
+// operatorLogTail is what of the coder-k8s pod's log a failure message
+// shows: its errors (a failed poll, say), which its startup lines would
+// push out of a plain tail, then its last lines.
 func operatorLogTail(c *cluster) string {
-	out, errOut, _ := c.runKubectl("logs", "-n", "coder-system", "-l", "app.kubernetes.io/name=coder-k8s", "--tail=60")
-	return out + errOut
+	out, errOut, _ := c.runKubectl("logs", "-n", "coder-system", "-l", "app.kubernetes.io/name=coder-k8s", "--tail=-1")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var errs []string
+	for _, l := range lines {
+		if strings.Contains(l, `"level":"error"`) && len(errs) < 20 {
+			errs = append(errs, l)
+		}
+	}
+	lines = lines[max(0, len(lines)-40):]
+	return "errors:\n" + strings.Join(errs, "\n") + "\nlast lines:\n" + strings.Join(lines, "\n") + "\n" + errOut
 }
 
 // createOwner signs in to the coderd at coderURL as the first user

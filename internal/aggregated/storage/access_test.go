@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -470,6 +471,34 @@ func TestAccess(t *testing.T) {
 		}
 		if w := seen.all(); !strings.HasPrefix(w, "the coderd of control plane mapped/coder is unreachable since ") || !strings.HasSuffix(w, ": its coderworkspaces are shown as last seen") {
 			t.Errorf("warning %q", w)
+		}
+	})
+
+	t.Run("a read in one namespace asks its coderd even while the coderd's last poll failed", func(t *testing.T) {
+		// Someone who has read nothing yet: no answer of coderd's is
+		// remembered for them, so every read below must ask coderd.
+		if _, err := st.coder.Client.CreateUserWithOrgs(context.Background(), codersdk.CreateUserRequestWithOrgs{
+			Email: "carol@example.com", Username: "carol", Password: "SomeSecurePassword!1",
+			OrganizationIDs: []uuid.UUID{st.coder.OrganizationID},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		// Polls that failed (coderd slow or not yet reachable, as when a
+		// control plane has just come up): the poller backs off for
+		// seconds before it lists again, coderd answering meanwhile.
+		key := nsMapped + "/coder"
+		for range 6 {
+			st.tpls.cache.ListFailed(key, errors.New("a poll that failed"))
+		}
+		tpl := st.org + "." + st.templates[0]
+		if _, err := st.tpls.Get(as("carol", nsMapped, nil), tpl, &metav1.GetOptions{}); err != nil {
+			t.Errorf("carol gets %s: %v, want it", tpl, err)
+		}
+		if _, down := st.tpls.cache.Outage(key); !down {
+			t.Fatal("a poll ended the outage before the GET was answered: it did not run while the outage lasted")
+		}
+		if got := listedBy(t)(st.tpls.List(as("carol", nsMapped, nil), &metainternalversion.ListOptions{})); len(got) != len(st.templates) {
+			t.Errorf("carol lists %v in %s, want its %d templates", got, nsMapped, len(st.templates))
 		}
 	})
 }

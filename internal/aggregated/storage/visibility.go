@@ -117,10 +117,12 @@ type shown struct {
 }
 
 // shownTo answers, for each object, what its backend's caller sees of
-// it; objects of backends without a caller are shown whole. Backends
-// quick says are down are answered from what the identity service
-// remembers only.
-func (r *genericStore) shownTo(ctx context.Context, cs callers, objs []watchcache.Object) shown {
+// it; objects of backends without a caller are shown whole. Across
+// namespaces, backends quick says are down are answered from what the
+// identity service remembers only; a read of one namespace or object
+// asks coderd, as callersOf does, so that a poll that failed once does
+// not fail it unasked.
+func (r *genericStore) shownTo(ctx context.Context, cs callers, objs []watchcache.Object, allNamespaces bool) shown {
 	d := shown{read: make([]bool, len(objs)), full: make([]bool, len(objs))}
 	type pending struct {
 		key   string
@@ -157,7 +159,11 @@ func (r *genericStore) shownTo(ctx context.Context, cs callers, objs []watchcach
 	var g errgroup.Group
 	for c, p := range per {
 		g.Go(func() error {
-			read, full, err := answer(r.quick(ctx, p.key), c, p.items)
+			cctx := ctx
+			if allNamespaces {
+				cctx = r.quick(ctx, p.key)
+			}
+			read, full, err := answer(cctx, c, p.items)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -237,7 +243,7 @@ func (r *genericStore) filterListed(ctx context.Context, cs callers, listed []wa
 	for i, l := range listed {
 		objs[i] = l.Obj
 	}
-	d := r.shownTo(ctx, cs, objs)
+	d := r.shownTo(ctx, cs, objs, allNamespaces)
 	for key, err := range d.failed {
 		if !allNamespaces {
 			return nil, apierrors.NewServiceUnavailable("ask coderd what the caller may read: " + err.Error())
@@ -267,7 +273,7 @@ func (r *genericStore) filterOne(ctx context.Context, t target, obj watchcache.O
 	if c == nil {
 		return obj, nil
 	}
-	d := r.shownTo(ctx, callers{t.Key(): c}, []watchcache.Object{obj})
+	d := r.shownTo(ctx, callers{t.Key(): c}, []watchcache.Object{obj}, false)
 	for _, err := range d.failed {
 		return nil, r.coderErr(t, err, obj.GetName())
 	}

@@ -27,11 +27,11 @@ const (
 // see (DELETED included), typed as a watch of just those objects would
 // type them: ADDED for an object the watcher does not hold, MODIFIED for
 // one it holds, DELETED when it goes or stops being readable.
-func (r *genericStore) filterWatch(ctx context.Context, cs callers, in watch.Interface) watch.Interface {
+func (r *genericStore) filterWatch(ctx context.Context, cs callers, in watch.Interface, allNamespaces bool) watch.Interface {
 	if len(cs) == 0 {
 		return in
 	}
-	fw := &filteredWatch{in: in, out: make(chan watch.Event), done: make(chan struct{}), r: r, cs: cs, holds: map[types.UID]bool{}}
+	fw := &filteredWatch{in: in, out: make(chan watch.Event), done: make(chan struct{}), r: r, cs: cs, allNamespaces: allNamespaces, holds: map[types.UID]bool{}}
 	go fw.run(ctx)
 	return fw
 }
@@ -44,6 +44,8 @@ type filteredWatch struct {
 
 	r  *genericStore
 	cs callers
+	// allNamespaces: the watch spans namespaces (see shownTo).
+	allNamespaces bool
 	// holds records, per object the watcher has been told of, whether it
 	// holds it now (was last sent it as ADDED or MODIFIED). Objects the
 	// watch has not seen are those the client listed before watching:
@@ -126,7 +128,7 @@ func (w *filteredWatch) deliver(ctx context.Context, batch []watch.Event) bool {
 	}
 	var d shown
 	if len(objs) > 0 {
-		d = w.r.shownTo(ctx, w.cs, objs)
+		d = w.r.shownTo(ctx, w.cs, objs, w.allNamespaces)
 		for _, err := range d.failed {
 			// The client relists, and the list says which coderd failed.
 			w.send(ctx, watch.Event{Type: watch.Error, Object: &apierrors.NewServiceUnavailable("ask coderd what the caller may read: " + err.Error()).ErrStatus})
