@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,18 +27,29 @@ import (
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
-// replicaLabel is the label the test sets with kubectl.
-const replicaLabel = "replicas.e2e/step"
+// replicaLabel and replicaAnnotation are the metadata the test sets with
+// kubectl.
+const (
+	replicaLabel      = "replicas.e2e/step"
+	replicaAnnotation = "replicas.e2e/note"
+)
+
+// replicaControlPlane is the stack's CoderControlPlane: its name is a
+// derived label of every workspace.
+const replicaControlPlane = "coder"
 
 // TestReplicas is issue 29: the chart's HA setup puts two replicas of the
 // aggregated API server behind one Service, each polling coderd on its
 // own. A client-go reflector whose LIST always goes to replica A and
 // whose WATCH always goes to replica B follows workspaces started,
-// stopped, labelled and deleted in Coder and through kubectl: its store
-// always comes to equal coderd's state, and a workspace it saw deleted
-// never comes back. It does so because B answers a watch from A's
-// resourceVersion with 410 Gone (reason Expired) and the reflector lists
-// again, which the test counts: B cannot know what A's version has seen.
+// stopped, labelled and deleted in Coder and through kubectl: after each
+// change its store comes to hold exactly coderd's workspaces, each equal
+// to coderd's state in every field the object derives from it (a second
+// build of the same transition included) and in all its labels and
+// annotations, and a workspace it saw deleted never comes back. It does
+// so because B answers a watch from A's resourceVersion with 410 Gone
+// (reason Expired) and the reflector lists again, which the test counts:
+// B cannot know what A's version has seen.
 //
 // The reflector starts when B has counted a change that A has not polled
 // yet, and A's latest version is newer than B's count of it (a write went
@@ -57,7 +69,7 @@ func TestReplicas(t *testing.T) {
 	b := s.startOperator(t, opts)
 	s.op = a // kubectl's requests, through kube-apiserver, go to A
 	s.routeAPIService(t, a)
-	waitOperatorAccess(t, s, s.ns, "coder", s.coderURL(), 90*time.Second)
+	waitOperatorAccess(t, s, s.ns, replicaControlPlane, s.coderURL(), 90*time.Second)
 	if _, err := s.coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +85,7 @@ func TestReplicas(t *testing.T) {
 	// owner.
 	dynA := replicaClient(t, s, a)
 	dynB := replicaClient(t, s, b)
-	labels := map[string]string{} // Coder workspace name -> replicaLabel's value
+	meta := map[string]userMeta{} // by Coder workspace name
 
 	// Other clients watch each replica, so both poll: B first, A about
 	// 8s later (a replica polls when its first watcher arrives, then
@@ -90,7 +102,7 @@ func TestReplicas(t *testing.T) {
 		t.Fatalf("replica A polled the stop of ws-1 as early as B: the test's timing assumption (A polls %s after B) does not hold", 8*time.Second)
 	}
 	s.must(t, "label", "cws", s.workspaceName("ws-2"), "-n", s.ns, replicaLabel+"=one")
-	labels["ws-2"] = "one"
+	meta["ws-2"] = userMeta{labels: map[string]string{replicaLabel: "one"}}
 
 	lw := &splitListWatch{
 		list:  dynA.Resource(workspacesGVR).Namespace(s.ns),
@@ -119,7 +131,7 @@ func TestReplicas(t *testing.T) {
 		t.Run(what, func(t *testing.T) {
 			change(t)
 			began := time.Now()
-			s.waitStoreMatches(t, store, lw, labels)
+			s.waitStoreMatches(t, store, lw, meta)
 			t.Logf("the reflector's store matched coderd %s after the change (%s)", time.Since(began).Round(time.Millisecond), lw.summary())
 			for _, name := range gone {
 				store.forbid(s.ns + "/" + s.workspaceName(name))
@@ -129,9 +141,16 @@ func TestReplicas(t *testing.T) {
 
 	step("a change B counted before A, listed on A and watched on B", func(t *testing.T) {})
 	step("start in Coder", func(t *testing.T) { s.coderTransition(t, "ws-1", codersdk.WorkspaceTransitionStart) })
+	// A second start build: only the latest build's ID, number and times
+	// tell it from the first.
+	step("start again in Coder", func(t *testing.T) { s.coderTransition(t, "ws-1", codersdk.WorkspaceTransitionStart) })
 	step("stop with kubectl", func(t *testing.T) {
 		s.must(t, "patch", "cws", s.workspaceName("ws-2"), "-n", s.ns, "--type=merge", "-p", `{"spec":{"running":false}}`)
 		s.waitLatestBuild(t, "ws-2", codersdk.WorkspaceTransitionStop)
+	})
+	step("start with kubectl", func(t *testing.T) {
+		s.must(t, "patch", "cws", s.workspaceName("ws-2"), "-n", s.ns, "--type=merge", "-p", `{"spec":{"running":true}}`)
+		s.waitLatestBuild(t, "ws-2", codersdk.WorkspaceTransitionStart)
 	})
 	step("delete in Coder", func(t *testing.T) {
 		s.coderTransition(t, "ws-3", codersdk.WorkspaceTransitionDelete)
@@ -141,14 +160,16 @@ func TestReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	step("relabel with kubectl", func(t *testing.T) {
+	step("relabel and annotate with kubectl", func(t *testing.T) {
 		s.must(t, "label", "--overwrite", "cws", s.workspaceName("ws-2"), "-n", s.ns, replicaLabel+"=two")
 		s.must(t, "label", "cws", s.workspaceName("ws-4"), "-n", s.ns, replicaLabel+"=four")
-		labels["ws-2"], labels["ws-4"] = "two", "four"
+		s.must(t, "annotate", "cws", s.workspaceName("ws-4"), "-n", s.ns, replicaAnnotation+"=four")
+		meta["ws-2"] = userMeta{labels: map[string]string{replicaLabel: "two"}}
+		meta["ws-4"] = userMeta{labels: map[string]string{replicaLabel: "four"}, annotations: map[string]string{replicaAnnotation: "four"}}
 	})
 	step("delete with kubectl", func(t *testing.T) {
 		s.must(t, "delete", "cws", s.workspaceName("ws-2"), "-n", s.ns, "--wait=false")
-		delete(labels, "ws-2")
+		delete(meta, "ws-2")
 		testenv.WaitFor(t, 2*time.Minute, func() error {
 			if _, err := s.coder.Client.WorkspaceByOwnerAndName(ctx, s.coder.Username, "ws-2", codersdk.WorkspaceOptions{}); err == nil {
 				return errNotYet("coderd still has ws-2")
@@ -448,17 +469,179 @@ func (s *replicaStore) resurrected() []string {
 	return append([]string(nil), s.back...)
 }
 
-// workspaceState is what the test compares of a workspace: its latest
-// build and the label the test sets.
-type workspaceState struct {
-	transition, jobStatus, label string
+// userMeta is the metadata the test set with kubectl on one workspace:
+// coderd does not keep it, so the test's record of it is what the store
+// must show.
+type userMeta struct {
+	labels, annotations map[string]string
+}
+
+// workspaceFields is what a user reads of one workspace, by field path:
+// every field the aggregated object derives from coderd, and all its
+// labels and annotations. Two builds of the same transition differ in
+// their ID, number and times.
+type workspaceFields map[string]string
+
+// coderdFields is what the aggregated object of w must show: coderd's
+// state, the labels derived from it, and meta.
+func (s *aggStack) coderdFields(w codersdk.Workspace, meta userMeta) workspaceFields {
+	b := w.LatestBuild
+	labels := map[string]string{
+		aggv1.LabelControlPlane: replicaControlPlane,
+		aggv1.LabelOrganization: w.OrganizationName,
+		aggv1.LabelOwner:        w.OwnerName,
+		aggv1.LabelTemplate:     w.TemplateName,
+	}
+	for k, v := range meta.labels {
+		labels[k] = v
+	}
+	f := workspaceFields{
+		"metadata.uid":                           w.ID.String(),
+		"metadata.creationTimestamp":             seconds(&w.CreatedAt),
+		"metadata.labels":                        joinMap(labels),
+		"metadata.annotations":                   joinMap(meta.annotations),
+		"metadata.deletionTimestamp":             unset,
+		"metadata.finalizers":                    "",
+		"spec.organization":                      w.OrganizationName,
+		"spec.templateName":                      w.TemplateName,
+		"spec.templateVersionID":                 b.TemplateVersionID.String(),
+		"spec.running":                           strconv.FormatBool(b.Transition == codersdk.WorkspaceTransitionStart),
+		"spec.ttlMillis":                         int64String(w.TTLMillis),
+		"spec.autostartSchedule":                 stringOrUnset(w.AutostartSchedule),
+		"status.id":                              w.ID.String(),
+		"status.owner":                           w.OwnerName,
+		"status.ownerID":                         w.OwnerID.String(),
+		"status.organization":                    w.OrganizationName,
+		"status.organizationID":                  w.OrganizationID.String(),
+		"status.template":                        w.TemplateName,
+		"status.templateDisplayName":             w.TemplateDisplayName,
+		"status.phase":                           string(b.Status),
+		"status.outdated":                        strconv.FormatBool(w.Outdated),
+		"status.healthy":                         strconv.FormatBool(w.Health.Healthy),
+		"status.lastUsedAt":                      seconds(&w.LastUsedAt),
+		"status.url":                             s.coderURL() + "/@" + w.OwnerName + "/" + w.Name,
+		"status.autoShutdownDeadline":            unset,
+		"status.latestBuild.id":                  b.ID.String(),
+		"status.latestBuild.number":              strconv.Itoa(int(b.BuildNumber)),
+		"status.latestBuild.transition":          string(b.Transition),
+		"status.latestBuild.jobStatus":           string(b.Job.Status),
+		"status.latestBuild.error":               b.Job.Error,
+		"status.latestBuild.templateVersionID":   b.TemplateVersionID.String(),
+		"status.latestBuild.templateVersionName": b.TemplateVersionName,
+		"status.latestBuild.initiator":           b.InitiatorUsername,
+		"status.latestBuild.createdAt":           seconds(&b.CreatedAt),
+		"status.latestBuild.completedAt":         seconds(b.Job.CompletedAt),
+	}
+	if b.Deadline.Valid && b.Transition == codersdk.WorkspaceTransitionStart {
+		f["status.autoShutdownDeadline"] = seconds(&b.Deadline.Time)
+	}
+	// A delete build that has not failed or been canceled shows as a
+	// Kubernetes deletion held by coder-k8s' finalizer.
+	if b.Transition == codersdk.WorkspaceTransitionDelete && b.Job.Status != codersdk.ProvisionerJobFailed && b.Job.Status != codersdk.ProvisionerJobCanceled {
+		f["metadata.deletionTimestamp"] = seconds(&b.CreatedAt)
+		f["metadata.finalizers"] = aggv1.GroupName + "/delete-build"
+	}
+	return f
+}
+
+// storeFields is what the aggregated object w shows in the same fields.
+func storeFields(w *aggv1.CoderWorkspace) workspaceFields {
+	f := workspaceFields{
+		"metadata.uid":                string(w.UID),
+		"metadata.creationTimestamp":  seconds(&w.CreationTimestamp.Time),
+		"metadata.labels":             joinMap(w.Labels),
+		"metadata.annotations":        joinMap(w.Annotations),
+		"metadata.deletionTimestamp":  metaSeconds(w.DeletionTimestamp),
+		"metadata.finalizers":         strings.Join(w.Finalizers, ","),
+		"spec.organization":           w.Spec.Organization,
+		"spec.templateName":           w.Spec.TemplateName,
+		"spec.templateVersionID":      w.Spec.TemplateVersionID,
+		"spec.running":                strconv.FormatBool(w.Spec.Running),
+		"spec.ttlMillis":              int64String(w.Spec.TTLMillis),
+		"spec.autostartSchedule":      stringOrUnset(w.Spec.AutostartSchedule),
+		"status.id":                   w.Status.ID,
+		"status.owner":                w.Status.Owner,
+		"status.ownerID":              w.Status.OwnerID,
+		"status.organization":         w.Status.Organization,
+		"status.organizationID":       w.Status.OrganizationID,
+		"status.template":             w.Status.Template,
+		"status.templateDisplayName":  w.Status.TemplateDisplayName,
+		"status.phase":                w.Status.Phase,
+		"status.outdated":             strconv.FormatBool(w.Status.Outdated),
+		"status.healthy":              strconv.FormatBool(w.Status.Healthy),
+		"status.lastUsedAt":           metaSeconds(w.Status.LastUsedAt),
+		"status.url":                  w.Status.URL,
+		"status.autoShutdownDeadline": metaSeconds(w.Status.AutoShutdownDeadline),
+	}
+	b := w.Status.LatestBuild
+	if b == nil {
+		b = &aggv1.WorkspaceBuild{ID: unset}
+	}
+	f["status.latestBuild.id"] = b.ID
+	f["status.latestBuild.number"] = strconv.Itoa(int(b.Number))
+	f["status.latestBuild.transition"] = b.Transition
+	f["status.latestBuild.jobStatus"] = b.JobStatus
+	f["status.latestBuild.error"] = b.Error
+	f["status.latestBuild.templateVersionID"] = b.TemplateVersionID
+	f["status.latestBuild.templateVersionName"] = b.TemplateVersionName
+	f["status.latestBuild.initiator"] = b.Initiator
+	f["status.latestBuild.createdAt"] = seconds(&b.CreatedAt.Time)
+	f["status.latestBuild.completedAt"] = metaSeconds(b.CompletedAt)
+	return f
+}
+
+// unset stands for a field the object does not have.
+const unset = "<unset>"
+
+// seconds is a time as the API serializes it: UTC, whole seconds.
+func seconds(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return unset
+	}
+	return t.UTC().Truncate(time.Second).Format(time.RFC3339)
+}
+
+func metaSeconds(t *metav1.Time) string {
+	if t == nil {
+		return unset
+	}
+	return seconds(&t.Time)
+}
+
+func int64String(p *int64) string {
+	if p == nil {
+		return unset
+	}
+	return strconv.FormatInt(*p, 10)
+}
+
+func stringOrUnset(p *string) string {
+	if p == nil {
+		return unset
+	}
+	return *p
+}
+
+// joinMap renders a map with sorted keys, so that maps compare as strings.
+func joinMap(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return strings.Join(parts, ",")
 }
 
 // waitStoreMatches waits until the reflector's store holds exactly
-// coderd's workspaces of the first user, each with coderd's latest build
-// and the label the test set (labels, by Coder workspace name), and no
-// workspace deleted before has come back.
-func (s *aggStack) waitStoreMatches(t *testing.T, store *replicaStore, lw *splitListWatch, labels map[string]string) {
+// coderd's workspaces of the first user, by name, each showing coderd's
+// state as coderd reports it in the same round (workspaceFields) and the
+// metadata the test set (meta, by Coder workspace name), and no workspace
+// deleted before has come back.
+func (s *aggStack) waitStoreMatches(t *testing.T, store *replicaStore, lw *splitListWatch, meta map[string]userMeta) {
 	t.Helper()
 	ctx := context.Background()
 	var last string
@@ -468,20 +651,20 @@ func (s *aggStack) waitStoreMatches(t *testing.T, store *replicaStore, lw *split
 		if err != nil {
 			t.Fatalf("coderd: list workspaces: %v", err)
 		}
-		want := map[string]workspaceState{}
+		want := map[string]workspaceFields{}
 		for _, w := range res.Workspaces {
-			want[s.ns+"/"+s.workspaceName(w.Name)] = workspaceState{
-				transition: string(w.LatestBuild.Transition), jobStatus: string(w.LatestBuild.Job.Status), label: labels[w.Name],
-			}
+			want[s.ns+"/"+s.workspaceName(w.Name)] = s.coderdFields(w, meta[w.Name])
 		}
-		got := map[string]workspaceState{}
+		got := map[string]workspaceFields{}
 		for _, obj := range store.List() {
 			u := obj.(*unstructured.Unstructured)
-			transition, _, _ := unstructured.NestedString(u.Object, "status", "latestBuild", "transition")
-			jobStatus, _, _ := unstructured.NestedString(u.Object, "status", "latestBuild", "jobStatus")
-			got[u.GetNamespace()+"/"+u.GetName()] = workspaceState{transition: transition, jobStatus: jobStatus, label: u.GetLabels()[replicaLabel]}
+			var w aggv1.CoderWorkspace
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &w); err != nil {
+				t.Fatalf("the reflector's store holds %s/%s, not a CoderWorkspace: %v", u.GetNamespace(), u.GetName(), err)
+			}
+			got[w.Namespace+"/"+w.Name] = storeFields(&w)
 		}
-		last = stateDiff(want, got)
+		last = fieldsDiff(want, got)
 		if back := store.resurrected(); len(back) > 0 {
 			t.Fatalf("deleted workspaces came back into the reflector's store: %v (%s)", back, lw.summary())
 		}
@@ -495,26 +678,25 @@ func (s *aggStack) waitStoreMatches(t *testing.T, store *replicaStore, lw *split
 	}
 }
 
-// stateDiff lists how got differs from want, "" when it does not.
-func stateDiff(want, got map[string]workspaceState) string {
-	keys := map[string]bool{}
-	for k := range want {
-		keys[k] = true
-	}
-	for k := range got {
-		keys[k] = true
-	}
+// fieldsDiff lists how got differs from want, field by field, "" when it
+// does not.
+func fieldsDiff(want, got map[string]workspaceFields) string {
 	var diffs []string
-	for k := range keys {
-		w, inWant := want[k]
-		g, inGot := got[k]
-		switch {
-		case !inGot:
-			diffs = append(diffs, fmt.Sprintf("%s: missing from the store (coderd: %+v)", k, w))
-		case !inWant:
-			diffs = append(diffs, fmt.Sprintf("%s: in the store (%+v) but not in coderd", k, g))
-		case w != g:
-			diffs = append(diffs, fmt.Sprintf("%s: store %+v, coderd %+v", k, g, w))
+	for k, w := range want {
+		g, ok := got[k]
+		if !ok {
+			diffs = append(diffs, fmt.Sprintf("%s: missing from the store (coderd: build %s %s %s)", k, w["status.latestBuild.number"], w["status.latestBuild.transition"], w["status.latestBuild.jobStatus"]))
+			continue
+		}
+		for field, wv := range w {
+			if gv := g[field]; gv != wv {
+				diffs = append(diffs, fmt.Sprintf("%s: %s: store %q, coderd %q", k, field, gv, wv))
+			}
+		}
+	}
+	for k, g := range got {
+		if _, ok := want[k]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s: in the store (build %s %s %s) but not in coderd", k, g["status.latestBuild.number"], g["status.latestBuild.transition"], g["status.latestBuild.jobStatus"]))
 		}
 	}
 	sort.Strings(diffs)
