@@ -98,9 +98,9 @@ func getObject[N objectName, T object](ctx context.Context, s objectStore[N, T],
 }
 
 // toCreate checks a create request: the object's type, the kind's own
-// rules (validate) and the request's createValidation; it returns the
-// object, its parsed name and the backend it goes to.
-func toCreate[N objectName, T object](ctx context.Context, r *genericStore, obj runtime.Object, validate func(T) (N, field.ErrorList), createValidation rest.ValidateObjectFunc) (T, N, target, error) {
+// rules (validate), and finds the backend it goes to. The caller is not
+// mapped yet: admission runs first (createObject).
+func toCreate[N objectName, T object](ctx context.Context, r *genericStore, obj runtime.Object, validate func(T) (N, field.ErrorList)) (T, N, target, error) {
 	var n N
 	o, ok := obj.(T)
 	if !ok {
@@ -110,21 +110,18 @@ func toCreate[N objectName, T object](ctx context.Context, r *genericStore, obj 
 	if len(errs) > 0 {
 		return o, n, target{}, r.invalid(o.GetName(), errs)
 	}
-	if createValidation != nil {
-		if err := createValidation(ctx, o); err != nil {
-			return o, n, target{}, err
-		}
-	}
 	t, err := r.resolve(ctx, namespaceOf(ctx), n.controlPlane(), o.GetName())
-	if err != nil {
-		return o, n, t, err
-	}
-	// Created as the caller: coderd decides whether they may.
-	t, err = r.caller(ctx, t, o.GetName())
+	return o, n, t, err
+}
+
+// createAs maps the create's caller onto their Coder user in t and
+// returns t acting as them: coderd decides whether they may create.
+func (r *genericStore) createAs(ctx context.Context, t target, name string) (target, error) {
+	t, err := r.caller(ctx, t, name)
 	if err == nil && t.controller != nil {
-		err = r.controllerRefused(t, o.GetName(), "create "+r.gr.Resource)
+		err = r.controllerRefused(t, name, "create "+r.gr.Resource)
 	}
-	return o, n, t.acting(), err
+	return t.acting(), err
 }
 
 // toDelete reads the object a delete request names and checks the

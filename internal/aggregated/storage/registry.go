@@ -46,7 +46,8 @@ type strategy[N objectName, T object] interface {
 	// parses its name.
 	validateCreate(o T) (N, field.ErrorList)
 	// createdView is what a create of o would show, without asking
-	// coderd: the dry run's answer, and the derived labels it checks.
+	// coderd: what admission sees (with the request's metadata), the dry
+	// run's answer, and the derived labels it checks.
 	createdView(o T, t target, n N) T
 	// planCreate checks o against coderd and returns the call that
 	// creates it. On a dry run it completes dry and returns no call.
@@ -80,13 +81,27 @@ type createCall func(ctx context.Context) (object, func(*records.Record), error)
 // createObject serves Create.
 func createObject[N objectName, T object](ctx context.Context, s strategy[N, T], obj runtime.Object, createValidation rest.ValidateObjectFunc, opts *metav1.CreateOptions) (runtime.Object, error) {
 	r := s.store()
-	o, n, t, err := toCreate(ctx, r, obj, s.validateCreate, createValidation)
+	o, n, t, err := toCreate(ctx, r, obj, s.validateCreate)
 	if err != nil {
 		return nil, err
 	}
 	dry := s.createdView(o, t, n)
 	if errs := validateMeta(o, dry.GetLabels(), nil); len(errs) > 0 {
 		return nil, r.invalid(o.GetName(), errs)
+	}
+	// Admission sees the object as the create stores it (the derived
+	// labels, namespace and organization with the request's metadata), as
+	// an update sees it. It runs before the caller is mapped and before
+	// coderd is asked anything, so that a refused create changes nothing
+	// in Coder (not even a token minted for the caller), and a dry run is
+	// refused exactly as the real create.
+	if createValidation != nil {
+		if err := createValidation(ctx, r.createWrite(t, dry).preview(o, dry.DeepCopyObject().(object), nil)); err != nil {
+			return nil, err
+		}
+	}
+	if t, err = r.createAs(ctx, t, o.GetName()); err != nil {
+		return nil, err
 	}
 	dryRun := opts != nil && isDryRun(opts.DryRun)
 	create, err := s.planCreate(ctx, t, n, o, dry, dryRun)
