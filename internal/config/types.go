@@ -197,8 +197,9 @@ type AggregatedAPIServer struct {
 type AggregatedAdmission struct {
 	// Enabled runs the chain. Off, the cluster's admission policies and
 	// webhooks never see a CoderWorkspace or CoderTemplate, and the
-	// process does not watch namespaces or the cluster's admission
-	// configuration.
+	// process watches no webhook configurations, admission policies or
+	// bindings (in mode all it still watches namespaces, to find each
+	// namespace's control planes).
 	Enabled bool `json:"enabled"`
 }
 
