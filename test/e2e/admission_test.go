@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -18,16 +20,21 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/coder/coder/v2/codersdk"
 
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // TestAdmission runs the cluster's admission configuration against
-// CoderWorkspace writes, through kube-apiserver with kubectl as the cluster
+// CoderWorkspace and CoderTemplate writes, through kube-apiserver with kubectl as the cluster
 // admin (mapped to the Coder owner): kube-apiserver does not run admission
 // for an aggregated API, so each of these is the aggregated API server's
 // own chain at work, fed by objects created in the cluster as a platform
@@ -94,6 +101,7 @@ spec:
 		if inCoder("no-team") {
 			t.Errorf("the refused create made workspace no-team in Coder")
 		}
+		checkNothingStored(t, s, workspacesGVR, s.workspaceName("no-team"))
 		s.must(t, "create", "-f", workspace("with-team", map[string]string{"policy-test": "1", "team": "platform"}))
 		if !inCoder("with-team") {
 			t.Errorf("the admitted create made no workspace with-team in Coder")
@@ -105,6 +113,97 @@ spec:
 		}
 		if got := s.kubectlJSON(t, "get", "cws", s.workspaceName("with-team"), "-n", s.ns, "-o", "json").GetLabels()["team"]; got != "platform" {
 			t.Errorf("after the refused update label team is %q, want platform", got)
+		}
+	})
+
+	t.Run("a ValidatingAdmissionPolicy on codertemplates sees the derived labels on create; a refused create or server-side apply changes nothing in Coder", func(t *testing.T) {
+		// The message names the derived template label and
+		// spec.organization: a create that did not show them to admission
+		// gets a different message.
+		const message = "template adm-tpl of organization coder needs a team label"
+		s.must(t, "apply", "-f", writeManifest(t, `apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: e2e-template-team}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [aggregation.coder.com]
+      apiVersions: ["*"]
+      operations: [CREATE, UPDATE]
+      resources: [codertemplates]
+  validations:
+  - expression: "'team' in object.metadata.labels"
+    messageExpression: "'template ' + object.metadata.labels['aggregation.coder.com/template'] + ' of organization ' + object.spec.organization + ' needs a team label'"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: e2e-template-team}
+spec:
+  policyName: e2e-template-team
+  validationActions: [Deny]
+  matchResources:
+    objectSelector: {matchExpressions: [{key: tpl-policy-test, operator: Exists}]}
+`))
+		t.Cleanup(func() {
+			_, _ = s.run("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", "e2e-template-team", "--ignore-not-found")
+		})
+		name := s.org + ".adm-tpl"
+		template := func(labels string, rev int) string {
+			return writeManifest(t, fmt.Sprintf("apiVersion: aggregation.coder.com/v1alpha1\nkind: CoderTemplate\nmetadata:\n  name: %s\n  namespace: %s\n  labels: {%s}\nspec:\n  files:\n    main.tf: |\n%s",
+				name, s.ns, labels, indent(mainTF+fmt.Sprintf("\n# revision %d\n", rev), 6)))
+		}
+		noTeam := template(`tpl-policy-test: "1"`, 1)
+		waitRefused(t, s, message, "create", "--dry-run=server", "-f", noTeam)
+
+		out, err := s.run("create", "-f", noTeam)
+		if err == nil || !strings.Contains(out, "ValidatingAdmissionPolicy 'e2e-template-team' with binding 'e2e-template-team' denied request: "+message) {
+			t.Fatalf("kubectl create of a template without label team: %v\n%s\nwant refused by e2e-template-team with %q", err, out, message)
+		}
+		_, err = s.coder.Client.TemplateByName(ctx, s.coder.OrganizationID, "adm-tpl")
+		if sdkErr := (*codersdk.Error)(nil); !errors.As(err, &sdkErr) || sdkErr.StatusCode() != http.StatusNotFound {
+			t.Errorf("coderd: template adm-tpl after the refused create: %v, want 404", err)
+		}
+		checkNothingStored(t, s, templatesGVR, name)
+
+		// Created by server-side apply (a create to admission), with the
+		// label; its first version builds.
+		s.must(t, "apply", "--server-side", "-f", template(`tpl-policy-test: "1", team: platform`, 1))
+		waitTemplateReady(t, s, name)
+		before := s.coderTemplate(t, "adm-tpl")
+		versions := func() int {
+			t.Helper()
+			vs, err := s.coder.Client.TemplateVersionsByTemplate(ctx, codersdk.TemplateVersionsByTemplateRequest{TemplateID: before.ID, IncludeArchived: true})
+			if err != nil {
+				t.Fatalf("coderd: versions of template adm-tpl: %v", err)
+			}
+			return len(vs)
+		}
+		if n := versions(); n != 1 {
+			t.Fatalf("template adm-tpl has %d versions in Coder after its create, want 1", n)
+		}
+		filesBefore, _, _ := unstructured.NestedStringMap(s.getObj(t, templatesGVR, name).Object, "spec", "files")
+		if !strings.Contains(filesBefore["main.tf"], "# revision 1\n") {
+			t.Fatalf("template adm-tpl after its create: main.tf %q, want revision 1's", filesBefore["main.tf"])
+		}
+
+		// New files without the label: the label goes (kubectl applied it
+		// and no longer does), so the policy refuses the apply, and Coder
+		// gets no new version.
+		out, err = s.run("apply", "--server-side", "-f", template(`tpl-policy-test: "1"`, 2))
+		if err == nil || !strings.Contains(out, message) {
+			t.Errorf("server-side apply of new files without label team: %v\n%s\nwant refused with %q", err, out, message)
+		}
+		if n := versions(); n != 1 {
+			t.Errorf("template adm-tpl has %d versions in Coder after the refused apply, want 1", n)
+		}
+		if after := s.coderTemplate(t, "adm-tpl"); after.ActiveVersionID != before.ActiveVersionID {
+			t.Errorf("the refused apply changed the active version from %s to %s", before.ActiveVersionID, after.ActiveVersionID)
+		}
+		got := s.getObj(t, templatesGVR, name)
+		files, _, _ := unstructured.NestedStringMap(got.Object, "spec", "files")
+		if !maps.Equal(files, filesBefore) || got.GetLabels()["team"] != "platform" {
+			t.Errorf("after the refused apply: label team %q, spec.files %q; want platform and revision 1's files %q", got.GetLabels()["team"], files, filesBefore)
 		}
 	})
 
@@ -150,7 +249,7 @@ spec:
 		}
 	})
 
-	t.Run("webhooks see the caller and the object as stored on create, server-side apply and delete; a mutation is stored; a denial changes nothing; a dry run runs them and answers the mutated object", func(t *testing.T) {
+	t.Run("webhooks see the caller and the object as stored on create, patch, PUT, server-side apply and delete; a mutation is stored; a denial changes nothing in Coder or the record; a dry run runs them and answers the mutated object", func(t *testing.T) {
 		hook := startAdmissionWebhook(t)
 		s.must(t, "apply", "-f", writeManifest(t, hook.configurations()))
 		t.Cleanup(func() {
@@ -172,9 +271,10 @@ spec:
 					r.UserInfo.Username, r.Operation, r.Namespace, r.Name, r.Resource, r.DryRun, s.ns, name)
 			}
 		}
-		if got := objectLabels(t, validate[0].Object.Raw)["mutated-by"]; got != "e2e-hook" {
-			t.Errorf("the validating webhook saw label mutated-by %q, want the mutating webhook's e2e-hook (the object as it will be stored)", got)
-		}
+		// The validating webhook sees the object as the create stores it:
+		// the mutation, and what coder-k8s derives (labels, namespace,
+		// spec.organization), as an update sees them.
+		checkStoredView(t, "create", validate[0].Object.Raw, s.ns, derived(s, map[string]string{"webhook-test": "1", "mutated-by": "e2e-hook"}))
 		if got := s.kubectlJSON(t, "get", "cws", name, "-n", s.ns, "-o", "json").GetLabels()["mutated-by"]; got != "e2e-hook" {
 			t.Errorf("GET after the create: label mutated-by %q, want e2e-hook", got)
 		}
@@ -189,6 +289,7 @@ spec:
 		if inCoder("denied") {
 			t.Errorf("a create the webhook denied made workspace denied in Coder")
 		}
+		checkNothingStored(t, s, workspacesGVR, s.workspaceName("denied"))
 		out, err = s.run("label", "cws", name, "-n", s.ns, "deny=1")
 		if err == nil || !strings.Contains(out, hookDenial) {
 			t.Errorf("label refused by the validating webhook: %v, want %q", err, hookDenial)
@@ -207,10 +308,70 @@ spec:
 			t.Errorf("labels after server-side apply: %v, want ssa=1 and mutated-by=e2e-hook", got)
 		}
 
+		// A spec change the webhook denies, as a patch and as a PUT
+		// (kubectl replace), starts no build in Coder.
+		before := s.coderWorkspace(t, "hooked")
+		hook.reset()
+		out, err = s.run("patch", "cws", name, "-n", s.ns, "--type=merge", "-p", `{"metadata":{"labels":{"deny":"1"}},"spec":{"running":true}}`)
+		if err == nil || !strings.Contains(out, hookDenial) {
+			t.Errorf("patch running: true with label deny: %v, want refused with %q", err, hookDenial)
+		}
+		if v := hook.requests("validate"); len(v) != 1 || v[0].Operation != admissionv1.Update {
+			t.Errorf("patch: the validating webhook got %d requests, want one UPDATE", len(v))
+		}
+		// Without a resourceVersion: an unconditional PUT, which a status
+		// change from Coder meanwhile cannot turn into a conflict.
+		replaced := s.kubectlJSON(t, "get", "cws", name, "-n", s.ns, "-o", "json")
+		replaced.SetManagedFields(nil)
+		replaced.SetResourceVersion("")
+		if err := unstructured.SetNestedField(replaced.Object, true, "spec", "running"); err != nil {
+			t.Fatal(err)
+		}
+		labels := replaced.GetLabels()
+		labels["deny"] = "1"
+		replaced.SetLabels(labels)
+		hook.reset()
+		out, err = s.run("replace", "-f", writeManifest(t, mustJSON(replaced.Object)))
+		if err == nil || !strings.Contains(out, hookDenial) {
+			t.Errorf("replace with running: true and label deny: %v, want refused with %q", err, hookDenial)
+		}
+		if v := hook.requests("validate"); len(v) != 1 || v[0].Operation != admissionv1.Update || v[0].UserInfo.Username != "admin" {
+			t.Errorf("replace: the validating webhook got %+v, want one UPDATE by admin", v)
+		}
+		if after := s.coderWorkspace(t, "hooked"); after.LatestBuild.ID != before.LatestBuild.ID {
+			t.Errorf("a spec change the webhook denied started build %d (%s)", after.LatestBuild.BuildNumber, after.LatestBuild.Transition)
+		}
+		got := s.kubectlJSON(t, "get", "cws", name, "-n", s.ns, "-o", "json")
+		if running, _, _ := unstructured.NestedBool(got.Object, "spec", "running"); running {
+			t.Errorf("after the denied spec changes spec.running is true")
+		}
+		if _, ok := got.GetLabels()["deny"]; ok {
+			t.Errorf("after the denied spec changes label deny is stored")
+		}
+		// An admitted PUT goes through both webhooks and keeps their
+		// mutation.
+		replaced = got.DeepCopy()
+		replaced.SetManagedFields(nil)
+		replaced.SetResourceVersion("")
+		labels = replaced.GetLabels()
+		labels["replaced"] = "1"
+		delete(labels, "mutated-by")
+		replaced.SetLabels(labels)
+		hook.reset()
+		s.must(t, "replace", "-f", writeManifest(t, mustJSON(replaced.Object)))
+		mutate, validate = hook.requests("mutate"), hook.requests("validate")
+		if len(mutate) != 1 || len(validate) != 1 || validate[0].Operation != admissionv1.Update {
+			t.Fatalf("replace called the mutating webhook %d times and the validating one %d times, want one UPDATE each", len(mutate), len(validate))
+		}
+		checkStoredView(t, "replace", validate[0].Object.Raw, s.ns, derived(s, map[string]string{"webhook-test": "1", "ssa": "1", "replaced": "1", "mutated-by": "e2e-hook"}))
+		if got := s.kubectlJSON(t, "get", "cws", name, "-n", s.ns, "-o", "json").GetLabels(); got["replaced"] != "1" || got["mutated-by"] != "e2e-hook" {
+			t.Errorf("labels after replace: %v, want replaced=1 and mutated-by=e2e-hook", got)
+		}
+
 		// A delete the webhook denies, for real and as a dry run, starts no
 		// delete build.
 		s.must(t, "label", "cws", name, "-n", s.ns, "deny-delete=1")
-		before := s.coderWorkspace(t, "hooked")
+		before = s.coderWorkspace(t, "hooked")
 		for _, args := range [][]string{{"--dry-run=server"}, {"--wait=false"}} {
 			hook.reset()
 			out, err := s.run(append([]string{"delete", "cws", name, "-n", s.ns}, args...)...)
@@ -240,6 +401,9 @@ spec:
 		}
 		if n := len(hook.requests("mutate")) + len(hook.requests("validate")); n != 2 {
 			t.Errorf("the dry run called the webhooks (sideEffects None) %d times, want 2", n)
+		}
+		if v := hook.requests("validate"); len(v) == 1 {
+			checkStoredView(t, "dry-run create", v[0].Object.Raw, s.ns, derived(s, map[string]string{"webhook-test": "1", "mutated-by": "e2e-hook"}))
 		}
 		if inCoder("dry") {
 			t.Errorf("a dry-run create made workspace dry in Coder")
@@ -355,6 +519,53 @@ func waitRefused(t *testing.T, s *aggStack, want string, args ...string) {
 		}
 		return errNotYet(fmt.Sprintf("kubectl %s: %v %s; want refused with %q", strings.Join(args, " "), err, out, want))
 	})
+}
+
+// derived is labels with the labels coder-k8s derives for a workspace of
+// template adm of the stack's first user: what a stored workspace carries.
+func derived(s *aggStack, labels map[string]string) map[string]string {
+	out := maps.Clone(labels)
+	out[aggv1.LabelOrganization] = s.org
+	out[aggv1.LabelControlPlane] = "coder"
+	out[aggv1.LabelOwner] = s.coder.Username
+	out[aggv1.LabelTemplate] = "adm"
+	return out
+}
+
+// checkStoredView checks the object of a webhook request against what
+// coder-k8s stores: exactly labels, namespace ns and spec.organization.
+func checkStoredView(t *testing.T, what string, raw []byte, ns string, labels map[string]string) {
+	t.Helper()
+	var o unstructured.Unstructured
+	if err := o.UnmarshalJSON(raw); err != nil {
+		t.Fatalf("%s: webhook request object: %v", what, err)
+	}
+	if got := o.GetLabels(); !maps.Equal(got, labels) {
+		t.Errorf("%s: the validating webhook saw labels %v, want %v (the object as it will be stored)", what, got, labels)
+	}
+	org, _, _ := unstructured.NestedString(o.Object, "spec", "organization")
+	if o.GetNamespace() != ns || org != labels[aggv1.LabelOrganization] {
+		t.Errorf("%s: the validating webhook saw namespace %q spec.organization %q, want %q and %q", what, o.GetNamespace(), org, ns, labels[aggv1.LabelOrganization])
+	}
+}
+
+// checkNothingStored checks that a refused create left nothing a user
+// can see: GET answers NotFound and no CoderObjectRecord names it.
+func checkNothingStored(t *testing.T, s *aggStack, gvr schema.GroupVersionResource, name string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := s.dyn.Resource(gvr).Namespace(s.ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("GET %s %s after the refused create: %v, want NotFound", gvr.Resource, name, err)
+	}
+	var recs coderv1alpha1.CoderObjectRecordList
+	if err := s.c.List(ctx, &recs, client.InNamespace(s.ns)); err != nil {
+		t.Fatalf("list CoderObjectRecords of %s: %v", s.ns, err)
+	}
+	for _, r := range recs.Items {
+		if r.Spec.Name == name {
+			t.Errorf("the refused create of %s %s left CoderObjectRecord %s", gvr.Resource, name, r.Name)
+		}
+	}
 }
 
 func objectLabels(t *testing.T, raw []byte) map[string]string {
