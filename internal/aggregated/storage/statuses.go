@@ -11,6 +11,8 @@ import (
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/coderstatus"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/identity"
+	"github.com/coder/coder-k8s/internal/truncate"
 )
 
 // The Kubernetes statuses the storage answers with, naming the resource
@@ -32,6 +34,14 @@ func (r *genericStore) badName(name string, err error) error {
 // coderErr turns an error from t's coderd into a Kubernetes status that
 // names the control plane (or the static backend) in its hints.
 func (r *genericStore) coderErr(t target, err error, name string) error {
+	if t.caller != nil && t.operator != nil && coderapi.StatusCode(err) == http.StatusForbidden {
+		if _, premium := coderapi.FeatureUnavailable(err); !premium {
+			// coderd refused the caller, not coder-k8s: say whom, as a
+			// dry run's refusal does, rather than blame operator access.
+			return apierrors.NewForbidden(r.gr, name, &identity.Refused{Reason: fmt.Sprintf("coderd of %s refused Coder user %q: %s",
+				t.describe(), t.caller.Username, truncate.String(coderapi.Message(err), 1024))})
+		}
+	}
 	tgt := coderstatus.Target{Resource: r.gr, Kind: r.kind, Name: name, Fields: r.fields, StaticBackend: t.ControlPlane == ""}
 	if t.URL != nil {
 		tgt.CoderURL = t.URL.String()
