@@ -237,10 +237,18 @@ func (s *TemplateStorage) createdView(tpl *aggv1.CoderTemplate, t target, n temp
 	return dry
 }
 
-// planCreate finds the organization; a dry run asks coderd whether the
-// caller may create the template and checks its source instead.
+// planCreate finds the organization; a dry run checks the template's
+// source and asks coderd whether the caller may create the template
+// instead.
 func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateObjectName, tpl, dry *aggv1.CoderTemplate, dryRun bool) (createCall, error) {
 	if dryRun {
+		// In coderd's order (postTemplateByOrganization): the version
+		// given, read as the caller, is refused before the create is
+		// authorized, so a member naming another template's version is
+		// told what the real create tells them.
+		if err := s.previewCreate(ctx, t, dry); err != nil {
+			return nil, err
+		}
 		if t.caller != nil {
 			orgID, err := s.orgs.get(ctx, t, n.Org)
 			if err != nil {
@@ -250,7 +258,7 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 				return nil, err
 			}
 		}
-		return nil, s.previewCreate(ctx, t, dry)
+		return nil, nil
 	}
 	orgID, err := s.orgs.get(ctx, t, n.Org)
 	if err != nil {

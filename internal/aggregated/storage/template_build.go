@@ -92,9 +92,14 @@ func (s *TemplateStorage) previewCreate(ctx context.Context, t target, dry *aggv
 		return s.coderErr(t, err, dry.Name)
 	}
 	if v.TemplateID != nil && *v.TemplateID != uuid.Nil {
-		// coderd refuses it so (400); it reports a version of no
-		// template with the zero ID.
-		return s.invalid(dry.Name, field.ErrorList{field.Invalid(specPath.Child("versionID"), id.String(), "template version is already part of a template")})
+		// coderd refuses it so (400), which the real create answers as
+		// this Invalid status (coderstatus); coderd reports a version of
+		// no template with the zero ID.
+		errs := field.ErrorList{field.Invalid(specPath.Child("versionID"), field.OmitValueType{}, "Template version is already part of a template")}
+		st := apierrors.NewInvalid(aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), dry.Name, errs)
+		st.ErrStatus.Message = fmt.Sprintf("%s %q is invalid: Template version %s is already part of a template: %v",
+			aggv1.SchemeGroupVersion.WithKind(s.kind).GroupKind(), dry.Name, id, errs.ToAggregate())
+		return st
 	}
 	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, v.Job.FileID, s.opts.Limits)
 	if err != nil {
