@@ -53,6 +53,9 @@ type checkKey struct {
 type checkEntry struct {
 	allowed bool
 	expires time.Time
+	// asked is when the question was sent: coderd's answer holds for
+	// every object that existed then.
+	asked time.Time
 }
 
 // cachedCheck is the remembered answer to ch for the caller, fresh or not.
@@ -62,6 +65,22 @@ func (c *Caller) cachedCheck(ch Check) (checkEntry, bool) {
 		return checkEntry{}, false
 	}
 	return v.(checkEntry), true
+}
+
+// AllowedAt returns when coderd was last asked whether the caller may do
+// ch, if it answered yes, from the service's memory (kept keepStale past
+// its time) without asking again; false when no answer is remembered or
+// the last one was a refusal. A watch resumed from an earlier list uses it
+// to tell whether the caller was shown an object it may no longer read.
+func (c *Caller) AllowedAt(ch Check) (time.Time, bool) {
+	if c.token == nil {
+		return time.Time{}, false
+	}
+	e, ok := c.cachedCheck(ch)
+	if !ok || !e.allowed {
+		return time.Time{}, false
+	}
+	return e.asked, true
 }
 
 // Allowed answers checks for the caller, from the service's memory where
@@ -112,6 +131,7 @@ func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
 		sets = append(sets, curSets)
 	}
 	answers := map[Check]bool{}
+	asked := s.now()
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(coderapi.MaxParallel)
@@ -137,7 +157,7 @@ func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
 	}
 	expires := s.now().Add(checkTTL)
 	for ch, ok := range answers {
-		s.checks.Add(checkKey{c.token.key.coderd, c.UserID, ch}, checkEntry{allowed: ok, expires: expires}, checkTTL+keepStale)
+		s.checks.Add(checkKey{c.token.key.coderd, c.UserID, ch}, checkEntry{allowed: ok, expires: expires, asked: asked}, checkTTL+keepStale)
 	}
 	for _, i := range ask {
 		out[i] = answers[checks[i]]

@@ -249,7 +249,7 @@ func (r *genericStore) Watch(ctx context.Context, opts *metainternalversion.List
 	if err != nil {
 		return nil, err
 	}
-	return r.filterWatch(ctx, cs, w, all), nil
+	return r.filterWatch(ctx, cs, w, all, opts), nil
 }
 
 func namespaceOf(ctx context.Context) string {

@@ -6,10 +6,12 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
+	"github.com/coder/coder-k8s/internal/identity"
 )
 
 // A new watch's initial events arrive back to back; the filter gathers
@@ -26,12 +28,15 @@ const (
 // read, without the restricted fields of those whose fields they may not
 // see (DELETED included), typed as a watch of just those objects would
 // type them: ADDED for an object the watcher does not hold, MODIFIED for
-// one it holds, DELETED when it goes or stops being readable.
-func (r *genericStore) filterWatch(ctx context.Context, cs callers, in watch.Interface, allNamespaces bool) watch.Interface {
+// one it holds, DELETED when it goes or stops being readable. On a
+// resumed watch an object it has not sent counts as held only as far as
+// wasReadable can tell (docs/security.md says what that leaves out).
+func (r *genericStore) filterWatch(ctx context.Context, cs callers, in watch.Interface, allNamespaces bool, opts *metainternalversion.ListOptions) watch.Interface {
 	if len(cs) == 0 {
 		return in
 	}
-	fw := &filteredWatch{in: in, out: make(chan watch.Event), done: make(chan struct{}), r: r, cs: cs, allNamespaces: allNamespaces, holds: map[types.UID]bool{}}
+	fw := &filteredWatch{in: in, out: make(chan watch.Event), done: make(chan struct{}), r: r, cs: cs, allNamespaces: allNamespaces,
+		initial: startsWithState(opts), holds: map[types.UID]bool{}}
 	go fw.run(ctx)
 	return fw
 }
@@ -46,10 +51,14 @@ type filteredWatch struct {
 	cs callers
 	// allNamespaces: the watch spans namespaces (see shownTo).
 	allNamespaces bool
+	// initial: the watch starts with ADDED events of the current state,
+	// so the client holds only what this watch sent.
+	initial bool
 	// holds records, per object the watcher has been told of, whether it
-	// holds it now (was last sent it as ADDED or MODIFIED). Objects the
-	// watch has not seen are those the client listed before watching:
-	// they count as held when readable.
+	// holds it now (was last sent it as ADDED or MODIFIED). On a watch
+	// without initial events, objects it has not seen are those the
+	// client listed before watching: they count as held when readable, or
+	// when coderd last told the caller they could read it (wasReadable).
 	holds map[types.UID]bool
 }
 
@@ -109,6 +118,16 @@ func (w *filteredWatch) gather(ctx context.Context, timer *time.Timer) ([]watch.
 	return batch, true
 }
 
+// startsWithState says whether a watch with opts starts with ADDED
+// events of every current object, as the watch cache serves it.
+func startsWithState(opts *metainternalversion.ListOptions) bool {
+	wo := watchOptions(opts, nil, nil)
+	if wo.SendInitialEvents != nil {
+		return *wo.SendInitialEvents
+	}
+	return wo.ResourceVersion == "" || wo.ResourceVersion == "0"
+}
+
 // objectOf returns the object of an ADDED, MODIFIED or DELETED event.
 func objectOf(ev watch.Event) (watchcache.Object, bool) {
 	if ev.Type == watch.Bookmark || ev.Type == watch.Error {
@@ -124,6 +143,13 @@ func (w *filteredWatch) deliver(ctx context.Context, batch []watch.Event) bool {
 	for _, ev := range batch {
 		if o, ok := objectOf(ev); ok {
 			objs = append(objs, o)
+		}
+	}
+	// Before shownTo asks coderd, which replaces the answers remembered.
+	was := make([]bool, len(objs))
+	for i, o := range objs {
+		if _, seen := w.holds[o.GetUID()]; !seen && !w.initial {
+			was[i] = w.wasReadable(o)
 		}
 	}
 	var d shown
@@ -144,7 +170,7 @@ func (w *filteredWatch) deliver(ctx context.Context, batch []watch.Event) bool {
 			}
 			continue
 		}
-		out, send := w.translate(ev, o, d.read[i], d.full[i])
+		out, send := w.translate(ev, o, d.read[i] || was[i], d.read[i], d.full[i])
 		i++
 		if send && !w.send(ctx, out) {
 			return false
@@ -154,15 +180,16 @@ func (w *filteredWatch) deliver(ctx context.Context, batch []watch.Event) bool {
 }
 
 // translate types ev for the viewer, who may now read o (readable) and
-// see its restricted fields (full).
-func (w *filteredWatch) translate(ev watch.Event, o watchcache.Object, readable, full bool) (watch.Event, bool) {
+// see its restricted fields (full); listable says whether a list before
+// this watch showed o to them, as far as can be told (see wasReadable).
+func (w *filteredWatch) translate(ev watch.Event, o watchcache.Object, listable, readable, full bool) (watch.Event, bool) {
 	uid := o.GetUID()
 	held, seen := w.holds[uid]
 	if !seen {
-		// Not seen on this watch: a new object is not held; one the
-		// client listed before watching is held if readable then, which
-		// is taken to be as readable now.
-		held = ev.Type != watch.Added && readable
+		// Not seen on this watch: a new object is not held, nor is any
+		// after initial events; one the client listed before watching is
+		// held if it was listable.
+		held = !w.initial && ev.Type != watch.Added && listable
 	}
 	var typ watch.EventType
 	switch {
@@ -185,6 +212,37 @@ func (w *filteredWatch) translate(ev watch.Event, o watchcache.Object, readable,
 		out.Object = w.r.access.redact(o)
 	}
 	return out, true
+}
+
+// wasReadable says whether coderd's last remembered answer for the
+// caller let them read o at a time o existed: then an earlier list may
+// have shown it, and a DELETED tells them nothing they were not allowed
+// to know. Without such an answer (none asked in this process in the
+// last hour, or the last one a refusal) an object the caller may not read
+// now is not reported, even if their list held it: a DELETED for every
+// unreadable object would reveal the names of objects they may never
+// read.
+func (w *filteredWatch) wasReadable(o watchcache.Object) bool {
+	c := w.cs[backendKey(o)]
+	if c == nil || c.ClusterController {
+		return false // they read every object, so never lose one
+	}
+	oc, ok := w.r.access.checks(o)
+	if !ok {
+		return false
+	}
+	// Strictly after the creation time, which has whole seconds.
+	existed := o.GetCreationTimestamp().Add(time.Second)
+	checks := []identity.Check{oc.read}
+	if oc.readAll != nil {
+		checks = append(checks, *oc.readAll)
+	}
+	for _, ch := range checks {
+		if at, ok := c.AllowedAt(ch); ok && !at.Before(existed) {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *filteredWatch) send(ctx context.Context, ev watch.Event) bool {
