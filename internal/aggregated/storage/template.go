@@ -12,6 +12,7 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -237,28 +238,40 @@ func (s *TemplateStorage) createdView(tpl *aggv1.CoderTemplate, t target, n temp
 	return dry
 }
 
-// planCreate finds the organization; a dry run checks the template's
-// source and asks coderd whether the caller may create the template
-// instead.
+// planCreate finds the organization; a dry run makes the real create's
+// checks instead, in the order the real create meets them.
 func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateObjectName, tpl, dry *aggv1.CoderTemplate, dryRun bool) (createCall, error) {
 	if dryRun {
-		// In coderd's order (postTemplateByOrganization): the version
-		// given, read as the caller, is refused before the create is
-		// authorized, so a member naming another template's version is
-		// told what the real create tells them.
+		orgID, err := s.orgs.get(ctx, t, n.Org)
+		if err != nil {
+			return nil, s.coderErr(t, err, tpl.Name)
+		}
+		may := func() error {
+			return s.mayCreate(ctx, t, identity.Check{Resource: codersdk.ResourceTemplate, Action: codersdk.ActionCreate, OrganizationID: orgID}, tpl.Name)
+		}
+		if len(tpl.Spec.Files) > 0 {
+			// The real create stores a version as the caller (refused
+			// unless they may create templates), then the template.
+			if err := may(); err != nil {
+				return nil, err
+			}
+			if err := s.nameTaken(ctx, t, orgID, n, tpl.Name); err != nil {
+				return nil, err
+			}
+			return nil, s.previewCreate(ctx, t, dry)
+		}
+		// From spec.versionID, in coderd's order
+		// (postTemplateByOrganization): the name, then the version, read
+		// as the caller, and only then whether they may create, so that a
+		// member naming another template's version is told what the real
+		// create tells them.
+		if err := s.nameTaken(ctx, t, orgID, n, tpl.Name); err != nil {
+			return nil, err
+		}
 		if err := s.previewCreate(ctx, t, dry); err != nil {
 			return nil, err
 		}
-		if t.caller != nil {
-			orgID, err := s.orgs.get(ctx, t, n.Org)
-			if err != nil {
-				return nil, s.coderErr(t, err, tpl.Name)
-			}
-			if err := s.mayCreate(ctx, t, identity.Check{Resource: codersdk.ResourceTemplate, Action: codersdk.ActionCreate, OrganizationID: orgID}, tpl.Name); err != nil {
-				return nil, err
-			}
-		}
-		return nil, nil
+		return nil, may()
 	}
 	orgID, err := s.orgs.get(ctx, t, n.Org)
 	if err != nil {
@@ -300,6 +313,19 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 		}
 		return out, plan.apply, nil
 	}, nil
+}
+
+// nameTaken is the 409 the real create gets from coderd when the
+// organization has a template of that name the caller can see.
+func (s *TemplateStorage) nameTaken(ctx context.Context, t target, orgID uuid.UUID, n templateObjectName, name string) error {
+	_, err := t.Client.TemplateByName(ctx, orgID, n.Name)
+	switch {
+	case err == nil:
+		return apierrors.NewAlreadyExists(s.gr, name)
+	case coderapi.IsNotFound(err):
+		return nil
+	}
+	return s.coderErr(t, err, name)
 }
 
 // Run polls coderd for the watch cache and promotes templates' background
