@@ -190,6 +190,29 @@ func TestAccessPaths(t *testing.T) {
 		}
 	})
 
+	t.Run("a dry-run create of a taken name answers what the real create does", func(t *testing.T) {
+		src, err := st.coder.Client.TemplateByName(ctx, st.coder.OrganizationID, st.templates[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := tplOf(st.templates[0])
+		want := fmt.Sprintf("codertemplates.aggregation.coder.com %q already exists", name)
+		for _, c := range []struct {
+			who  string
+			spec aggv1.CoderTemplateSpec
+		}{
+			{"tadmin", aggv1.CoderTemplateSpec{Files: map[string]string{"main.tf": "# nothing\n"}}},
+			{"alice", aggv1.CoderTemplateSpec{VersionID: src.ActiveVersionID.String()}},
+		} {
+			for _, opts := range []*metav1.CreateOptions{dryCreate, create} {
+				_, err := st.tpls.Create(as(c.who, nsMapped, nil), &aggv1.CoderTemplate{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: c.spec}, nil, opts)
+				if !apierrors.IsAlreadyExists(err) || err.Error() != want {
+					t.Errorf("%s creates %s (dry run %v): %v, want 409 %q", c.who, name, len(opts.DryRun) > 0, err, want)
+				}
+			}
+		}
+	})
+
 	t.Run("a DELETED event carries only what the watcher may see", func(t *testing.T) {
 		watchAs := func(who string) watch.Interface {
 			w, err := st.tpls.Watch(as(who, nsMapped, nil), &metainternalversion.ListOptions{ResourceVersion: "0"})
