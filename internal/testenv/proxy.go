@@ -54,10 +54,14 @@ type Request struct {
 
 // EndpointStats is what the proxy saw of one endpoint.
 type EndpointStats struct {
-	// Requests is the number of requests forwarded.
+	// Requests is the number of requests forwarded, counted when
+	// forwarding starts: a client that has its answer finds its request
+	// counted (the proxy finishes its own bookkeeping after the client
+	// may have read the response).
 	Requests int64
 	// Time is their summed duration, from the request's arrival at the
-	// proxy to the end of the response (streams count until they end).
+	// proxy to the end of the response (streams count until they end),
+	// added once a request ends.
 	Time time.Duration
 	// Bytes is the summed size of their response bodies.
 	Bytes int64
@@ -102,9 +106,11 @@ func StartCountingProxy(target *url.URL) (*CountingProxy, error) {
 					return
 				}
 			}
+			endpoint := r.Method + " " + Endpoint(r.URL.Path)
+			p.count(endpoint)
 			cw := &countingWriter{ResponseWriter: w}
 			rp.ServeHTTP(cw, r)
-			p.record(Request{Endpoint: r.Method + " " + Endpoint(r.URL.Path), Start: start, End: time.Now(), Bytes: cw.n})
+			p.record(Request{Endpoint: endpoint, Start: start, End: time.Now(), Bytes: cw.n})
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -139,11 +145,20 @@ func (w *countingWriter) Write(b []byte) (int, error) {
 
 func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// count counts a request of endpoint as it starts being forwarded.
+func (p *CountingProxy) count(endpoint string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stats[endpoint]
+	s.Requests++
+	p.stats[endpoint] = s
+}
+
+// record adds an ended request's time and size.
 func (p *CountingProxy) record(r Request) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.stats[r.Endpoint]
-	s.Requests++
 	s.Time += r.End.Sub(r.Start)
 	s.Bytes += r.Bytes
 	p.stats[r.Endpoint] = s
