@@ -118,10 +118,11 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 	// the request and the check comes at its interval.
 	rechecks := make(chan event.TypedGenericEvent[types.NamespacedName], 64)
 	if err := controller.Setup(mgr, controller.Options{
-		CoderRequestTimeout:         cfg.Controller.CoderRequestTimeout.Duration,
-		OperatorAccessCheckInterval: cfg.Controller.OperatorAccessCheckInterval.Duration,
-		AccessRechecks:              rechecks,
-		WorkspaceRBAC:               workspaceRBACPolicy(cfg.Controller.WorkspaceRBAC),
+		CoderRequestTimeout:          cfg.Controller.CoderRequestTimeout.Duration,
+		OperatorAccessCheckInterval:  cfg.Controller.OperatorAccessCheckInterval.Duration,
+		ReplacedTokenRevocationDelay: cfg.Controller.ReplacedTokenRevocationDelay.Duration,
+		AccessRechecks:               rechecks,
+		WorkspaceRBAC:                workspaceRBACPolicy(cfg.Controller.WorkspaceRBAC),
 	}); err != nil {
 		return fmt.Errorf("set up controllers: %w", err)
 	}

@@ -36,6 +36,9 @@ func Default() Configuration {
 			CoderRequestTimeout:    D(30 * time.Second),
 			// A token check per control plane every five minutes.
 			OperatorAccessCheckInterval: D(5 * time.Minute),
+			// Informers see the new token within seconds; requests to
+			// coderd end within coderRequestTimeout (30s by default).
+			ReplacedTokenRevocationDelay: D(5 * time.Minute),
 			LeaderElection: LeaderElection{
 				Enabled:       true,
 				LeaseName:     "coder-k8s-leader",

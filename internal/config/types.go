@@ -94,6 +94,12 @@ type Controller struct {
 	// the longest a coderd outage or a revoked token goes unnoticed in the
 	// CoderControlPlane's status.
 	OperatorAccessCheckInterval Duration `json:"operatorAccessCheckInterval"`
+	// ReplacedTokenRevocationDelay is how long an operator token keeps
+	// working after the controller stored its replacement, before the
+	// controller revokes it: long enough for the aggregated API server of
+	// every replica to read the new token and for requests already sent
+	// with the old one to finish, so that a rotation fails no request.
+	ReplacedTokenRevocationDelay Duration `json:"replacedTokenRevocationDelay"`
 	// LeaderElection makes one replica reconcile while every replica
 	// serves the aggregated API and MCP.
 	LeaderElection LeaderElection `json:"leaderElection"`

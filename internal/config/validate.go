@@ -58,6 +58,7 @@ func validateController(c *Controller, p *field.Path) field.ErrorList {
 	errs = append(errs, validateAddress(c.MetricsBindAddress, p.Child("metricsBindAddress"), true)...)
 	errs = append(errs, positive(c.CoderRequestTimeout, p.Child("coderRequestTimeout"))...)
 	errs = append(errs, positive(c.OperatorAccessCheckInterval, p.Child("operatorAccessCheckInterval"))...)
+	errs = append(errs, positive(c.ReplacedTokenRevocationDelay, p.Child("replacedTokenRevocationDelay"))...)
 
 	le, lp := &c.LeaderElection, p.Child("leaderElection")
 	for _, msg := range validation.IsDNS1123Subdomain(le.LeaseName) {

@@ -26,6 +26,9 @@ type Options struct {
 	// OperatorAccessCheckInterval is how often each control plane's coderd
 	// and operator token are checked; 0 means the access manager's default.
 	OperatorAccessCheckInterval time.Duration
+	// ReplacedTokenRevocationDelay is how long a replaced operator token
+	// keeps working; 0 means the access manager's default.
+	ReplacedTokenRevocationDelay time.Duration
 	// AccessRechecks names control planes whose operator token was seen
 	// rejected by coderd; each gets an access check at once. Optional.
 	AccessRechecks <-chan event.TypedGenericEvent[types.NamespacedName]
@@ -38,11 +41,12 @@ type Options struct {
 // replica holding the leader lease.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	access := &operatoraccess.Manager{
-		Client:        mgr.GetClient(),
-		APIReader:     mgr.GetAPIReader(),
-		Recorder:      mgr.GetEventRecorder("operator-access"),
-		Timeout:       opts.CoderRequestTimeout,
-		ValidateEvery: opts.OperatorAccessCheckInterval,
+		Client:              mgr.GetClient(),
+		APIReader:           mgr.GetAPIReader(),
+		Recorder:            mgr.GetEventRecorder("operator-access"),
+		Timeout:             opts.CoderRequestTimeout,
+		ValidateEvery:       opts.OperatorAccessCheckInterval,
+		RevokeReplacedAfter: opts.ReplacedTokenRevocationDelay,
 	}
 	if err := (&controlplane.Reconciler{Access: access, Rechecks: opts.AccessRechecks, WorkspaceRBAC: opts.WorkspaceRBAC}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("CoderControlPlane controller: %w", err)

@@ -157,6 +157,16 @@ func (m *Manager) reconcile(ctx context.Context, ccp *coderv1alpha1.CoderControl
 	}
 	res.Entitlements = entitlements(ctx, operator)
 	res.RequeueAfter = m.validateEvery()
+	due, err := m.revokeReplaced(ctx, ccp, u, secret)
+	if err != nil {
+		// Access itself is fine: the replaced tokens stay recorded and
+		// are tried again soon.
+		log.Info("could not revoke the replaced operator tokens; retrying", "error", err.Error())
+		due = retryUnreachable
+	}
+	if due > 0 {
+		res.RequeueAfter = min(res.RequeueAfter, due)
+	}
 	m.remember(ccp, secret, coderURL, res)
 	return res, nil
 }

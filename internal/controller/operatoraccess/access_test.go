@@ -37,7 +37,41 @@ func newFixture(t *testing.T, k *testenv.KubeAPI) *fixture {
 		t.Fatal(err)
 	}
 	rec := events.NewFakeRecorder(100)
-	return &fixture{k: k, c: c, rec: rec, m: &operatoraccess.Manager{Client: c, Recorder: rec, Timeout: 5 * time.Second}}
+	return &fixture{k: k, c: c, rec: rec, m: &operatoraccess.Manager{Client: c, Recorder: rec, Timeout: 5 * time.Second, RevokeReplacedAfter: testRevokeDelay}}
+}
+
+// testRevokeDelay is the fixture's grace period of a replaced token.
+const testRevokeDelay = 2 * time.Second
+
+// revokedAfterDelay checks a rotation's grace period (rotated is the
+// result of the pass that rotated): the replaced token (old) still works
+// once its successor is stored, that pass asks to come back no later than
+// the delay, and the first pass after the delay revokes it and clears the
+// record from the token Secret.
+func (f *fixture) revokedAfterDelay(t *testing.T, ccp *coderv1alpha1.CoderControlPlane, coderURL string, rotated operatoraccess.Result, old *codersdk.Client) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := old.User(ctx, codersdk.Me); err != nil {
+		t.Fatalf("the replaced token stopped working before its grace period ended: %v", err)
+	}
+	if rotated.RequeueAfter <= 0 || rotated.RequeueAfter > testRevokeDelay {
+		t.Errorf("the rotating pass requeues after %s, want at most the revocation delay %s", rotated.RequeueAfter, testRevokeDelay)
+	}
+	s := f.secret(t, ccp.Namespace, rotated.TokenSecretRef.Name)
+	after, err := time.Parse(time.RFC3339, s.Annotations["coder.com/revoke-replaced-after"])
+	if err != nil || s.Annotations["coder.com/replaced-token-ids"] == "" {
+		t.Fatalf("the token Secret records no pending revocation: %v", s.Annotations)
+	}
+	time.Sleep(time.Until(after))
+	r, err := f.m.Reconcile(ctx, ccp, coderURL)
+	mustReady(t, r, err)
+	if _, err := old.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
+		t.Errorf("the replaced token still works after the revocation delay: %v", err)
+	}
+	s = f.secret(t, ccp.Namespace, rotated.TokenSecretRef.Name)
+	if v, ok := s.Annotations["coder.com/replaced-token-ids"]; ok {
+		t.Errorf("the token Secret still records replaced tokens %q after revoking them", v)
+	}
 }
 
 // controlPlane creates a CoderControlPlane adopting coderd at url in a new
@@ -269,9 +303,7 @@ func TestFreshCoderd(t *testing.T) {
 		if _, err := f.tokenClient(t, ccp, coder.URL, r3).User(ctx, codersdk.Me); err != nil {
 			t.Fatalf("rotated token rejected: %v", err)
 		}
-		if _, err := old.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
-			t.Errorf("the replaced token still works after rotation: %v", err)
-		}
+		f.revokedAfterDelay(t, ccp, coder.URL.String(), r3, old)
 	})
 
 	t.Run("disabling access revokes the token and deletes its Secret", func(t *testing.T) {
@@ -366,9 +398,7 @@ func TestExistingCoderd(t *testing.T) {
 		if me, err := f.tokenClient(t, ccp, coder.URL, r2).User(ctx, codersdk.Me); err != nil || me.Username != operatoraccess.OperatorUsername {
 			t.Fatalf("renewed operator token: %v %v", me.Username, err)
 		}
-		if _, err := old.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
-			t.Errorf("the replaced token still works after renewal: %v", err)
-		}
+		f.revokedAfterDelay(t, ccp, coder.URL.String(), r2, old)
 	})
 
 	t.Run("a token lifetime above coderd's maximum is capped at that maximum", func(t *testing.T) {
@@ -416,6 +446,7 @@ func TestExistingCoderd(t *testing.T) {
 		before := time.Now()
 		r, err = f.m.Reconcile(ctx, ccp, coder.URL.String())
 		mustReady(t, r, err)
+		rotated := r
 		renewed := f.issuedToken(t, ccp, coder.URL, r)
 		if renewed.id == issued.id {
 			t.Fatalf("with 59m of 3h left the token %s was kept; want it renewed", issued.id)
@@ -426,9 +457,7 @@ func TestExistingCoderd(t *testing.T) {
 		if exp := renewed.key.ExpiresAt; exp.Before(before.Add(lifetime).Add(-time.Second)) {
 			t.Errorf("renewed token expires at %s, want 3h after renewal (%s)", exp, before.Add(lifetime))
 		}
-		if _, err := old.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
-			t.Errorf("the replaced token still works after renewal: %v", err)
-		}
+		f.revokedAfterDelay(t, ccp, coder.URL.String(), rotated, old)
 	})
 
 	t.Run("a license on the open-source coderd is reported as not supported", func(t *testing.T) {

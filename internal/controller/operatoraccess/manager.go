@@ -76,6 +76,12 @@ type Manager struct {
 	// ValidateEvery bounds how often a valid token is re-checked with
 	// coderd; reconciles in between reuse the last result.
 	ValidateEvery time.Duration
+	// RevokeReplacedAfter is how long a replaced operator token keeps
+	// working after its successor is stored, so that every reader of the
+	// token Secret (the aggregated API server of each replica, through
+	// its informer) has switched and requests sent with the old token
+	// have finished (DefaultRevokeReplacedAfter when 0).
+	RevokeReplacedAfter time.Duration
 
 	mu      sync.Mutex
 	results map[types.UID]cacheEntry
@@ -166,6 +172,14 @@ func (m *Manager) cached(ccp *coderv1alpha1.CoderControlPlane, secret *corev1.Se
 	left := m.validateEvery() - time.Since(e.at)
 	if left <= 0 {
 		return Result{}, false
+	}
+	if ids, after := pendingRevocation(secret); len(ids) > 0 {
+		// Replaced tokens are revoked by a full pass, when they are due.
+		due := time.Until(after)
+		if due <= 0 {
+			return Result{}, false
+		}
+		left = min(left, due)
 	}
 	r := e.result
 	r.RequeueAfter = left

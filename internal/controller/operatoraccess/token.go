@@ -8,13 +8,16 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -30,13 +33,24 @@ const (
 	annotationTokenID   = "coder.com/token-id"
 	annotationExpiresAt = "coder.com/token-expires-at"
 	annotationLifetime  = "coder.com/token-lifetime-seconds"
+	// annotationReplaced lists, comma-separated, the IDs of the operator
+	// tokens this one replaced that are not revoked yet, and
+	// annotationRevokeAfter says from when they are revoked. Kept in the
+	// Secret, not in memory, so that a restart or a new leader still
+	// revokes them.
+	annotationReplaced    = "coder.com/replaced-token-ids"
+	annotationRevokeAfter = "coder.com/revoke-replaced-after"
 )
+
+// DefaultRevokeReplacedAfter is Manager.RevokeReplacedAfter when unset.
+const DefaultRevokeReplacedAfter = 5 * time.Minute
 
 // defaultLifetime is the operator token's lifetime when
 // spec.operatorAccess.tokenLifetime is unset.
 const defaultLifetime = 168 * time.Hour
 
-// Revoke deletes the operator's token in coderd and its Secret. A token
+// Revoke deletes the operator's token in coderd, with the tokens it
+// replaced that are still in their grace period, and its Secret. A token
 // coderd no longer knows counts as revoked; an unreachable coderd is an
 // error, so the caller decides how long to keep trying. The token is sent
 // only when coderURL is the URL it was issued for (recorded in its
@@ -56,7 +70,19 @@ func (m *Manager) Revoke(ctx context.Context, ccp *coderv1alpha1.CoderControlPla
 	} else if u, err := url.Parse(issuedFor); err == nil && u.Host != "" {
 		c := coderapi.NewClient(u, string(secret.Data[coderapi.TokenKey]), m.timeout(), m.target(ccp))
 		defer coderapi.CloseIdle(c)
-		err := c.DeleteAPIKey(ctx, codersdk.Me, secret.Annotations[annotationTokenID])
+		// Replaced tokens still in their grace period first: revoking
+		// them needs the current token.
+		replaced, _ := pendingRevocation(secret)
+		err := deleteTokens(ctx, c, replaced)
+		switch {
+		case coderapi.IsUnauthorized(err):
+			m.event(ccp, corev1.EventTypeWarning, "OperatorTokenNotRevoked", fmt.Sprintf(
+				"the replaced operator tokens %s (coder user %s) could not be revoked: coderd refuses the current operator token; revoke them in the coderd at %s",
+				strings.Join(replaced, ", "), OperatorUsername, issuedFor))
+		case err != nil:
+			return fmt.Errorf("coderd at %s: %w", u, err)
+		}
+		err = c.DeleteAPIKey(ctx, codersdk.Me, secret.Annotations[annotationTokenID])
 		switch {
 		case err == nil:
 			m.event(ccp, corev1.EventTypeNormal, "OperatorTokenRevoked", "Revoked the operator token in coderd")
@@ -130,8 +156,9 @@ func (m *Manager) issueToken(ctx context.Context, ccp *coderv1alpha1.CoderContro
 }
 
 // issueWith makes sure, acting through owner, that the operator user
-// exists with the owner role, creates a token for it, stores the token in
-// the Secret and revokes the one it replaces.
+// exists with the owner role, creates a token for it and stores the token
+// in the Secret, with the one it replaces recorded for revocation after
+// a grace period.
 func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, at coderd, old *corev1.Secret, res *Result, owner *codersdk.Client) (*corev1.Secret, error) {
 	user, err := owner.User(ctx, OperatorUsername)
 	switch {
@@ -181,6 +208,7 @@ func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		return nil, nil
 	}
 
+	revokeAfter := time.Now().Add(m.revokeReplacedAfter())
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: coderapi.TokenSecretName(ccp.Name), Namespace: ccp.Namespace}}
 	_, err = controllerutil.CreateOrUpdate(ctx, m.Client, secret, func() error {
 		secret.Labels = coderapi.OperatorSecretLabels(ccp.Name)
@@ -192,6 +220,15 @@ func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControl
 			// Bound to the coderd's URL, not to where it was dialled.
 			coderapi.AnnotationCoderURL: at.url,
 		}
+		// The replaced token stays valid for a grace period: the
+		// aggregated API server of every replica reads this Secret
+		// through its own informer, and requests already sent with the
+		// old token must finish. The controller revokes it afterwards
+		// (revokeReplaced).
+		if ids := replacedBy(old, at.url); len(ids) > 0 {
+			secret.Annotations[annotationReplaced] = strings.Join(ids, ",")
+			secret.Annotations[annotationRevokeAfter] = revokeAfter.UTC().Format(time.RFC3339)
+		}
 		secret.Type = corev1.SecretTypeOpaque
 		secret.Data = map[string][]byte{coderapi.TokenKey: []byte(key.Key)}
 		return controllerutil.SetControllerReference(ccp, secret, m.Client.Scheme())
@@ -200,15 +237,93 @@ func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		return nil, fmt.Errorf("store operator token in Secret %s: %w", secret.Name, err)
 	}
 
-	// The replaced token is revoked only once its successor is stored, so
-	// a failure in between never leaves the operator without a token.
-	if old != nil && old.Annotations[annotationTokenID] != "" && coderapi.SameURL(old.Annotations[coderapi.AnnotationCoderURL], at.url) {
-		if err := owner.DeleteAPIKey(ctx, user.ID.String(), old.Annotations[annotationTokenID]); err != nil &&
-			!coderapi.IsNotFound(err) {
-			logf.FromContext(ctx).Info("could not revoke the replaced operator token", "error", coderapi.Message(err))
+	return secret, nil
+}
+
+// replacedBy returns the token IDs a token replacing old leaves to be
+// revoked: old's own and those old still had pending, when old was
+// issued by the coderd at coderURL (a token of another coderd is never
+// sent to this one).
+func replacedBy(old *corev1.Secret, coderURL string) []string {
+	if old == nil || !coderapi.SameURL(old.Annotations[coderapi.AnnotationCoderURL], coderURL) {
+		return nil
+	}
+	ids, _ := pendingRevocation(old)
+	if id := old.Annotations[annotationTokenID]; id != "" && !slices.Contains(ids, id) {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// pendingRevocation reads the replaced tokens a token Secret records and
+// when they are due (the zero time, so at once, when unreadable).
+func pendingRevocation(s *corev1.Secret) ([]string, time.Time) {
+	var ids []string
+	for id := range strings.SplitSeq(s.Annotations[annotationReplaced], ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			ids = append(ids, id)
 		}
 	}
-	return secret, nil
+	after, _ := time.Parse(time.RFC3339, s.Annotations[annotationRevokeAfter])
+	return ids, after
+}
+
+// revokeReplaced revokes, with the operator's current token, the tokens
+// it replaced once their grace period is over, and clears the record. It
+// returns how long until the next pending revocation is due (0 when none
+// is left).
+func (m *Manager) revokeReplaced(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, u *url.URL, secret *corev1.Secret) (time.Duration, error) {
+	ids, after := pendingRevocation(secret)
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if left := time.Until(after); left > 0 {
+		return left, nil
+	}
+	c := coderapi.NewClient(u, string(secret.Data[coderapi.TokenKey]), m.timeout(), m.target(ccp))
+	defer coderapi.CloseIdle(c)
+	return 0, m.revokeReplacedWith(ctx, ccp, c, secret)
+}
+
+// revokeReplacedWith revokes the replaced tokens secret records, acting
+// as the operator through c, and removes the record from the Secret
+// (updated in place).
+func (m *Manager) revokeReplacedWith(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane, c *codersdk.Client, secret *corev1.Secret) error {
+	ids, _ := pendingRevocation(secret)
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := deleteTokens(ctx, c, ids); err != nil {
+		return err
+	}
+	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	delete(secret.Annotations, annotationReplaced)
+	delete(secret.Annotations, annotationRevokeAfter)
+	if err := m.Client.Patch(ctx, secret, patch); err != nil {
+		return fmt.Errorf("clear the revoked tokens from Secret %s: %w", secret.Name, err)
+	}
+	m.event(ccp, corev1.EventTypeNormal, "OperatorTokenRevoked",
+		fmt.Sprintf("Revoked the replaced operator token %s once every reader had switched to its successor", strings.Join(ids, ", ")))
+	return nil
+}
+
+// deleteTokens revokes the operator's own tokens ids through c, the
+// operator's session. A token coderd no longer knows (expired, or
+// revoked by an admin) needs nothing more.
+func deleteTokens(ctx context.Context, c *codersdk.Client, ids []string) error {
+	for _, id := range ids {
+		if err := c.DeleteAPIKey(ctx, codersdk.Me, id); err != nil && !coderapi.IsNotFound(err) {
+			return fmt.Errorf("revoke replaced operator token %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+func (m *Manager) revokeReplacedAfter() time.Duration {
+	if m.RevokeReplacedAfter > 0 {
+		return m.RevokeReplacedAfter
+	}
+	return DefaultRevokeReplacedAfter
 }
 
 func hasRole(u codersdk.User, role string) bool {
