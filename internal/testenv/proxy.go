@@ -50,6 +50,8 @@ type Request struct {
 	Start, End time.Time
 	// Bytes is the size of the response body.
 	Bytes int64
+	// Status is the response's HTTP status code.
+	Status int
 }
 
 // EndpointStats is what the proxy saw of one endpoint.
@@ -110,7 +112,7 @@ func StartCountingProxy(target *url.URL) (*CountingProxy, error) {
 			p.count(endpoint)
 			cw := &countingWriter{ResponseWriter: w}
 			rp.ServeHTTP(cw, r)
-			p.record(Request{Endpoint: endpoint, Start: start, End: time.Now(), Bytes: cw.n})
+			p.record(Request{Endpoint: endpoint, Start: start, End: time.Now(), Bytes: cw.n, Status: cw.status()})
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -130,11 +132,29 @@ func NewCountingProxy(t testing.TB, target *url.URL) *CountingProxy {
 	return p
 }
 
-// countingWriter counts the body bytes of a response; Unwrap lets the
+// countingWriter counts the body bytes of a response and keeps its
+// status code; Unwrap lets the
 // reverse proxy flush and hijack (upgrades) through it.
 type countingWriter struct {
 	http.ResponseWriter
-	n int64
+	n    int64
+	code int
+}
+
+func (w *countingWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// status is the status code sent (200 when the handler wrote a body
+// without one, 0 when it wrote nothing).
+func (w *countingWriter) status() int {
+	if w.code == 0 && w.n > 0 {
+		return http.StatusOK
+	}
+	return w.code
 }
 
 func (w *countingWriter) Write(b []byte) (int, error) {

@@ -276,8 +276,13 @@ func testSlowCoderd(t *testing.T, s *aggStack, proxy *testenv.CountingProxy, age
 	})
 }
 
-// testTokenRevoked (scenario C) deletes the operator's token of control
-// plane coder/coder in coderd, as coderd's admin.
+// testTokenRevoked (scenario C) deletes the operator's current token of
+// control plane coder/coder in coderd, as coderd's admin. Unlike a
+// rotation (TestOperatorTokenRotation: the replaced token keeps working
+// until every reader has switched, and no request fails), nothing valid is
+// left to call coderd with until the controller has issued a new token
+// with the owner session: requests needing the operator's session in that
+// window are refused, and the test checks they are refused honestly.
 func testTokenRevoked(t *testing.T, s *aggStack, wsName string) {
 	ctx := context.Background()
 	var ccp coderv1alpha1.CoderControlPlane
@@ -339,8 +344,8 @@ func testTokenRevoked(t *testing.T, s *aggStack, wsName string) {
 	t.Logf("the aggregated API recovered %s after the revocation; errors seen meanwhile: %q",
 		time.Since(revokedAt).Round(time.Millisecond), seen)
 	for _, e := range seen {
-		// A refused token is a 403 naming the control plane, never a
-		// 500 or an empty answer.
+		// While coderd refuses the operator's only token, the answer is
+		// a 403 naming the control plane, never a 500 or an empty list.
 		if !strings.Contains(e, "operator access to control plane "+s.ns+"/coder was refused") {
 			t.Errorf("while the token was revoked the aggregated API answered: %s", e)
 		}
