@@ -201,3 +201,72 @@ func TestURLChangeNeedsNewCredentials(t *testing.T) {
 	}
 	proxy.RequireNoCredential(t, values)
 }
+
+// TestRotatedTokenRevokedOnTime runs the reconciler with the real access
+// manager: a rotation leaves the replaced token working, and the
+// reconciler comes back by itself when its revocation is due (the access
+// check interval, 5 minutes by default, is far away) and revokes it.
+func TestRotatedTokenRevokedOnTime(t *testing.T) {
+	const delay = 3 * time.Second
+	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	ns := controllertest.Namespace(t, "rotation")
+	ctx := context.Background()
+
+	mgr := controllertest.NewManager(t, controllertest.Kube().Config, ns)
+	access := &operatoraccess.Manager{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("operator-access"),
+		Timeout: 15 * time.Second, RevokeReplacedAfter: delay}
+	if err := (&Reconciler{Access: access}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	controllertest.StartManager(t, mgr)
+
+	c := controllertest.Client(t)
+	create(t, c, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "owner"},
+		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
+	})
+	ccp := newControlPlane(ns, "coder")
+	ccp.Spec.ExternalURL = coder.URL.String()
+	ccp.Spec.OperatorAccess.OwnerTokenSecretRef = &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"}
+	create(t, c, ccp)
+	ccp = waitConditionFor(t, 60*time.Second, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, coderv1alpha1.ReasonTokenValid)
+	ref := ccp.Status.OperatorTokenSecretRef
+	first := readSecretKey(t, ns, ref.Name, ref.Key)
+	old := codersdk.New(coder.URL, codersdk.WithSessionToken(first))
+
+	// The Secret says the token is near expiry: the Secret's change makes
+	// the reconciler rotate it.
+	var secret corev1.Secret
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, &secret); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(secret.DeepCopy())
+	secret.Annotations["coder.com/token-expires-at"] = time.Now().Add(time.Minute).UTC().Format(time.RFC3339)
+	if err := c.Patch(ctx, &secret, patch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a new operator token", func() error {
+		if readSecretKey(t, ns, ref.Name, ref.Key) == first {
+			return fmt.Errorf("the Secret still holds the first token")
+		}
+		return nil
+	})
+	rotated := time.Now()
+	if _, err := old.User(ctx, codersdk.Me); err != nil {
+		t.Fatalf("the replaced token was refused right after the rotation: %v", err)
+	}
+	eventually(t, delay+15*time.Second, "the replaced token revoked", func() error {
+		if _, err := old.User(ctx, codersdk.Me); !coderapi.IsUnauthorized(err) {
+			return fmt.Errorf("coderd still takes the replaced token (%v)", err)
+		}
+		return nil
+	})
+	if took := time.Since(rotated); took < delay-time.Second {
+		t.Errorf("the replaced token was revoked %s after the rotation, before the %s delay", took, delay)
+	}
+	waitEvent(t, ns, "coder", corev1.EventTypeNormal, "OperatorTokenRevoked")
+	next := codersdk.New(coder.URL, codersdk.WithSessionToken(readSecretKey(t, ns, ref.Name, ref.Key)))
+	if _, err := next.User(ctx, codersdk.Me); err != nil {
+		t.Errorf("coderd refuses the current token: %v", err)
+	}
+}
