@@ -208,7 +208,9 @@ func (m *Manager) issueWith(ctx context.Context, ccp *coderv1alpha1.CoderControl
 		return nil, nil
 	}
 
-	revokeAfter := time.Now().Add(m.revokeReplacedAfter())
+	// Rounded up to the second the annotation keeps, so that the grace
+	// period is never shorter than configured.
+	revokeAfter := time.Now().Add(m.revokeReplacedAfter()).Truncate(time.Second).Add(time.Second)
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: coderapi.TokenSecretName(ccp.Name), Namespace: ccp.Namespace}}
 	_, err = controllerutil.CreateOrUpdate(ctx, m.Client, secret, func() error {
 		secret.Labels = coderapi.OperatorSecretLabels(ccp.Name)
