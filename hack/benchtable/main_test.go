@@ -14,10 +14,10 @@ import (
 // BenchmarkMemory lines of a `make bench-memory` run; the
 // BenchmarkWorkspaces/Metadata line of a `make bench-metadata` run; the
 // BenchmarkWorkspaces/Aggregated result line of a BENCH_WORKSPACES=20 run
-// (the watch latency and kubectl table figures); the output of a `make
-// bench-shared` run; the result line of a BenchmarkPromoter run; the output
-// of a `make bench-admission` run; and the MCP, Identity, startup and
-// tokens-per-hour blocks of the runs in docs/bench (4b8c753 and 9e649e6).
+// (the watch latency and kubectl table figures); the output
+// of a `make bench-admission` run; and the MCP, Identity, startup,
+// tokens-per-hour, shared-cluster and promoter blocks of the runs in
+// docs/bench (4b8c753, 9e649e6 and 6ac9271).
 // Around them: a controller-runtime warning with a stack trace, `--- BENCH:`
 // log blocks, the goos/pkg header.
 func readFixture(t *testing.T) results {
@@ -161,9 +161,9 @@ func TestRenderRealOutput(t *testing.T) {
 		{"aggregated list ratio, admission on (1 policy bound) / off", "1.004", "yes", "on 85.0 ms, off 78.2 ms; noise ±0.029; target ≤ 1.05 beyond noise"},
 		{"template apply ratio, admission on (1 policy bound) / off", "1.008", "yes", "on 274 ms, off 271 ms; noise ±0.100"},
 		{"RSS ratio, admission on (1 policy bound) / off", "1.064", "yes", "on 117.5 MiB, off 110.1 MiB; noise ±0.005; target ≤ 1.10 beyond noise"},
-		{"template promotion delay, 20 builds hung in another coderd, median", "0.39", "yes", "no hung builds 0.39; poll interval 2000 ms; target ≤ 1"},
-		{"template promotion delay, 20 builds hung in another coderd, max", "0.97", "—", "no hung builds 1.09"},
-		{"all-namespaces list, 1 of 2 coderds hung (cluster controller)", "0.73", "yes", "both up 176.2 ms, hung 128.4 ms, 300 workspaces; target ≤ 1.2"},
+		{"template promotion delay, 20 builds hung in another coderd, median", "0.89", "yes", "no hung builds 0.72; poll interval 2000 ms; target ≤ 1"},
+		{"template promotion delay, 20 builds hung in another coderd, max", "0.91", "—", "no hung builds 0.93"},
+		{"all-namespaces list, 1 of 2 coderds hung (cluster controller)", "0.56", "yes", "both up 128.1 ms, hung 71.7 ms, 300 workspaces; target ≤ 1.2"},
 		{"workspaces missing from that list (Coder owner, Mapped mode)", "0", "yes", "of 300; target 0"},
 		{"authorization checks for a member's new watch of 300 templates (Mapped mode)", "31", "yes", "ceil(300/10) = 30; target ≤ 31"},
 	} {
