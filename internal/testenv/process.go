@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -72,14 +73,28 @@ func Binary(name string) (string, error) {
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort() (int, error) { return freePortOn("127.0.0.1") }
 
+// The ports FreePort hands out lie below the kernel's ephemeral range
+// (ip_local_port_range, 32768-60999 by default), where every outgoing
+// connection takes its local port, and below Kubernetes' NodePort range
+// (30000-32767). A port the kernel picks for net.Listen(":0") comes from
+// the ephemeral range, so any of the suites' many outgoing connections
+// could take it between the check and the server's own bind: CI saw the
+// operator's aggregated port taken so. Only another FreePort caller can
+// still race for one of these, at random among 10,000.
+const freePortLow, freePortHigh = 20000, 30000
+
 // freePortOn returns a TCP port on host that was free a moment ago.
 func freePortOn(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("find a free port on %s: %w", host, err)
+	var err error
+	for range 100 {
+		port := freePortLow + rand.IntN(freePortHigh-freePortLow)
+		var l net.Listener
+		if l, err = net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port))); err == nil {
+			_ = l.Close()
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("find a free port on %s between %d and %d: %w", host, freePortLow, freePortHigh-1, err)
 }
 
 // Process is a component of the test stack running as a child process.
