@@ -362,7 +362,7 @@ func TestDurableMetadata(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req := metaUpdate(&tpl)
+		req := coderapi.TemplateMeta(&tpl)
 		desc := "changed in Coder"
 		req.Description = &desc
 		if _, err := ms.coder.Client.UpdateTemplateMeta(ms.ctx, tpl.ID, req); err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
 	"strings"
 	"time"
 
@@ -402,9 +401,11 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 			return nil, nil, err
 		}
 		if metaChanged {
-			req := metaUpdate(&tpl)
+			req := coderapi.TemplateMeta(&tpl)
 			req.DisplayName, req.Description, req.Icon = &next.Spec.DisplayName, &next.Spec.Description, &next.Spec.Icon
-			if _, err := t.Client.UpdateTemplateMeta(ctx, tpl.ID, req); err != nil && coderapi.StatusCode(err) != http.StatusNotModified {
+			// Unchanged (coderd's 304: another writer made the same
+			// change meanwhile) is not a failure.
+			if _, _, err := coderapi.UpdateTemplateMeta(ctx, t.Client, tpl.ID, req); err != nil {
 				return nil, nil, s.coderErr(t, err, name)
 			}
 		}
@@ -441,32 +442,6 @@ func (s *TemplateStorage) releaseDelete(ctx context.Context, w *write, _ templat
 		return nil, err
 	}
 	return out, w.forget(ctx)
-}
-
-// metaUpdate starts a metadata update from the template's current
-// settings: coderd's PATCH replaces settings left at their zero value.
-func metaUpdate(t *codersdk.Template) codersdk.UpdateTemplateMeta {
-	return codersdk.UpdateTemplateMeta{
-		Name:                           t.Name,
-		DisplayName:                    &t.DisplayName,
-		Description:                    &t.Description,
-		Icon:                           &t.Icon,
-		DefaultTTLMillis:               t.DefaultTTLMillis,
-		ActivityBumpMillis:             t.ActivityBumpMillis,
-		AutostopRequirement:            &t.AutostopRequirement,
-		AutostartRequirement:           &t.AutostartRequirement,
-		AllowUserAutostart:             t.AllowUserAutostart,
-		AllowUserAutostop:              t.AllowUserAutostop,
-		AllowUserCancelWorkspaceJobs:   t.AllowUserCancelWorkspaceJobs,
-		FailureTTLMillis:               t.FailureTTLMillis,
-		TimeTilDormantMillis:           t.TimeTilDormantMillis,
-		TimeTilDormantAutoDeleteMillis: t.TimeTilDormantAutoDeleteMillis,
-		RequireActiveVersion:           t.RequireActiveVersion,
-		DeprecationMessage:             &t.DeprecationMessage,
-		MaxPortShareLevel:              &t.MaxPortShareLevel,
-		CORSBehavior:                   &t.CORSBehavior,
-		UseClassicParameterFlow:        &t.UseClassicParameterFlow,
-	}
 }
 
 // Delete deletes the template in coderd; coderd refuses while workspaces
