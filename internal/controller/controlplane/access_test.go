@@ -140,23 +140,20 @@ func readSecretKey(t *testing.T, ns, name, key string) string {
 	return v
 }
 
-// TestURLChangeNeedsNewCredentials points an adopted control plane that
-// holds access to a real coderd at a server the test runs (forwarding to
-// the same coderd): the operator sends it no credential, and the
-// condition, phase and a Warning event say new credentials are needed.
-func TestURLChangeNeedsNewCredentials(t *testing.T) {
-	coder := testenv.NewCoder(t, testenv.CoderOptions{})
-	ns := controllertest.Namespace(t, "urlchange")
-	ctx := context.Background()
-
+// adoptWithOwnerToken runs the reconciler with the real access manager
+// (replaced tokens revoked after revokeAfter; 0: the manager's default) on
+// a control plane in ns that adopts coder with its owner's session token in
+// a Secret, and waits until the operator holds its own token.
+func adoptWithOwnerToken(t *testing.T, c client.Client, ns string, coder *testenv.Coder, revokeAfter time.Duration) *coderv1alpha1.CoderControlPlane {
+	t.Helper()
 	mgr := controllertest.NewManager(t, controllertest.Kube().Config, ns)
-	access := &operatoraccess.Manager{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("operator-access"), Timeout: 15 * time.Second}
+	access := &operatoraccess.Manager{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("operator-access"),
+		Timeout: 15 * time.Second, RevokeReplacedAfter: revokeAfter}
 	if err := (&Reconciler{Access: access}).SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
 	controllertest.StartManager(t, mgr)
 
-	c := controllertest.Client(t)
 	create(t, c, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "owner"},
 		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
@@ -165,7 +162,19 @@ func TestURLChangeNeedsNewCredentials(t *testing.T) {
 	ccp.Spec.ExternalURL = coder.URL.String()
 	ccp.Spec.OperatorAccess.OwnerTokenSecretRef = &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"}
 	create(t, c, ccp)
-	waitConditionFor(t, 60*time.Second, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, coderv1alpha1.ReasonTokenValid)
+	return waitConditionFor(t, 60*time.Second, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, coderv1alpha1.ReasonTokenValid)
+}
+
+// TestURLChangeNeedsNewCredentials points an adopted control plane that
+// holds access to a real coderd at a server the test runs (forwarding to
+// the same coderd): the operator sends it no credential, and the
+// condition, phase and a Warning event say new credentials are needed.
+func TestURLChangeNeedsNewCredentials(t *testing.T) {
+	coder := testenv.NewCoder(t, testenv.CoderOptions{})
+	ns := controllertest.Namespace(t, "urlchange")
+	ctx := context.Background()
+	c := controllertest.Client(t)
+	ccp := adoptWithOwnerToken(t, c, ns, coder, 0)
 
 	proxy := testenv.NewRecordingProxy(t, coder.URL)
 	updateCCP(t, c, ns, "coder", func(ccp *coderv1alpha1.CoderControlPlane) { ccp.Spec.ExternalURL = proxy.URL.String() })
@@ -211,25 +220,8 @@ func TestRotatedTokenRevokedOnTime(t *testing.T) {
 	coder := testenv.NewCoder(t, testenv.CoderOptions{})
 	ns := controllertest.Namespace(t, "rotation")
 	ctx := context.Background()
-
-	mgr := controllertest.NewManager(t, controllertest.Kube().Config, ns)
-	access := &operatoraccess.Manager{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("operator-access"),
-		Timeout: 15 * time.Second, RevokeReplacedAfter: delay}
-	if err := (&Reconciler{Access: access}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	controllertest.StartManager(t, mgr)
-
 	c := controllertest.Client(t)
-	create(t, c, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "owner"},
-		Data:       map[string][]byte{"token": []byte(coder.SessionToken)},
-	})
-	ccp := newControlPlane(ns, "coder")
-	ccp.Spec.ExternalURL = coder.URL.String()
-	ccp.Spec.OperatorAccess.OwnerTokenSecretRef = &coderv1alpha1.SecretKeyReference{Name: "owner", Key: "token"}
-	create(t, c, ccp)
-	ccp = waitConditionFor(t, 60*time.Second, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionTrue, coderv1alpha1.ReasonTokenValid)
+	ccp := adoptWithOwnerToken(t, c, ns, coder, delay)
 	ref := ccp.Status.OperatorTokenSecretRef
 	first := readSecretKey(t, ns, ref.Name, ref.Key)
 	old := codersdk.New(coder.URL, codersdk.WithSessionToken(first))
