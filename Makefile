@@ -35,7 +35,8 @@ export CODER_K8S_BIN_DIR := $(BIN)
 # binaries are linked without DWARF (-w), as the shipped binary is: that
 # halves each of some thirty links. GOFLAGS keeps what `go env` has (the
 # environment's or `go env -w`'s); `make build`'s own -ldflags replace -w.
-GOPROJ := CGO_ENABLED=0 GOFLAGS='-trimpath -ldflags=-w $(shell $(GO) env GOFLAGS)' $(GO)
+GOENVFLAGS := $(shell $(GO) env GOFLAGS)
+GOPROJ := CGO_ENABLED=0 GOFLAGS='-trimpath -ldflags=-w $(GOENVFLAGS)' $(GO)
 
 # go test flags; CI and people can add -run, -v, -count.
 TEST_FLAGS ?=
@@ -104,7 +105,7 @@ test-gitops: test-gitops-modules ## Argo CD's gitops-engine and Flux's ssa manag
 
 test-gitops-modules: test-tools build build-dev
 	@for m in $(GITOPS_MODULES); do echo "go test ./$$m"; \
-	  (cd $$m && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...) || exit 1; done
+	  (cd $$m && $(TOOLGO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...) || exit 1; done
 
 .PHONY: test-unit
 test-unit: ## Run only the tests that need no external binary.
@@ -240,7 +241,8 @@ generate: $(BIN)/controller-gen $(BIN)/openapi-gen ## Regenerate deepcopy, OpenA
 OPENAPI_META := k8s.io/apimachinery/pkg/apis/meta/v1 k8s.io/apimachinery/pkg/runtime k8s.io/apimachinery/pkg/version
 
 .PHONY: verify-generate
-verify-generate: generate ## Fail when generated files differ from what is committed.
+verify-generate: generate ## Fail when generated files differ from what is committed, or a tool module lags the main module's dependencies.
+	$(GOPROJ) run ./hack/toolalign -check $(TOOL_KEEP) $(TOOL_MODULES)
 	@if [ -n "$$(git status --porcelain -- . )" ]; then \
 	  echo "generated files are out of date; run 'make generate' and commit:"; \
 	  git status --porcelain -- .; git diff --stat; exit 1; fi
@@ -318,6 +320,31 @@ test-tools: $(TEST_TOOLS) postgresql yamllint node-packages ## Build the pinned 
 # lines). That halves each link: kube-apiserver's from 23 to 13 CPU-seconds.
 TOOL_LDFLAGS := -s -w
 
+# Every tool is compiled as the project's own module is (no cgo, -trimpath),
+# and each tool module requires at least the main module's version of every
+# module both build (hack/toolalign; `make align-tools` after a dependency
+# bump, checked by `make verify-generate`). A compiled package's key in the
+# Go build cache covers these settings and the versions of everything below
+# it, so client-go, grpc, x/net and the rest compile once for the tools and
+# the project together (docs/development.md has what that saves cold).
+TOOLGO := CGO_ENABLED=0 GOFLAGS='-trimpath $(GOENVFLAGS)' $(GO)
+
+# Each tool module and the packages it builds; what some keep at their own
+# release: kubectl 1.32 and the Argo CD suite their older Kubernetes
+# libraries (kube-openapi with its gnostic-models), etcd its API packages.
+comma := ,
+space := $(subst ,, )
+TOOL_MODULES = hack/tools/kube=$(subst $(space),$(comma),$(KUBE_CMDS:%=k8s.io/kubernetes/cmd/%)) \
+                hack/tools/coredns=. hack/tools/etcd=. hack/tools/coder=. hack/tools/tofu=github.com/opentofu/opentofu/cmd/tofu \
+                hack/tools/helm=helm.sh/helm/v3/cmd/helm hack/tools/ct=github.com/helm/chart-testing/v3/ct \
+                hack/tools/kubectl-old=. $(GITOPS_MODULES:%=%=./...)
+KUBE_LIBS := k8s.io/,sigs.k8s.io/,github.com/google/gnostic-models
+TOOL_KEEP = -keep hack/tools/etcd=go.etcd.io/ -keep hack/tools/kubectl-old=$(KUBE_LIBS) $(GITOPS_MODULES:%=-keep %=$(KUBE_LIBS))
+
+.PHONY: align-tools
+align-tools: ## Raise the tool modules' dependencies to the main module's versions, so that shared packages compile once.
+	$(GOPROJ) run ./hack/toolalign $(TOOL_KEEP) $(TOOL_MODULES)
+
 # kube-apiserver and kubectl; kube-controller-manager for tests that need
 # real built-in controllers (the namespace controller); and the test node
 # (internal/testenv.StartNode): kubelet, kube-scheduler and kube-proxy at
@@ -325,15 +352,15 @@ TOOL_LDFLAGS := -s -w
 # compiles (one after the other, the links left a core idle).
 KUBE_CMDS := kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy
 $(KUBE_CMDS:%=$(BIN)/%) &: hack/tools/kube/go.mod hack/tools/kube/go.sum
-	cd hack/tools/kube && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS) $(KUBE_LDFLAGS)" -o $(BIN)/ $(KUBE_CMDS:%=k8s.io/kubernetes/cmd/%)
+	cd hack/tools/kube && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS) $(KUBE_LDFLAGS)" -o $(BIN)/ $(KUBE_CMDS:%=k8s.io/kubernetes/cmd/%)
 
 # The node's cluster DNS: CoreDNS with only the plugins it uses.
 $(BIN)/coredns: hack/tools/coredns/go.mod hack/tools/coredns/go.sum hack/tools/coredns/main.go
-	cd hack/tools/coredns && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $@ .
+	cd hack/tools/coredns && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS)" -o $@ .
 
 # The pod sandbox's pause.
 $(BIN)/pause: hack/pause/main.go
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $@ ./hack/pause
+	$(TOOLGO) build -ldflags "$(TOOL_LDFLAGS)" -o $@ ./hack/pause
 
 # The CNI plugins the node's network configuration uses.
 CNI_PKG_bridge     := plugins/main/bridge
@@ -341,7 +368,7 @@ CNI_PKG_host-local := plugins/ipam/host-local
 CNI_PKG_loopback   := plugins/main/loopback
 CNI_PKG_portmap    := plugins/meta/portmap
 $(CNI_PLUGINS:%=$(BIN)/cni/%) &: hack/tools/cni/go.mod hack/tools/cni/go.sum
-	cd hack/tools/cni && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $(BIN)/cni/ \
+	cd hack/tools/cni && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS)" -o $(BIN)/cni/ \
 	  $(foreach p,$(CNI_PLUGINS),github.com/containernetworking/plugins/$(CNI_PKG_$(p)))
 
 # The oldest kubectl the aggregated API supports, built from k8s.io/kubectl
@@ -351,19 +378,19 @@ KUBECTL_OLD_LDFLAGS := $(foreach p,k8s.io/component-base/version k8s.io/client-g
                          -X $(p).gitVersion=$(KUBECTL_OLD_VERSION:v0.%=v1.%) -X $(p).gitMajor=1 \
                          -X $(p).gitMinor=$(word 2,$(subst ., ,$(KUBECTL_OLD_VERSION))))
 $(BIN)/kubectl-1.32: hack/tools/kubectl-old/go.mod hack/tools/kubectl-old/go.sum hack/tools/kubectl-old/main.go
-	cd hack/tools/kubectl-old && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS) $(KUBECTL_OLD_LDFLAGS)" -o $@ .
+	cd hack/tools/kubectl-old && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS) $(KUBECTL_OLD_LDFLAGS)" -o $@ .
 
 $(BIN)/etcd: hack/tools/etcd/go.mod hack/tools/etcd/go.sum hack/tools/etcd/main.go
-	cd hack/tools/etcd && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $@ .
+	cd hack/tools/etcd && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS)" -o $@ .
 
 # Static, like Coder's and OpenTofu's releases: the test node runs them in
 # an image without a C library (testenv.CoderImage).
 $(BIN)/coder: hack/tools/coder/go.mod hack/tools/coder/go.sum hack/tools/coder/main.go
-	cd hack/tools/coder && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS) -X github.com/coder/coder/v2/buildinfo.tag=$(CODER_VERSION:v%=%)" -o $@ .
+	cd hack/tools/coder && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS) -X github.com/coder/coder/v2/buildinfo.tag=$(CODER_VERSION:v%=%)" -o $@ .
 
 # OpenTofu, installed under the name coderd's provisioner looks for.
 $(BIN)/terraform: hack/tools/tofu/go.mod hack/tools/tofu/go.sum
-	cd hack/tools/tofu && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $@ github.com/opentofu/opentofu/cmd/tofu
+	cd hack/tools/tofu && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS)" -o $@ github.com/opentofu/opentofu/cmd/tofu
 
 # Like helm's own release build: the Kubernetes version it assumes without a
 # cluster (helm template, lint) is the one of the client-go it is built with.
@@ -371,29 +398,29 @@ HELM_K8S_MINOR := $(word 2,$(subst ., ,$(call modversion,helm,k8s.io/client-go))
 HELM_LDFLAGS   := $(foreach p,helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules,\
                     -X $(p).k8sVersionMajor=1 -X $(p).k8sVersionMinor=$(HELM_K8S_MINOR))
 $(BIN)/helm: hack/tools/helm/go.mod hack/tools/helm/go.sum
-	cd hack/tools/helm && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS) $(HELM_LDFLAGS)" -o $@ helm.sh/helm/v3/cmd/helm
+	cd hack/tools/helm && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS) $(HELM_LDFLAGS)" -o $@ helm.sh/helm/v3/cmd/helm
 
 $(BIN)/ct: hack/tools/ct/go.mod hack/tools/ct/go.sum
-	cd hack/tools/ct && $(GO) build -trimpath -ldflags "$(TOOL_LDFLAGS)" -o $@ github.com/helm/chart-testing/v3/ct
+	cd hack/tools/ct && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS)" -o $@ github.com/helm/chart-testing/v3/ct
 
 $(BIN)/staticcheck: hack/tools/lint/go.mod hack/tools/lint/go.sum
-	cd hack/tools/lint && $(GO) build -trimpath -o $@ honnef.co/go/tools/cmd/staticcheck
+	cd hack/tools/lint && $(TOOLGO) build -o $@ honnef.co/go/tools/cmd/staticcheck
 
 $(BIN)/controller-gen: hack/tools/lint/go.mod hack/tools/lint/go.sum
-	cd hack/tools/lint && $(GO) build -trimpath -o $@ sigs.k8s.io/controller-tools/cmd/controller-gen
+	cd hack/tools/lint && $(TOOLGO) build -o $@ sigs.k8s.io/controller-tools/cmd/controller-gen
 
 $(BIN)/openapi-gen: hack/tools/lint/go.mod hack/tools/lint/go.sum
-	cd hack/tools/lint && $(GO) build -trimpath -o $@ k8s.io/kube-openapi/cmd/openapi-gen
+	cd hack/tools/lint && $(TOOLGO) build -o $@ k8s.io/kube-openapi/cmd/openapi-gen
 
 # Its own module: actionlint's dependencies must not move the other tools'.
 # It runs shellcheck on every `run:` script when shellcheck is on PATH.
 $(BIN)/actionlint: hack/tools/actionlint/go.mod hack/tools/actionlint/go.sum
-	cd hack/tools/actionlint && $(GO) build -trimpath -o $@ github.com/rhysd/actionlint/cmd/actionlint
+	cd hack/tools/actionlint && $(TOOLGO) build -o $@ github.com/rhysd/actionlint/cmd/actionlint
 
 # Pushes bin/image in the release workflow (not a test tool, so not in
 # TOOLS); hack/image's go-containerregistry, in a module of its own.
 $(BIN)/crane: hack/tools/crane/go.mod hack/tools/crane/go.sum
-	cd hack/tools/crane && $(GO) build -trimpath -o $@ github.com/google/go-containerregistry/cmd/crane
+	cd hack/tools/crane && $(TOOLGO) build -o $@ github.com/google/go-containerregistry/cmd/crane
 
 # PostgreSQL and yamllint come from Debian; install them only when missing.
 .PHONY: postgresql
