@@ -1,5 +1,9 @@
 package identity
 
+// One file (over 500 lines) for the Kubernetes-to-Coder user mapping and the
+// tokens minted for it: the user and token caches, minting, revocation and
+// eviction share one lock.
+
 import (
 	"context"
 	"crypto/rand"

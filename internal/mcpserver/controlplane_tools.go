@@ -1,5 +1,9 @@
 package mcpserver
 
+// One file (over 500 lines) for the control plane tools: their input and
+// output types are the tools' JSON schemas, so they stay next to the
+// handlers that fill them.
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,9 @@
 package testenv
 
+// One file (over 500 lines) for the KubeAPI's lifecycle: starting it, its
+// certificates, its users and the APIService registration all work on the
+// KubeAPI's process handles and fields.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,8 @@
 package watchcache
 
+// One file (over 500 lines) for the poll loop, its single-flight refresh and
+// the per-backend backoff, which share the flight and backoff state.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,9 @@
 package watchcache
 
+// One file (over 500 lines) for the cache's state and every change to it
+// (the event ring, fingerprints, replace, merge, upsert, delete), all under
+// the one lock; what feeds it is poller.go.
+
 import (
 	"encoding/json"
 	"fmt"
