@@ -110,7 +110,7 @@ func StartCountingProxy(target *url.URL) (*CountingProxy, error) {
 			}
 			endpoint := r.Method + " " + Endpoint(r.URL.Path)
 			p.count(endpoint)
-			cw := &countingWriter{ResponseWriter: w}
+			cw := &countingWriter{ResponseWriter: w, add: func(n int64) { p.addBytes(endpoint, n) }}
 			rp.ServeHTTP(cw, r)
 			p.record(Request{Endpoint: endpoint, Start: start, End: time.Now(), Bytes: cw.n, Status: cw.status()})
 		}),
@@ -134,11 +134,14 @@ func NewCountingProxy(t testing.TB, target *url.URL) *CountingProxy {
 
 // countingWriter counts the body bytes of a response and keeps its
 // status code; Unwrap lets the
-// reverse proxy flush and hijack (upgrades) through it.
+// reverse proxy flush and hijack (upgrades) through it. It adds each write
+// to the proxy's figures before passing it on, so that a client that has
+// read a response finds all its bytes in Stats.
 type countingWriter struct {
 	http.ResponseWriter
 	n    int64
 	code int
+	add  func(n int64)
 }
 
 func (w *countingWriter) WriteHeader(code int) {
@@ -158,7 +161,11 @@ func (w *countingWriter) status() int {
 }
 
 func (w *countingWriter) Write(b []byte) (int, error) {
+	w.add(int64(len(b)))
 	n, err := w.ResponseWriter.Write(b)
+	if n < len(b) {
+		w.add(int64(n - len(b)))
+	}
 	w.n += int64(n)
 	return n, err
 }
@@ -174,13 +181,22 @@ func (p *CountingProxy) count(endpoint string) {
 	p.stats[endpoint] = s
 }
 
-// record adds an ended request's time and size.
+// addBytes counts n bytes of a response of endpoint as they are written.
+func (p *CountingProxy) addBytes(endpoint string, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stats[endpoint]
+	s.Bytes += n
+	p.stats[endpoint] = s
+}
+
+// record adds an ended request's time (its bytes were counted as they
+// were written).
 func (p *CountingProxy) record(r Request) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.stats[r.Endpoint]
 	s.Time += r.End.Sub(r.Start)
-	s.Bytes += r.Bytes
 	p.stats[r.Endpoint] = s
 	if len(p.recent) < recentSize {
 		p.recent = append(p.recent, r)
