@@ -88,13 +88,21 @@ func TestPodLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		holder := ptr.Deref(lease.Spec.HolderIdentity, "")
-		pods := releasePods(t, c, ns)
-		leader, _, _ := strings.Cut(holder, "_")
-		if _, ok := pods[leader]; !ok {
-			t.Fatalf("the Lease is held by %q, not by a pod of the release (%v); replaced pods' logs:\n%s", holder, pods, logs())
-		}
 		duration := time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
+		// The roll's last old pod released the Lease as it stopped; a new
+		// pod takes it at its next retry, within the lease duration.
+		var holder, leader string
+		testenv.WaitFor(t, duration, func() error {
+			if lease, err = leases.Get(ctx, lease.Name, metav1.GetOptions{}); err != nil {
+				return err
+			}
+			holder = ptr.Deref(lease.Spec.HolderIdentity, "")
+			pods := releasePods(t, c, ns)
+			if leader, _, _ = strings.Cut(holder, "_"); !pods[leader] {
+				return fmt.Errorf("the Lease is held by %q, not by a pod of the release (%v); replaced pods' logs:\n%s", holder, pods, logs())
+			}
+			return nil
+		})
 		before := p.snapshot()
 		start := time.Now()
 		if err := c.k.Clientset.CoreV1().Pods(ns).Delete(ctx, leader, metav1.DeleteOptions{}); err != nil {
