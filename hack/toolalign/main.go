@@ -134,7 +134,7 @@ type built struct {
 // tests) build without cgo, as the Makefile builds.
 func buildList(dir string, patterns []string) (map[string]built, error) {
 	args := append([]string{"list", "-deps", "-test", "-f",
-		"{{with .Module}}{{.Path}} {{with .Replace}}{{.Version}} replaced{{else}}{{.Version}}{{end}}{{end}}"}, patterns...)
+		"{{with .Module}}{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}{{end}}"}, patterns...)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -153,8 +153,8 @@ func buildList(dir string, patterns []string) (map[string]built, error) {
 	mods := map[string]built{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) >= 2 {
-			mods[f[0]] = built{version: f[1], replaced: len(f) == 3 || replaces[f[0]]}
+		if path, version, ok := strings.Cut(sc.Text(), " "); ok && version != "" {
+			mods[path] = built{version: version, replaced: replaces[path]}
 		}
 	}
 	return mods, sc.Err()
