@@ -223,7 +223,7 @@ generate: $(BIN)/controller-gen $(BIN)/openapi-gen ## Regenerate deepcopy, OpenA
 	@# the chart gives each mode exactly the components it runs.
 	rm -rf config/rbac && mkdir -p config/rbac
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-controller paths=./internal/controller/... output:rbac:artifacts:config=config/rbac/controller
-	$(BIN)/controller-gen rbac:roleName=coder-k8s-aggregated paths=./internal/aggregated/backend/... paths=./internal/aggregated/records/... output:rbac:artifacts:config=config/rbac/aggregated
+	$(BIN)/controller-gen rbac:roleName=coder-k8s-aggregated paths=./internal/aggregated/backend/... paths=./internal/aggregated/records/... paths=./internal/aggregated/storage/... output:rbac:artifacts:config=config/rbac/aggregated
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-admission paths=./internal/aggregated/admission/... output:rbac:artifacts:config=config/rbac/admission
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-autotls paths=./internal/aggregated/autotls/... output:rbac:artifacts:config=config/rbac/autotls
 	$(BIN)/controller-gen rbac:roleName=coder-k8s-mcp paths=./internal/mcpserver/... output:rbac:artifacts:config=config/rbac/mcp

@@ -67,6 +67,44 @@ type CoderObjectRecordSpec struct {
 	// promoted (or the template created with it) once it succeeds.
 	// +optional
 	Build *TemplateBuildRecord `json:"build,omitempty"`
+	// Variables are a template's Terraform variables as applied through
+	// Kubernetes, for each template version they were applied to that the
+	// template still shows (its active version and the one building):
+	// literal values and Secret references, never a Secret's value.
+	// +optional
+	// +listType=map
+	// +listMapKey=versionID
+	Variables []TemplateVersionVariables `json:"variables,omitempty"`
+}
+
+// TemplateVersionVariables are the variables applied to one template
+// version.
+type TemplateVersionVariables struct {
+	// VersionID is the template version's UUID.
+	VersionID string `json:"versionID"`
+	// Variables are as the spec listed them.
+	// +optional
+	Variables []TemplateVariableRecord `json:"variables,omitempty"`
+}
+
+// TemplateVariableRecord is one variable as applied: a literal value, or
+// the Secret key it was read from and that Secret's revision.
+type TemplateVariableRecord struct {
+	// Name is the Terraform variable's name.
+	Name string `json:"name"`
+	// Value is a literal value (never one read from a Secret).
+	// +optional
+	Value string `json:"value,omitempty"`
+	// SecretName and SecretKey name the Secret key the value was read
+	// from; empty for a literal value.
+	// +optional
+	SecretName string `json:"secretName,omitempty"`
+	// +optional
+	SecretKey string `json:"secretKey,omitempty"`
+	// SecretResourceVersion is that Secret's resourceVersion when it was
+	// read.
+	// +optional
+	SecretResourceVersion string `json:"secretResourceVersion,omitempty"`
 }
 
 // TemplateBuildRecord is a template version building in the background.
@@ -76,6 +114,11 @@ type TemplateBuildRecord struct {
 	// FilesHash identifies the uploaded files, so that applying the same
 	// files again reuses this version.
 	FilesHash string `json:"filesHash"`
+	// VariablesHash identifies the variables applied with them (Secrets
+	// by revision, not value), so that applying the same variables again
+	// reuses this version too.
+	// +optional
+	VariablesHash string `json:"variablesHash,omitempty"`
 	// Organization is the Coder organization's UUID.
 	Organization string `json:"organization"`
 	// DisplayName, Description and Icon are the template's settings as

@@ -25,6 +25,18 @@ const (
 	ConditionReady = "Ready"
 	// ConditionBuilding: a workspace build is pending or running.
 	ConditionBuilding = "Building"
+	// ConditionSecretsCurrent: the Secrets that the variables of the
+	// template version shown took values from are unchanged since
+	// (reason SecretChanged when one changed; the next apply reads it
+	// again). Present only when a value came from a Secret.
+	ConditionSecretsCurrent = "SecretsCurrent"
+)
+
+// Reasons of a template's SecretsCurrent condition.
+const (
+	ReasonSecretsUnchanged = "SecretsUnchanged"
+	ReasonSecretChanged    = "SecretChanged"
+	ReasonSecretUnknown    = "SecretUnknown"
 )
 
 // Reasons of a template's Ready condition while the spec.files last

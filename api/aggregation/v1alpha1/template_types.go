@@ -47,6 +47,46 @@ type CoderTemplateSpec struct {
 	// file, 4 MiB in total; paths are relative and stay inside the root.
 	// +optional
 	Files map[string]string `json:"files,omitempty"`
+	// Variables are the values of the template's Terraform variables for
+	// the version that spec.files builds. What is listed is what that
+	// version gets: a variable not listed gets its default, never the
+	// value an earlier version had. Changing them builds a new version of
+	// the same files. Each name must be a variable the files declare.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Variables []TemplateVariable `json:"variables,omitempty"`
+}
+
+// TemplateVariable is one Terraform variable's value: given literally, or
+// read from a Secret of the object's namespace when the version is
+// built, so that no credential has to sit in the object.
+type TemplateVariable struct {
+	// Name is the Terraform variable's name.
+	Name string `json:"name"`
+	// Value is the variable's value (a string; numbers, booleans and
+	// lists in their Terraform string form). A variable the files mark
+	// sensitive takes its value from a Secret instead.
+	// +optional
+	Value string `json:"value,omitempty"`
+	// ValueFrom reads the value from a Secret. The caller must be allowed
+	// to get that Secret.
+	// +optional
+	ValueFrom *TemplateVariableSource `json:"valueFrom,omitempty"`
+}
+
+// TemplateVariableSource is where a variable's value comes from.
+type TemplateVariableSource struct {
+	// SecretKeyRef selects a key of a Secret in the object's namespace.
+	SecretKeyRef *SecretKeySelector `json:"secretKeyRef"`
+}
+
+// SecretKeySelector selects a key of a Secret in the object's namespace.
+type SecretKeySelector struct {
+	// Name is the Secret's name.
+	Name string `json:"name"`
+	// Key is the key of the Secret's data.
+	Key string `json:"key"`
 }
 
 // CoderTemplateStatus is the template as coderd reports it.
@@ -91,15 +131,51 @@ type CoderTemplateStatus struct {
 	// UpdatedAt is when coderd last changed the template.
 	// +optional
 	UpdatedAt *metav1.Time `json:"updatedAt,omitempty"`
+	// Variables are the Terraform variables of the version spec.files
+	// shows (the one building, else the active one), as Coder reports
+	// them, with the Secret revision each value taken from a Secret was
+	// read at. Never a value.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Variables []TemplateVariableStatus `json:"variables,omitempty"`
 	// ObservedGeneration is the metadata.generation this status
 	// describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// Conditions: Ready (the active version built successfully).
+	// Conditions: Ready (the active version built successfully) and,
+	// when a variable's value came from a Secret, SecretsCurrent.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// TemplateVariableStatus describes one Terraform variable of a template
+// version.
+type TemplateVariableStatus struct {
+	// Name is the variable's name.
+	Name string `json:"name"`
+	// Type is its Terraform type: string, number, bool or a complex
+	// type's JSON form.
+	// +optional
+	Type string `json:"type,omitempty"`
+	// Required says the files give it no default.
+	// +optional
+	Required bool `json:"required,omitempty"`
+	// Sensitive says Coder keeps its value secret (it shows *redacted*).
+	// +optional
+	Sensitive bool `json:"sensitive,omitempty"`
+	// Default says the version has the variable's default value.
+	// +optional
+	Default bool `json:"default,omitempty"`
+	// SecretKeyRef is the Secret the value was read from, when it was.
+	// +optional
+	SecretKeyRef *SecretKeySelector `json:"secretKeyRef,omitempty"`
+	// SecretResourceVersion is that Secret's resourceVersion when the
+	// value was read.
+	// +optional
+	SecretResourceVersion string `json:"secretResourceVersion,omitempty"`
 }
 
 // CoderTemplateList is a list of templates.

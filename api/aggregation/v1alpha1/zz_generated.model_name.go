@@ -46,6 +46,26 @@ func (in CoderWorkspaceStatus) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in SecretKeySelector) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.SecretKeySelector"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in TemplateVariable) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.TemplateVariable"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in TemplateVariableSource) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.TemplateVariableSource"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in TemplateVariableStatus) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.TemplateVariableStatus"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in WorkspaceBuild) OpenAPIModelName() string {
 	return "com.coder.aggregation.v1alpha1.WorkspaceBuild"
 }

@@ -23,6 +23,10 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		CoderWorkspaceList{}.OpenAPIModelName():           schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceList(ref),
 		CoderWorkspaceSpec{}.OpenAPIModelName():           schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceSpec(ref),
 		CoderWorkspaceStatus{}.OpenAPIModelName():         schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceStatus(ref),
+		SecretKeySelector{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_SecretKeySelector(ref),
+		TemplateVariable{}.OpenAPIModelName():             schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariable(ref),
+		TemplateVariableSource{}.OpenAPIModelName():       schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableSource(ref),
+		TemplateVariableStatus{}.OpenAPIModelName():       schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableStatus(ref),
 		WorkspaceBuild{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_WorkspaceBuild(ref),
 		WorkspaceParameter{}.OpenAPIModelName():           schema_coder_k8s_api_aggregation_v1alpha1_WorkspaceParameter(ref),
 		v1.APIGroup{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_APIGroup(ref),
@@ -236,9 +240,32 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateSpec(ref common.Refe
 							},
 						},
 					},
+					"variables": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"name",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Variables are the values of the template's Terraform variables for the version that spec.files builds. What is listed is what that version gets: a variable not listed gets its default, never the value an earlier version had. Changing them builds a new version of the same files. Each name must be a variable the files declare.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(TemplateVariable{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
 				},
 			},
 		},
+		Dependencies: []string{
+			TemplateVariable{}.OpenAPIModelName()},
 	}
 }
 
@@ -332,6 +359,27 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateStatus(ref common.Re
 							Ref:         ref(v1.Time{}.OpenAPIModelName()),
 						},
 					},
+					"variables": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"name",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Variables are the Terraform variables of the version spec.files shows (the one building, else the active one), as Coder reports them, with the Secret revision each value taken from a Secret was read at. Never a value.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(TemplateVariableStatus{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
 					"observedGeneration": {
 						SchemaProps: spec.SchemaProps{
 							Description: "ObservedGeneration is the metadata.generation this status describes.",
@@ -349,7 +397,7 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateStatus(ref common.Re
 							},
 						},
 						SchemaProps: spec.SchemaProps{
-							Description: "Conditions: Ready (the active version built successfully).",
+							Description: "Conditions: Ready (the active version built successfully) and, when a variable's value came from a Secret, SecretsCurrent.",
 							Type:        []string{"array"},
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
@@ -364,7 +412,7 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateStatus(ref common.Re
 			},
 		},
 		Dependencies: []string{
-			v1.Condition{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
+			TemplateVariableStatus{}.OpenAPIModelName(), v1.Condition{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
 	}
 }
 
@@ -681,6 +729,160 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceStatus(ref common.R
 		},
 		Dependencies: []string{
 			WorkspaceBuild{}.OpenAPIModelName(), v1.Condition{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_SecretKeySelector(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "SecretKeySelector selects a key of a Secret in the object's namespace.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Name is the Secret's name.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"key": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Key is the key of the Secret's data.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+				Required: []string{"name", "key"},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariable(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "TemplateVariable is one Terraform variable's value: given literally, or read from a Secret of the object's namespace when the version is built, so that no credential has to sit in the object.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Name is the Terraform variable's name.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"value": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Value is the variable's value (a string; numbers, booleans and lists in their Terraform string form). A variable the files mark sensitive takes its value from a Secret instead.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"valueFrom": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ValueFrom reads the value from a Secret. The caller must be allowed to get that Secret.",
+							Ref:         ref(TemplateVariableSource{}.OpenAPIModelName()),
+						},
+					},
+				},
+				Required: []string{"name"},
+			},
+		},
+		Dependencies: []string{
+			TemplateVariableSource{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableSource(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "TemplateVariableSource is where a variable's value comes from.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"secretKeyRef": {
+						SchemaProps: spec.SchemaProps{
+							Description: "SecretKeyRef selects a key of a Secret in the object's namespace.",
+							Ref:         ref(SecretKeySelector{}.OpenAPIModelName()),
+						},
+					},
+				},
+				Required: []string{"secretKeyRef"},
+			},
+		},
+		Dependencies: []string{
+			SecretKeySelector{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableStatus(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "TemplateVariableStatus describes one Terraform variable of a template version.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Name is the variable's name.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"type": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Type is its Terraform type: string, number, bool or a complex type's JSON form.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"required": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Required says the files give it no default.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"sensitive": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Sensitive says Coder keeps its value secret (it shows *redacted*).",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"default": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Default says the version has the variable's default value.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"secretKeyRef": {
+						SchemaProps: spec.SchemaProps{
+							Description: "SecretKeyRef is the Secret the value was read from, when it was.",
+							Ref:         ref(SecretKeySelector{}.OpenAPIModelName()),
+						},
+					},
+					"secretResourceVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "SecretResourceVersion is that Secret's resourceVersion when the value was read.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+				Required: []string{"name"},
+			},
+		},
+		Dependencies: []string{
+			SecretKeySelector{}.OpenAPIModelName()},
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/apiserver/pkg/server/options"
 	"k8s.io/component-base/compatibility"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/admission"
@@ -95,6 +96,10 @@ type Options struct {
 	// ServingCert, when set, is the serving certificate (autoTLS): CertDir
 	// is ignored, and Start waits until it has a certificate.
 	ServingCert ServingCert
+	// Kube reads the Secrets that templates' variables take values from
+	// (uncached) and creates the SubjectAccessReviews that say whether
+	// their writer may; nil: no variable can come from a Secret.
+	Kube client.Client
 	// Admission, when set, runs the cluster's admission chain on writes,
 	// reading the cluster's configuration through it; nil runs none.
 	Admission *admission.Options
@@ -139,6 +144,7 @@ func New(o Options) (*Server, error) {
 	templates, err := storage.NewTemplates(so, storage.TemplateOptions{
 		BuildWait: o.BuildWait,
 		Limits:    templatesource.DefaultLimits,
+		Kube:      kubeOrNil(o.Kube),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codertemplates storage: %w", err)
@@ -160,6 +166,14 @@ func New(o Options) (*Server, error) {
 		identity:       ident,
 		admission:      o.Admission,
 	}, nil
+}
+
+// kubeOrNil keeps a nil client nil through the storage's interface.
+func kubeOrNil(c client.Client) storage.SecretReader {
+	if c == nil {
+		return nil
+	}
+	return c
 }
 
 // Identity holds the callers' Coder tokens (for benchmarks and metrics).

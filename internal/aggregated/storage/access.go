@@ -167,8 +167,8 @@ func (r *genericStore) mayWrite(ctx context.Context, t target, cur watchcache.Ob
 // controllerRefused is the 403 of a cluster controller's write beyond
 // reading, deleting and changing Kubernetes metadata.
 func (r *genericStore) controllerRefused(t target, name, what string) error {
-	return apierrors.NewForbidden(r.gr, name, fmt.Errorf("Kubernetes user %q is one of the cluster's controllers (aggregatedAPIServer.identity.clusterControllers), which act as coder-k8s in %s only to read, delete and change Kubernetes metadata, not to %s",
-		t.controller.KubernetesUser, t.describe(), what))
+	return apierrors.NewForbidden(r.gr, name, &identity.Refused{Reason: fmt.Sprintf("Kubernetes user %q is one of the cluster's controllers (aggregatedAPIServer.identity.clusterControllers), which act as coder-k8s in %s only to read, delete and change Kubernetes metadata, not to %s",
+		t.controller.KubernetesUser, t.describe(), what)})
 }
 
 // specChange refuses a change in Coder (a spec change) by a cluster

@@ -50,6 +50,13 @@ func sameIDsCoderd(t *testing.T, who string) *httptest.Server {
 		writeJSON(w, codersdk.TemplateVersion{ID: fxVersionID, TemplateID: &tpl.ID, Name: "version-of-" + who,
 			Job: codersdk.ProvisionerJob{Status: codersdk.ProvisionerJobSucceeded, FileID: fileID}})
 	})
+	mux.HandleFunc("GET /api/v2/templateversions/{id}/variables", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("id") != fxVersionID.String() {
+			http.NotFound(w, r)
+			return
+		}
+		writeJSON(w, []codersdk.TemplateVersionVariable{{Name: "owner", Type: "string", Value: who, DefaultValue: "nobody"}})
+	})
 	mux.HandleFunc("GET /api/v2/files/{id}", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("id") != fileID.String() {
 			http.NotFound(w, r)
@@ -119,6 +126,10 @@ func TestCachesAreKeyedPerCoderd(t *testing.T) {
 					round, who, tpl.Spec.Description, tpl.Status.ActiveVersionName, tpl.Spec.Files)
 			}
 
+			if v := tpl.Spec.Variables; len(v) != 1 || v[0].Name != "owner" || v[0].Value != who {
+				t.Errorf("round %d: %s's template shows variables %+v, want owner=%s from its own coderd", round, who, v, who)
+			}
+
 			got, err := ws.listWorkspaces(ctx, tgt)
 			if err != nil {
 				t.Fatalf("round %d: list workspaces of %s: %v", round, who, err)
@@ -141,6 +152,9 @@ func TestCachesAreKeyedPerCoderd(t *testing.T) {
 	// answered for the other.
 	if n := len(ts.versions.facts); n != 2 {
 		t.Errorf("version cache holds %d entries, want one per coderd", n)
+	}
+	if n := len(ts.vars.facts); n != 2 {
+		t.Errorf("version variables cache holds %d entries, want one per coderd", n)
 	}
 	if n := len(ws.params.facts); n != 2 {
 		t.Errorf("build parameter cache holds %d entries, want one per coderd", n)

@@ -130,6 +130,11 @@ type specUpdate struct {
 	// view of the object after it and the record's own changes (nil for
 	// none).
 	apply func(ctx context.Context, w *write) (object, func(*records.Record), error)
+	// check, when set, runs before a dry run's answer as before the
+	// change (acting as w.t): what the change reads besides Coder
+	// (Secrets) is checked, and it reports whether Coder's side changes
+	// after all, though the spec did not.
+	check func(ctx context.Context, w *write) (bool, error)
 }
 
 // updateObject serves Update. With forceAllowCreate (server-side apply)
@@ -165,6 +170,13 @@ func updateObject[N objectName, T object](ctx context.Context, s strategy[N, T],
 		return nil, false, err
 	}
 	dryRun := opts != nil && isDryRun(opts.DryRun)
+	if plan.check != nil {
+		changed, err := plan.check(ctx, w)
+		if err != nil {
+			return nil, false, err
+		}
+		plan.changed = plan.changed || changed
+	}
 	if !plan.changed {
 		if releasesDelete(cur, next) {
 			out, err := s.releaseDelete(ctx, w, n, name, cur, next, dryRun)

@@ -37,6 +37,10 @@ type TemplateOptions struct {
 	// SourceCacheBytes bounds the memory held by downloaded template
 	// sources.
 	SourceCacheBytes int64
+	// Kube reads the Secrets that spec.variables take values from, and
+	// asks kube-apiserver whether the caller may (SubjectAccessReviews);
+	// nil: no variable can be read from a Secret.
+	Kube SecretReader
 }
 
 // TemplateStorage serves codertemplates.
@@ -45,7 +49,11 @@ type TemplateStorage struct {
 	opts     TemplateOptions
 	sources  *templatesource.SourceCache
 	versions versionCache
-	orgs     orgIDs
+	vars     versionVariables
+	// secretRevs are the revisions of the Secrets variables were read
+	// from, for the SecretsCurrent condition.
+	secretRevs secretRevisions
+	orgs       orgIDs
 }
 
 var (
@@ -91,6 +99,7 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 		opts:     to,
 		sources:  templatesource.NewSourceCache(to.SourceCacheBytes),
 		versions: newVersionCache(),
+		vars:     newVersionVariables(),
 	}
 	if err := startCache(&s.genericStore, o, s.listTemplates, aggv1.TemplateFields); err != nil {
 		return nil, err
@@ -154,9 +163,21 @@ func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *coders
 		s.log.V(1).Info("template source not shown in spec.files", "template", tpl.Name, "reason", err.Error())
 		files = nil
 	}
+	if rec == nil {
+		if rec, err = s.templateRecord(ctx, t, tpl.ID); err != nil {
+			return nil, err
+		}
+	}
 	obj := toTemplate(t, tpl, &v, files)
-	if err := s.showBuild(ctx, t, tpl, obj, rec); err != nil {
+	shown, err := s.showBuild(ctx, t, tpl, obj, rec)
+	if err != nil {
 		return nil, err
+	}
+	if shown == nil {
+		shown = &v
+	}
+	if err := s.showVariables(ctx, t, obj, shown, rec); err != nil {
+		return nil, fmt.Errorf("template %s: %w", tpl.Name, err)
 	}
 	return obj, nil
 }
@@ -240,6 +261,15 @@ func (s *TemplateStorage) createdView(tpl *aggv1.CoderTemplate, t target, n temp
 // planCreate finds the organization; a dry run makes the real create's
 // checks instead, in the order the real create meets them.
 func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateObjectName, tpl, dry *aggv1.CoderTemplate, dryRun bool) (createCall, error) {
+	var vars appliedVariables
+	if len(tpl.Spec.Files) > 0 {
+		// Before anything reaches coderd: a variable the caller may not
+		// read, or that the files do not declare, refuses the create.
+		var err error
+		if vars, err = s.resolveVariables(ctx, t, &tpl.Spec, tpl.Name); err != nil {
+			return nil, err
+		}
+	}
 	if dryRun {
 		orgID, err := s.orgs.get(ctx, t, n.Org)
 		if err != nil {
@@ -280,7 +310,7 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 		var versionID uuid.UUID
 		var build *coderv1alpha1.TemplateBuildRecord
 		if len(tpl.Spec.Files) > 0 {
-			v, b, err := s.startBuild(ctx, t, orgID, uuid.Nil, tpl.Spec.Files, &tpl.Spec, tpl.Name)
+			v, b, err := s.startBuild(ctx, t, orgID, uuid.Nil, tpl.Spec.Files, vars, &tpl.Spec, tpl.Name)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -306,6 +336,9 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 		}
 		// The record does not exist yet: show the build the write records.
 		plan := buildPlan{set: build != nil, build: build}
+		if build != nil {
+			plan.vars = vars.record
+		}
 		out, err := s.readCoder(ctx, t, n, tpl.Name, plan.shown(nil))
 		if err != nil {
 			return nil, nil, err
@@ -368,6 +401,10 @@ func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObje
 	default:
 		errs = append(errs, field.Required(specPath.Child("files"), "a new template needs its source files (or spec.versionID of an existing version)"))
 	}
+	errs = append(errs, validateVariables(tpl.Spec.Variables)...)
+	if len(tpl.Spec.Variables) > 0 && len(tpl.Spec.Files) == 0 {
+		errs = append(errs, field.Forbidden(variablesPath, "variables are given to the version spec.files builds; an existing version (spec.versionID) keeps its own"))
+	}
 	return n, errs
 }
 
@@ -384,15 +421,52 @@ func (s *TemplateStorage) validateUpdate(next, cur *aggv1.CoderTemplate, name st
 }
 
 // planUpdate makes a spec change in Coder: the display fields through
-// the template's metadata, then new files as a version built in the
-// background, or spec.versionID made active.
+// the template's metadata, then new files or variables as a version built
+// in the background, or spec.versionID made active.
 func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, next *aggv1.CoderTemplate) specUpdate {
 	filesChanged := next.Spec.Files != nil && !maps.Equal(next.Spec.Files, cur.Spec.Files)
+	varsChanged := !sameVariables(next.Spec.Variables, cur.Spec.Variables)
 	metaChanged := next.Spec.DisplayName != cur.Spec.DisplayName || next.Spec.Description != cur.Spec.Description || next.Spec.Icon != cur.Spec.Icon
-	promote := !filesChanged && next.Spec.VersionID != "" && next.Spec.VersionID != cur.Spec.VersionID
-	u := specUpdate{changed: metaChanged || filesChanged || promote}
+	// The source a new version builds: the files given, or those shown
+	// when only the variables change.
+	spec := next.Spec
+	if spec.Files == nil {
+		spec.Files = cur.Spec.Files
+	}
+	rebuild := filesChanged || varsChanged
+	promote := !rebuild && next.Spec.VersionID != "" && next.Spec.VersionID != cur.Spec.VersionID
+	u := specUpdate{changed: metaChanged || rebuild || promote}
 	if filesChanged {
 		u.invalid = templatesource.Validate(next.Spec.Files, s.opts.Limits, specPath.Child("files"))
+	}
+	if varsChanged {
+		u.invalid = append(u.invalid, validateVariables(next.Spec.Variables)...)
+		if len(spec.Files) == 0 {
+			u.invalid = append(u.invalid, field.Forbidden(variablesPath, "variables are given to a new version of spec.files, and this template shows none"))
+		}
+	}
+	var vars appliedVariables
+	u.check = func(ctx context.Context, w *write) (bool, error) {
+		moved := false
+		if !rebuild && len(spec.Files) > 0 {
+			// The spec is as shown, but a Secret a value came from may
+			// have changed since: then this write builds a version with
+			// its current value, if the caller may read it.
+			var err error
+			if moved, err = s.secretsMoved(ctx, w.t, cur); err != nil {
+				return false, err
+			}
+			if moved && !s.mayReadSecretsOf(ctx, w.t, next) {
+				moved = false
+			}
+		}
+		if !rebuild && !moved {
+			return false, nil
+		}
+		rebuild = true
+		var err error
+		vars, err = s.resolveVariables(ctx, w.t, &spec, name)
+		return moved, err
 	}
 	u.apply = func(ctx context.Context, w *write) (object, func(*records.Record), error) {
 		t := w.t
@@ -411,8 +485,8 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 		}
 		var plan buildPlan
 		switch {
-		case filesChanged:
-			if plan, err = s.planFiles(ctx, t, &tpl, &next.Spec, name, w.prev); err != nil {
+		case rebuild:
+			if plan, err = s.planFiles(ctx, t, &tpl, &spec, vars, name, w.prev); err != nil {
 				return nil, nil, err
 			}
 		case promote:

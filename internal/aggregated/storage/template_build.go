@@ -33,7 +33,7 @@ import (
 // startBuild uploads files and creates a template version from them (of
 // templateID, or of no template yet) without waiting for its import. It
 // returns the version and the build record describing it.
-func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templateID uuid.UUID, files map[string]string, spec *aggv1.CoderTemplateSpec, name string) (codersdk.TemplateVersion, *coderv1alpha1.TemplateBuildRecord, error) {
+func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templateID uuid.UUID, files map[string]string, vars appliedVariables, spec *aggv1.CoderTemplateSpec, name string) (codersdk.TemplateVersion, *coderv1alpha1.TemplateBuildRecord, error) {
 	fileID, err := templatesource.Upload(ctx, t.Client, files, s.opts.Limits)
 	if err != nil {
 		var fe *templatesource.FileError
@@ -47,18 +47,22 @@ func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templ
 		StorageMethod: codersdk.ProvisionerStorageMethodFile,
 		FileID:        fileID,
 		Provisioner:   codersdk.ProvisionerTypeTerraform,
+		// Every variable the files declare, so that none is inherited
+		// from the active version (template_variables.go).
+		UserVariableValues: vars.values,
 	})
 	if err != nil {
 		return v, nil, s.requestErr(ctx, t, err, name, "coderd to create the template version")
 	}
 	b := &coderv1alpha1.TemplateBuildRecord{
-		VersionID:    v.ID.String(),
-		FilesHash:    templatesource.FilesHash(files),
-		Organization: orgID.String(),
-		DisplayName:  spec.DisplayName,
-		Description:  spec.Description,
-		Icon:         spec.Icon,
-		StartedAt:    metav1.NewTime(time.Now().Truncate(time.Second)),
+		VersionID:     v.ID.String(),
+		FilesHash:     templatesource.FilesHash(files),
+		VariablesHash: vars.hash(),
+		Organization:  orgID.String(),
+		DisplayName:   spec.DisplayName,
+		Description:   spec.Description,
+		Icon:          spec.Icon,
+		StartedAt:     metav1.NewTime(time.Now().Truncate(time.Second)),
 	}
 	return v, b, nil
 }
@@ -156,16 +160,24 @@ func (s *TemplateStorage) cancelImport(ctx context.Context, t target, id uuid.UU
 }
 
 // buildPlan is what a write does to the template's background build:
-// set it to build (nil clears it) when set, else leave it.
+// set it to build (nil clears it) when set, else leave it; a new build
+// records the variables applied to its version (vars), keeping those of
+// the active version (keep) besides.
 type buildPlan struct {
 	set   bool
 	build *coderv1alpha1.TemplateBuildRecord
+	vars  []coderv1alpha1.TemplateVariableRecord
+	keep  uuid.UUID
 }
 
 // apply changes the record the write saves.
 func (p buildPlan) apply(rec *records.Record) {
-	if p.set {
-		rec.Spec.Build = p.build.DeepCopy()
+	if !p.set {
+		return
+	}
+	rec.Spec.Build = p.build.DeepCopy()
+	if p.build != nil {
+		withApplied(rec, p.build.VersionID, p.vars, p.keep)
 	}
 }
 
@@ -180,20 +192,22 @@ func (p buildPlan) shown(prev *records.Record) *records.Record {
 	return rec
 }
 
-// planFiles plans an update whose spec.files differ from the files
-// shown: it reuses the pending build or the active version when either
-// has the same files (uploading nothing), and otherwise starts a new
-// build that replaces a pending or failed one. prev is the template's
-// record (nil when none).
-func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk.Template, spec *aggv1.CoderTemplateSpec, name string, prev *records.Record) (buildPlan, error) {
-	hash := templatesource.FilesHash(spec.Files)
+// planFiles plans an update whose spec.files or spec.variables differ
+// from those shown, vars being the variables resolved for it: it reuses
+// the pending build or the active version when either has the same files
+// and variables (uploading nothing), and otherwise starts a new build
+// that replaces a pending or failed one. prev is the template's record
+// (nil when none).
+func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk.Template, spec *aggv1.CoderTemplateSpec, vars appliedVariables, name string, prev *records.Record) (buildPlan, error) {
+	hash, varsHash := templatesource.FilesHash(spec.Files), vars.hash()
 	var pending *coderv1alpha1.TemplateBuildRecord
 	if prev != nil {
 		pending = prev.Spec.Build
 	}
-	if pending != nil && pending.FilesHash == hash {
-		// The same files again (a failed build too: its files are what
-		// the object shows, so GitOps tools see no drift to re-apply).
+	if pending != nil && pending.FilesHash == hash && pending.VariablesHash == varsHash {
+		// The same files and variables again (a failed build too: its
+		// files are what the object shows, so GitOps tools see no drift
+		// to re-apply).
 		return buildPlan{}, nil
 	}
 	activeHash, err := s.activeFilesHash(ctx, t, tpl)
@@ -201,17 +215,50 @@ func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk
 		return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the active version's source")
 	}
 	if activeHash == hash {
-		// Back to what is active: drop the build.
-		return s.planDrop(ctx, t, prev), nil
+		same, err := s.activeHasVariables(ctx, t, tpl, prev, varsHash)
+		if err != nil {
+			return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the active version's variables")
+		}
+		if same {
+			// Back to what is active: drop the build.
+			return s.planDrop(ctx, t, prev), nil
+		}
 	}
-	_, b, err := s.startBuild(ctx, t, tpl.OrganizationID, tpl.ID, spec.Files, spec, name)
+	_, b, err := s.startBuild(ctx, t, tpl.OrganizationID, tpl.ID, spec.Files, vars, spec, name)
 	if err != nil {
 		return buildPlan{}, err
 	}
 	if pending != nil && !pending.Failed && pending.VersionID != b.VersionID {
 		s.abandonVersion(ctx, t, uuid.MustParse(pending.VersionID))
 	}
-	return buildPlan{set: true, build: b}, nil
+	return buildPlan{set: true, build: b, vars: vars.record, keep: tpl.ActiveVersionID}, nil
+}
+
+// activeHasVariables reports whether the active version of tpl has the
+// variables whose variablesHash is varsHash: those applied to it through
+// Kubernetes (rec's), or, for a version made in Coder, none listed and
+// every variable at its default.
+func (s *TemplateStorage) activeHasVariables(ctx context.Context, t target, tpl *codersdk.Template, rec *records.Record, varsHash string) (bool, error) {
+	if a := appliedTo(rec, tpl.ActiveVersionID); a != nil {
+		return variablesHash(a.Variables) == varsHash, nil
+	}
+	if varsHash != "" {
+		return false, nil
+	}
+	v, err := s.versions.get(ctx, t, tpl.ActiveVersionID)
+	if err != nil {
+		return false, err
+	}
+	vars, err := s.vars.get(ctx, t, &v)
+	if err != nil {
+		return false, err
+	}
+	for _, cv := range vars {
+		if cv.Sensitive || cv.Value != cv.DefaultValue {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // planDrop forgets the template's pending build (cancelling its import),
@@ -260,14 +307,9 @@ func (s *TemplateStorage) templateRecord(ctx context.Context, t target, template
 // showBuild shows the template's background build on obj, its view of
 // the Coder template tpl: spec.files as applied (the building version's
 // files), status.buildingVersionID and the Ready condition. rec is the
-// template's record, or nil to read it from the informer cache.
-func (s *TemplateStorage) showBuild(ctx context.Context, t target, tpl *codersdk.Template, obj *aggv1.CoderTemplate, rec *records.Record) error {
-	if rec == nil {
-		var err error
-		if rec, err = s.templateRecord(ctx, t, tpl.ID); err != nil {
-			return err
-		}
-	}
+// template's record (nil: none). It returns the building version whose
+// files obj shows, nil when it shows the active version's.
+func (s *TemplateStorage) showBuild(ctx context.Context, t target, tpl *codersdk.Template, obj *aggv1.CoderTemplate, rec *records.Record) (*codersdk.TemplateVersion, error) {
 	var b *coderv1alpha1.TemplateBuildRecord
 	if rec != nil {
 		b = rec.Spec.Build
@@ -280,25 +322,25 @@ func (s *TemplateStorage) showBuild(ctx context.Context, t target, tpl *codersdk
 				Message:            fmt.Sprintf("the active version %s is building (job %s)", obj.Status.ActiveVersionName, obj.Status.BuildStatus),
 				LastTransitionTime: readyCondition(obj).LastTransitionTime})
 		}
-		return nil
+		return nil, nil
 	}
 	id, err := uuid.Parse(b.VersionID)
 	if err != nil {
-		return nil // not a record this server wrote
+		return nil, nil // not a record this server wrote
 	}
 	v, err := s.versions.get(ctx, t, id)
 	if err != nil {
 		if coderapi.IsNotFound(err) {
 			// The version was deleted in Coder: nothing to show.
-			return nil
+			return nil, nil
 		}
-		return fmt.Errorf("building version %s of template %s: %w", id, tpl.Name, err)
+		return nil, fmt.Errorf("building version %s of template %s: %w", id, tpl.Name, err)
 	}
 	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, v.Job.FileID, s.opts.Limits)
 	if err != nil {
 		var fe *templatesource.FileError
 		if !errors.As(err, &fe) {
-			return fmt.Errorf("source of building version %s of template %s: %w", id, tpl.Name, err)
+			return nil, fmt.Errorf("source of building version %s of template %s: %w", id, tpl.Name, err)
 		}
 		files = nil
 	}
@@ -309,7 +351,7 @@ func (s *TemplateStorage) showBuild(ctx context.Context, t target, tpl *codersdk
 	if c, ok := buildCondition(b, &v, tpl.ActiveVersionID); ok {
 		setReady(obj, c)
 	}
-	return nil
+	return &v, nil
 }
 
 // buildCondition is the Ready condition of a template whose applied files

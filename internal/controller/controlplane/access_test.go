@@ -174,11 +174,11 @@ func TestURLChangeNeedsNewCredentials(t *testing.T) {
 	ns := controllertest.Namespace(t, "urlchange")
 	ctx := context.Background()
 	c := controllertest.Client(t)
-	ccp := adoptWithOwnerToken(t, c, ns, coder, 0)
+	adoptWithOwnerToken(t, c, ns, coder, 0)
 
 	proxy := testenv.NewRecordingProxy(t, coder.URL)
 	updateCCP(t, c, ns, "coder", func(ccp *coderv1alpha1.CoderControlPlane) { ccp.Spec.ExternalURL = proxy.URL.String() })
-	ccp = waitConditionFor(t, 60*time.Second, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, coderv1alpha1.ReasonCredentialsURLMismatch)
+	ccp := waitConditionFor(t, 60*time.Second, c, ns, "coder", coderv1alpha1.ConditionOperatorAccessReady, metav1.ConditionFalse, coderv1alpha1.ReasonCredentialsURLMismatch)
 	cond := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionOperatorAccessReady)
 	if !strings.Contains(cond.Message, coder.URL.String()) || !strings.Contains(cond.Message, proxy.URL.String()) || !strings.Contains(cond.Message, "Secret owner") {
 		t.Errorf("condition message %q does not name both URLs and the Secret", cond.Message)
