@@ -69,21 +69,56 @@ type GetTemplateInput struct {
 
 // TemplateDetail is one template.
 type TemplateDetail struct {
-	Namespace         string            `json:"namespace"`
-	Name              string            `json:"name"`
-	Organization      string            `json:"organization"`
-	DisplayName       string            `json:"displayName,omitempty"`
-	Description       string            `json:"description,omitempty"`
-	ActiveVersionID   string            `json:"activeVersionID,omitempty"`
-	ActiveVersionName string            `json:"activeVersionName,omitempty"`
-	BuildStatus       string            `json:"buildStatus,omitempty"`
-	BuildError        string            `json:"buildError,omitempty"`
-	Deprecated        bool              `json:"deprecated,omitempty"`
-	ActiveUsers       int32             `json:"activeUsers"`
-	UpdatedAt         string            `json:"updatedAt,omitempty"`
-	FileNames         []string          `json:"fileNames,omitempty" jsonschema:"paths of the source files"`
-	Files             map[string]string `json:"files,omitempty" jsonschema:"source files (with includeFiles), cut to maxFileBytes"`
-	TruncatedFiles    []string          `json:"truncatedFiles,omitempty" jsonschema:"files that were cut or left out to stay within the size caps"`
+	Namespace         string             `json:"namespace"`
+	Name              string             `json:"name"`
+	Organization      string             `json:"organization"`
+	DisplayName       string             `json:"displayName,omitempty"`
+	Description       string             `json:"description,omitempty"`
+	ActiveVersionID   string             `json:"activeVersionID,omitempty"`
+	ActiveVersionName string             `json:"activeVersionName,omitempty"`
+	BuildStatus       string             `json:"buildStatus,omitempty"`
+	BuildError        string             `json:"buildError,omitempty"`
+	Deprecated        bool               `json:"deprecated,omitempty"`
+	ActiveUsers       int32              `json:"activeUsers"`
+	UpdatedAt         string             `json:"updatedAt,omitempty"`
+	Variables         []TemplateVariable `json:"variables,omitempty" jsonschema:"the Terraform variables of the version the files show; a sensitive one's value is never shown"`
+	FileNames         []string           `json:"fileNames,omitempty" jsonschema:"paths of the source files"`
+	Files             map[string]string  `json:"files,omitempty" jsonschema:"source files (with includeFiles), cut to maxFileBytes"`
+	TruncatedFiles    []string           `json:"truncatedFiles,omitempty" jsonschema:"files that were cut or left out to stay within the size caps"`
+}
+
+// TemplateVariable is one Terraform variable of a template.
+type TemplateVariable struct {
+	Name      string `json:"name"`
+	Type      string `json:"type,omitempty"`
+	Required  bool   `json:"required,omitempty"`
+	Sensitive bool   `json:"sensitive,omitempty"`
+	// Value is set only for a literal value the spec gives.
+	Value string `json:"value,omitempty" jsonschema:"the value the spec gives literally (never a sensitive one or one from a Secret)"`
+	// Secret names where a value read from a Secret came from.
+	Secret string `json:"secret,omitempty" jsonschema:"<secret>/<key> the value was read from (the value itself is not shown)"`
+}
+
+// templateVariables lists t's variables as status.variables describes
+// them, with the values spec.variables gives literally.
+func templateVariables(t *aggv1.CoderTemplate) []TemplateVariable {
+	literal := map[string]string{}
+	for _, v := range t.Spec.Variables {
+		if v.ValueFrom == nil {
+			literal[v.Name] = v.Value
+		}
+	}
+	var out []TemplateVariable
+	for _, v := range t.Status.Variables {
+		row := TemplateVariable{Name: v.Name, Type: v.Type, Required: v.Required, Sensitive: v.Sensitive}
+		if ref := v.SecretKeyRef; ref != nil {
+			row.Secret = ref.Name + "/" + ref.Key
+		} else if !v.Sensitive {
+			row.Value = literal[v.Name]
+		}
+		out = append(out, row)
+	}
+	return out
 }
 
 // WorkspaceListInput filters workspaces.
@@ -238,6 +273,7 @@ func getTemplate(ctx context.Context, c *call, in GetTemplateInput) (TemplateDet
 	if t.Status.UpdatedAt != nil {
 		d.UpdatedAt = t.Status.UpdatedAt.UTC().Format(time.RFC3339)
 	}
+	d.Variables = templateVariables(&t)
 	for p := range t.Spec.Files {
 		d.FileNames = append(d.FileNames, p)
 	}

@@ -74,3 +74,28 @@ func decode(t *testing.T, in, out any) {
 		t.Fatal(err)
 	}
 }
+
+// TestTemplateVariables shows literal values, and for a value from a
+// Secret or a sensitive variable only where it came from.
+func TestTemplateVariables(t *testing.T) {
+	ref := &aggv1.SecretKeySelector{Name: "registry", Key: "token"}
+	tpl := &aggv1.CoderTemplate{
+		Spec: aggv1.CoderTemplateSpec{Variables: []aggv1.TemplateVariable{
+			{Name: "namespace", Value: "team"},
+			{Name: "token", ValueFrom: &aggv1.TemplateVariableSource{SecretKeyRef: ref}},
+		}},
+		Status: aggv1.CoderTemplateStatus{Variables: []aggv1.TemplateVariableStatus{
+			{Name: "namespace", Type: "string", Required: true},
+			{Name: "token", Type: "string", Sensitive: true, SecretKeyRef: ref, SecretResourceVersion: "12"},
+			{Name: "use_kubeconfig", Type: "bool"},
+		}},
+	}
+	want := []TemplateVariable{
+		{Name: "namespace", Type: "string", Required: true, Value: "team"},
+		{Name: "token", Type: "string", Sensitive: true, Secret: "registry/token"},
+		{Name: "use_kubeconfig", Type: "bool"},
+	}
+	if d := cmp.Diff(want, templateVariables(tpl)); d != "" {
+		t.Errorf("templateVariables (-want +got):\n%s", d)
+	}
+}

@@ -57,9 +57,22 @@ spec:
   description: Synced by Argo CD's gitops-engine
   files:
     main.tf: |
-      output "greeting" {
-        value = "hello from argo cd"
+      variable "greeting" {
+        type = string
       }
+      variable "audience" {
+        type    = string
+        default = "world"
+      }
+      output "greeting" {
+        value = "${var.greeting} ${var.audience}"
+      }
+  variables:
+    - name: greeting
+      valueFrom:
+        secretKeyRef: {name: ` + variablesSecret + `, key: greeting}
+    - name: audience
+      value: argo cd
 ---
 apiVersion: aggregation.coder.com/v1alpha1
 kind: CoderWorkspace
@@ -71,6 +84,10 @@ metadata:
 spec:
   templateName: ` + templateName + `
   running: true`
+
+// variablesSecret holds a value of the template's variables: it is not in
+// Git, as a credential would not be.
+const variablesSecret = "argocd-tpl-vars"
 
 // application is an Argo CD Application: its name and destination
 // namespace, and the credentials the application controller syncs it with
@@ -450,6 +467,11 @@ func TestArgoCDEngine(t *testing.T) {
 	defer cc.Invalidate()
 	tgt := targets(t)
 	healthCheck = luaHealth{script: docsHealthScript(t)}
+	secret := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Secret",
+		"metadata": map[string]any{"name": variablesSecret}, "stringData": map[string]any{"greeting": "hello"}}}
+	if _, err := dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "secrets"}).Namespace(env.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	t.Run("sync: Synced and Healthy", func(t *testing.T) {
 		st := refresh(t, cc, tgt)

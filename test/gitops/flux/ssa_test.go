@@ -10,6 +10,7 @@ import (
 	"github.com/fluxcd/cli-utils/pkg/kstatus/polling"
 	"github.com/fluxcd/cli-utils/pkg/object"
 	"github.com/fluxcd/pkg/ssa"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -128,9 +129,26 @@ spec:
   description: Applied by fluxcd/pkg/ssa
   files:
     main.tf: |
+      variable "greeting" {
+        type = string
+      }
+      variable "audience" {
+        type    = string
+        default = "world"
+      }
       output "greeting" {
-        value = "hello from flux"
-      }`
+        value = "${var.greeting} ${var.audience}"
+      }
+  variables:
+    - name: greeting
+      valueFrom:
+        secretKeyRef: {name: ` + variablesSecret + `, key: greeting}
+    - name: audience
+      value: flux`
+
+// variablesSecret holds a value of the template's variables: it is not in
+// Git, as a credential would not be.
+const variablesSecret = "flux-tpl-vars"
 
 const workspaceManifest = `apiVersion: aggregation.coder.com/v1alpha1
 kind: CoderWorkspace
@@ -153,6 +171,12 @@ func TestFluxSSA(t *testing.T) {
 	workspaces := &kustomization{name: "coder-workspaces", manifests: workspaceManifest}
 	tplID := "CoderTemplate/coder." + templateName
 	wsID := "CoderWorkspace/coder.admin." + workspaceName
+
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: variablesSecret, Namespace: env.Namespace},
+		StringData: map[string]string{"greeting": "hello"}}
+	if err := kube.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
 
 	t.Run("apply creates", func(t *testing.T) {
 		cs := templates.apply(ctx, t, rm, templates.objects(t))
