@@ -67,6 +67,11 @@ type CoderObjectRecordSpec struct {
 	// promoted (or the template created with it) once it succeeds.
 	// +optional
 	Build *TemplateBuildRecord `json:"build,omitempty"`
+	// Durations are a template's duration settings as last written
+	// (setting's JSON name → duration, "8h"), so that a read shows them
+	// as written while Coder keeps their value (Coder keeps milliseconds).
+	// +optional
+	Durations map[string]string `json:"durations,omitempty"`
 }
 
 // TemplateBuildRecord is a template version building in the background.

@@ -126,6 +126,10 @@ type specUpdate struct {
 	// invalid is what the change itself breaks (checked with the
 	// object's rules, after its metadata).
 	invalid field.ErrorList
+	// check, when set, asks coderd whether it can make the change (a
+	// template setting its license lacks), after admission and before
+	// anything changes, on a dry run too.
+	check func(ctx context.Context, t target) error
 	// apply makes the change in Coder, acting as w.t, and returns Coder's
 	// view of the object after it and the record's own changes (nil for
 	// none).
@@ -186,6 +190,11 @@ func updateObject[N objectName, T object](ctx context.Context, s strategy[N, T],
 	if cur.GetDeletionTimestamp() != nil {
 		return nil, false, apierrors.NewConflict(r.gr, name, fmt.Errorf("the %s is being deleted", r.noun()))
 	}
+	if plan.check != nil {
+		if err := plan.check(ctx, t); err != nil {
+			return nil, false, err
+		}
+	}
 	if dryRun {
 		return w.preview(next, withSpecOf(cur, next), nil), false, nil
 	}
@@ -240,14 +249,17 @@ func (r *genericStore) noun() string {
 }
 
 // withSpecOf is a copy of cur with next's spec: what a dry-run update
-// that changes the spec shows.
+// that changes the spec shows (a template's settings that next leaves
+// unset keep cur's values).
 func withSpecOf[T object](cur, next T) T {
 	out := cur.DeepCopyObject().(T)
 	switch o := any(out).(type) {
 	case *aggv1.CoderWorkspace:
 		o.Spec = any(next).(*aggv1.CoderWorkspace).Spec
 	case *aggv1.CoderTemplate:
-		o.Spec = any(next).(*aggv1.CoderTemplate).Spec
+		kept := o.Spec
+		o.Spec = *any(next).(*aggv1.CoderTemplate).Spec.DeepCopy()
+		keepSettings(&o.Spec, &kept)
 	}
 	return out
 }

@@ -46,6 +46,7 @@ type TemplateStorage struct {
 	sources  *templatesource.SourceCache
 	versions versionCache
 	orgs     orgIDs
+	features featureCache
 }
 
 var (
@@ -91,6 +92,7 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 		opts:     to,
 		sources:  templatesource.NewSourceCache(to.SourceCacheBytes),
 		versions: newVersionCache(),
+		features: newFeatureCache(),
 	}
 	if err := startCache(&s.genericStore, o, s.listTemplates, aggv1.TemplateFields); err != nil {
 		return nil, err
@@ -238,9 +240,15 @@ func (s *TemplateStorage) createdView(tpl *aggv1.CoderTemplate, t target, n temp
 }
 
 // planCreate finds the organization; a dry run makes the real create's
-// checks instead, in the order the real create meets them.
+// checks instead, in the order the real create meets them. Both first
+// refuse licensed settings coderd cannot honour.
 func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateObjectName, tpl, dry *aggv1.CoderTemplate, dryRun bool) (createCall, error) {
+	defaults, err := s.checkCreateSettings(ctx, t, tpl, dryRun)
+	if err != nil {
+		return nil, err
+	}
 	if dryRun {
+		keepSettings(&dry.Spec, &defaults)
 		orgID, err := s.orgs.get(ctx, t, n.Org)
 		if err != nil {
 			return nil, s.coderErr(t, err, tpl.Name)
@@ -288,13 +296,15 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 		} else {
 			versionID = uuid.MustParse(tpl.Spec.VersionID) // validated
 		}
-		_, err := t.Client.CreateTemplate(ctx, orgID, codersdk.CreateTemplateRequest{
+		req := codersdk.CreateTemplateRequest{
 			Name:        n.Name,
 			DisplayName: tpl.Spec.DisplayName,
 			Description: tpl.Spec.Description,
 			Icon:        tpl.Spec.Icon,
 			VersionID:   versionID,
-		})
+		}
+		setCreate(&req, &tpl.Spec, &defaults)
+		created, err := t.Client.CreateTemplate(ctx, orgID, req)
 		if err != nil {
 			if build != nil {
 				s.abandonVersion(ctx, t, versionID)
@@ -304,6 +314,7 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 			}
 			return nil, nil, s.createErr(t, err, tpl.Name)
 		}
+		s.deprecateCreated(ctx, t, &created, &tpl.Spec)
 		// The record does not exist yet: show the build the write records.
 		plan := buildPlan{set: build != nil, build: build}
 		out, err := s.readCoder(ctx, t, n, tpl.Name, plan.shown(nil))
@@ -368,6 +379,7 @@ func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObje
 	default:
 		errs = append(errs, field.Required(specPath.Child("files"), "a new template needs its source files (or spec.versionID of an existing version)"))
 	}
+	errs = append(errs, validateSettings(&tpl.Spec, nil)...)
 	return n, errs
 }
 
@@ -390,9 +402,17 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 	filesChanged := next.Spec.Files != nil && !maps.Equal(next.Spec.Files, cur.Spec.Files)
 	metaChanged := next.Spec.DisplayName != cur.Spec.DisplayName || next.Spec.Description != cur.Spec.Description || next.Spec.Icon != cur.Spec.Icon
 	promote := !filesChanged && next.Spec.VersionID != "" && next.Spec.VersionID != cur.Spec.VersionID
-	u := specUpdate{changed: metaChanged || filesChanged || promote}
+	// Settings next leaves unset keep Coder's values; a duration written
+	// otherwise with the same value changes only the record.
+	settingsChanged := settingsDiffer(&next.Spec, &cur.Spec)
+	u := specUpdate{changed: metaChanged || filesChanged || promote || settingsChanged}
 	if filesChanged {
 		u.invalid = templatesource.Validate(next.Spec.Files, s.opts.Limits, specPath.Child("files"))
+	}
+	if settingsChanged {
+		u.check = func(ctx context.Context, t target) error {
+			return s.refuseUnlicensed(ctx, t, name, &next.Spec, &cur.Spec)
+		}
 	}
 	u.apply = func(ctx context.Context, w *write) (object, func(*records.Record), error) {
 		t := w.t
@@ -400,9 +420,12 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 		if err != nil {
 			return nil, nil, err
 		}
-		if metaChanged {
+		var now aggv1.CoderTemplateSpec
+		showSettings(&now, &tpl)
+		if metaChanged || settingsDiffer(&next.Spec, &now) {
 			req := coderapi.TemplateMeta(&tpl)
 			req.DisplayName, req.Description, req.Icon = &next.Spec.DisplayName, &next.Spec.Description, &next.Spec.Icon
+			setMeta(&req, &next.Spec)
 			// Unchanged (coderd's 304: another writer made the same
 			// change meanwhile) is not a failure.
 			if _, _, err := coderapi.UpdateTemplateMeta(ctx, t.Client, tpl.ID, req); err != nil {
