@@ -75,6 +75,11 @@ type CoderObjectRecordSpec struct {
 	// +listType=map
 	// +listMapKey=versionID
 	Variables []TemplateVersionVariables `json:"variables,omitempty"`
+	// Durations are a template's duration settings as last written
+	// (setting's JSON name → duration, "8h"), so that a read shows them
+	// as written while Coder keeps their value (Coder keeps milliseconds).
+	// +optional
+	Durations map[string]string `json:"durations,omitempty"`
 }
 
 // TemplateVersionVariables are the variables applied to one template

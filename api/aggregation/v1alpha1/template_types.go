@@ -56,6 +56,84 @@ type CoderTemplateSpec struct {
 	// +listType=map
 	// +listMapKey=name
 	Variables []TemplateVariable `json:"variables,omitempty"`
+
+	// The template's settings in Coder. Each is optional: unset keeps the
+	// value Coder has (on create, Coder's default), and a read shows
+	// Coder's current value, so a change made in the Coder UI shows as a
+	// difference. Durations are written in Go's syntax ("8h", "90m") and
+	// read back as written while Coder keeps that value.
+
+	// DefaultTTL is how long a workspace runs before it stops on its own
+	// (coderd's default_ttl_ms); 0 never stops it.
+	// +optional
+	DefaultTTL *Duration `json:"defaultTTL,omitempty"`
+	// ActivityBump is how far connecting to a workspace pushes its stop
+	// time out (activity_bump_ms); 0 does not.
+	// +optional
+	ActivityBump *Duration `json:"activityBump,omitempty"`
+	// AllowUserCancelWorkspaceJobs lets users cancel their workspaces'
+	// builds.
+	// +optional
+	AllowUserCancelWorkspaceJobs *bool `json:"allowUserCancelWorkspaceJobs,omitempty"`
+	// CORSBehavior is how workspace apps answer cross-origin requests:
+	// simple (coderd handles CORS) or passthru (the app does). Empty keeps
+	// Coder's value.
+	// +optional
+	CORSBehavior CORSBehavior `json:"corsBehavior,omitempty"`
+	// UseClassicParameterFlow makes workspaces of this template use the
+	// classic parameter form instead of dynamic parameters.
+	// +optional
+	UseClassicParameterFlow *bool `json:"useClassicParameterFlow,omitempty"`
+
+	// The settings below need a Coder license with the feature named on
+	// each; a coderd without it refuses a change (422).
+
+	// AutostopRequirement says on which days and every how many weeks
+	// workspaces must stop (in their owners' quiet hours). Feature
+	// advanced_template_scheduling.
+	// +optional
+	AutostopRequirement *AutostopRequirement `json:"autostopRequirement,omitempty"`
+	// AutostartRequirement says on which days workspaces may start on
+	// their own. Feature advanced_template_scheduling.
+	// +optional
+	AutostartRequirement *AutostartRequirement `json:"autostartRequirement,omitempty"`
+	// AllowUserAutostart lets users give their workspaces an autostart
+	// schedule. Feature advanced_template_scheduling.
+	// +optional
+	AllowUserAutostart *bool `json:"allowUserAutostart,omitempty"`
+	// AllowUserAutostop lets users set their workspaces' TTL. Feature
+	// advanced_template_scheduling.
+	// +optional
+	AllowUserAutostop *bool `json:"allowUserAutostop,omitempty"`
+	// FailureTTL is how long after a failed build a workspace is stopped;
+	// 0 or at least 1m. Feature advanced_template_scheduling.
+	// +optional
+	FailureTTL *Duration `json:"failureTTL,omitempty"`
+	// TimeTilDormant is how long an unused workspace stays active before
+	// it becomes dormant; 0 or at least 1m. Feature
+	// advanced_template_scheduling.
+	// +optional
+	TimeTilDormant *Duration `json:"timeTilDormant,omitempty"`
+	// TimeTilDormantAutoDelete is how long a dormant workspace is kept
+	// before it is deleted; 0 or at least 1m. Feature
+	// advanced_template_scheduling.
+	// +optional
+	TimeTilDormantAutoDelete *Duration `json:"timeTilDormantAutoDelete,omitempty"`
+	// RequireActiveVersion makes workspaces build with the active version
+	// only. Feature access_control.
+	// +optional
+	RequireActiveVersion *bool `json:"requireActiveVersion,omitempty"`
+	// DeprecationMessage deprecates the template (no new workspaces) with
+	// this message; "" makes it not deprecated, which needs no license.
+	// Feature access_control.
+	// +optional
+	DeprecationMessage *string `json:"deprecationMessage,omitempty"`
+	// MaxPortShareLevel is the widest level at which workspace ports may
+	// be shared: owner, authenticated, organization or public. Empty keeps
+	// Coder's value. Feature control_shared_ports (without it coderd
+	// shows and allows only public).
+	// +optional
+	MaxPortShareLevel PortShareLevel `json:"maxPortShareLevel,omitempty"`
 }
 
 // TemplateVariable is one Terraform variable's value: given literally, or
@@ -88,6 +166,53 @@ type SecretKeySelector struct {
 	// Key is the key of the Secret's data.
 	Key string `json:"key"`
 }
+
+// Duration is a length of time in Go's syntax ("8h", "1h30m", "0s"),
+// whole milliseconds, not negative. Unlike metav1.Duration it is kept as
+// written, so that an object reads back as it was applied.
+type Duration string
+
+// AutostopRequirement is Coder's template autostop requirement.
+type AutostopRequirement struct {
+	// DaysOfWeek are the days workspaces must stop, in week order
+	// (monday to sunday), each once; none means never.
+	// +optional
+	// +listType=atomic
+	DaysOfWeek []string `json:"daysOfWeek,omitempty"`
+	// Weeks is every how many weeks the days apply: 1 (every week) to 16.
+	Weeks int64 `json:"weeks"`
+}
+
+// AutostartRequirement is Coder's template autostart requirement.
+type AutostartRequirement struct {
+	// DaysOfWeek are the days workspaces may start on their own, in week
+	// order (monday to sunday), each once; none means no day.
+	// +optional
+	// +listType=atomic
+	DaysOfWeek []string `json:"daysOfWeek,omitempty"`
+}
+
+// CORSBehavior is how workspace apps answer cross-origin requests.
+// +enum
+type CORSBehavior string
+
+// The CORS behaviours coderd knows.
+const (
+	CORSBehaviorSimple   CORSBehavior = "simple"
+	CORSBehaviorPassthru CORSBehavior = "passthru"
+)
+
+// PortShareLevel is a level at which workspace ports are shared.
+// +enum
+type PortShareLevel string
+
+// The port share levels coderd knows, narrowest first.
+const (
+	PortShareLevelOwner         PortShareLevel = "owner"
+	PortShareLevelAuthenticated PortShareLevel = "authenticated"
+	PortShareLevelOrganization  PortShareLevel = "organization"
+	PortShareLevelPublic        PortShareLevel = "public"
+)
 
 // CoderTemplateStatus is the template as coderd reports it.
 type CoderTemplateStatus struct {

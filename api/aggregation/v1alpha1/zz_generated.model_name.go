@@ -6,6 +6,16 @@
 package v1alpha1
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in AutostartRequirement) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.AutostartRequirement"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in AutostopRequirement) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.AutostopRequirement"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in CoderTemplate) OpenAPIModelName() string {
 	return "com.coder.aggregation.v1alpha1.CoderTemplate"
 }

@@ -15,6 +15,8 @@ import (
 
 func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenAPIDefinition {
 	return map[string]common.OpenAPIDefinition{
+		AutostartRequirement{}.OpenAPIModelName():         schema_coder_k8s_api_aggregation_v1alpha1_AutostartRequirement(ref),
+		AutostopRequirement{}.OpenAPIModelName():          schema_coder_k8s_api_aggregation_v1alpha1_AutostopRequirement(ref),
 		CoderTemplate{}.OpenAPIModelName():                schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplate(ref),
 		CoderTemplateList{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateList(ref),
 		CoderTemplateSpec{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateSpec(ref),
@@ -83,6 +85,79 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		runtime.TypeMeta{}.OpenAPIModelName():             schema_k8sio_apimachinery_pkg_runtime_TypeMeta(ref),
 		runtime.Unknown{}.OpenAPIModelName():              schema_k8sio_apimachinery_pkg_runtime_Unknown(ref),
 		version.Info{}.OpenAPIModelName():                 schema_k8sio_apimachinery_pkg_version_Info(ref),
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_AutostartRequirement(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "AutostartRequirement is Coder's template autostart requirement.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"daysOfWeek": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "atomic",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "DaysOfWeek are the days workspaces may start on their own, in week order (monday to sunday), each once; none means no day.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Type:   []string{"string"},
+										Format: "",
+									},
+								},
+							},
+						},
+					},
+				},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_AutostopRequirement(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "AutostopRequirement is Coder's template autostop requirement.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"daysOfWeek": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "atomic",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "DaysOfWeek are the days workspaces must stop, in week order (monday to sunday), each once; none means never.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Type:   []string{"string"},
+										Format: "",
+									},
+								},
+							},
+						},
+					},
+					"weeks": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Weeks is every how many weeks the days apply: 1 (every week) to 16.",
+							Default:     0,
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
+				},
+				Required: []string{"weeks"},
+			},
+		},
 	}
 }
 
@@ -261,11 +336,116 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateSpec(ref common.Refe
 							},
 						},
 					},
+					"defaultTTL": {
+						SchemaProps: spec.SchemaProps{
+							Description: "DefaultTTL is how long a workspace runs before it stops on its own (coderd's default_ttl_ms); 0 never stops it.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"activityBump": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ActivityBump is how far connecting to a workspace pushes its stop time out (activity_bump_ms); 0 does not.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"allowUserCancelWorkspaceJobs": {
+						SchemaProps: spec.SchemaProps{
+							Description: "AllowUserCancelWorkspaceJobs lets users cancel their workspaces' builds.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"corsBehavior": {
+						SchemaProps: spec.SchemaProps{
+							Description: "CORSBehavior is how workspace apps answer cross-origin requests: simple (coderd handles CORS) or passthru (the app does). Empty keeps Coder's value.\n\nPossible enum values:\n - `\"passthru\"`\n - `\"simple\"`",
+							Type:        []string{"string"},
+							Format:      "",
+							Enum:        []interface{}{"passthru", "simple"},
+						},
+					},
+					"useClassicParameterFlow": {
+						SchemaProps: spec.SchemaProps{
+							Description: "UseClassicParameterFlow makes workspaces of this template use the classic parameter form instead of dynamic parameters.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"autostopRequirement": {
+						SchemaProps: spec.SchemaProps{
+							Description: "AutostopRequirement says on which days and every how many weeks workspaces must stop (in their owners' quiet hours). Feature advanced_template_scheduling.",
+							Ref:         ref(AutostopRequirement{}.OpenAPIModelName()),
+						},
+					},
+					"autostartRequirement": {
+						SchemaProps: spec.SchemaProps{
+							Description: "AutostartRequirement says on which days workspaces may start on their own. Feature advanced_template_scheduling.",
+							Ref:         ref(AutostartRequirement{}.OpenAPIModelName()),
+						},
+					},
+					"allowUserAutostart": {
+						SchemaProps: spec.SchemaProps{
+							Description: "AllowUserAutostart lets users give their workspaces an autostart schedule. Feature advanced_template_scheduling.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"allowUserAutostop": {
+						SchemaProps: spec.SchemaProps{
+							Description: "AllowUserAutostop lets users set their workspaces' TTL. Feature advanced_template_scheduling.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"failureTTL": {
+						SchemaProps: spec.SchemaProps{
+							Description: "FailureTTL is how long after a failed build a workspace is stopped; 0 or at least 1m. Feature advanced_template_scheduling.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"timeTilDormant": {
+						SchemaProps: spec.SchemaProps{
+							Description: "TimeTilDormant is how long an unused workspace stays active before it becomes dormant; 0 or at least 1m. Feature advanced_template_scheduling.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"timeTilDormantAutoDelete": {
+						SchemaProps: spec.SchemaProps{
+							Description: "TimeTilDormantAutoDelete is how long a dormant workspace is kept before it is deleted; 0 or at least 1m. Feature advanced_template_scheduling.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"requireActiveVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "RequireActiveVersion makes workspaces build with the active version only. Feature access_control.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"deprecationMessage": {
+						SchemaProps: spec.SchemaProps{
+							Description: "DeprecationMessage deprecates the template (no new workspaces) with this message; \"\" makes it not deprecated, which needs no license. Feature access_control.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"maxPortShareLevel": {
+						SchemaProps: spec.SchemaProps{
+							Description: "MaxPortShareLevel is the widest level at which workspace ports may be shared: owner, authenticated, organization or public. Empty keeps Coder's value. Feature control_shared_ports (without it coderd shows and allows only public).\n\nPossible enum values:\n - `\"authenticated\"`\n - `\"organization\"`\n - `\"owner\"`\n - `\"public\"`",
+							Type:        []string{"string"},
+							Format:      "",
+							Enum:        []interface{}{"authenticated", "organization", "owner", "public"},
+						},
+					},
 				},
 			},
 		},
 		Dependencies: []string{
-			TemplateVariable{}.OpenAPIModelName()},
+			AutostartRequirement{}.OpenAPIModelName(), AutostopRequirement{}.OpenAPIModelName(), TemplateVariable{}.OpenAPIModelName()},
 	}
 }
 

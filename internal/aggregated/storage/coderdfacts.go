@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/coderapi"
 )
 
@@ -20,12 +22,24 @@ import (
 // unique within one coderd, and a tenant's coderd may answer with any ID
 // it likes, so a fact is kept per coderd (target.coderdKey) and never
 // served for another. At most max facts are kept (0: no bound), the
-// oldest dropped first.
+// oldest dropped first. With a ttl, a fact is served that long and then
+// asked again: for what coderd may change (its license).
 type coderdFacts[K comparable, V any] struct {
 	mu    sync.Mutex
-	facts map[factKey[K]]V
+	facts map[factKey[K]]fact[V]
 	order []factKey[K]
 	max   int
+	ttl   time.Duration
+}
+
+// fact is a remembered answer and when it was given.
+type fact[V any] struct {
+	v  V
+	at time.Time
+}
+
+func (f *coderdFacts[K, V]) fresh(x fact[V]) bool {
+	return f.ttl <= 0 || time.Since(x.at) < f.ttl
 }
 
 // factKey is a fact's key as one coderd knows it.
@@ -37,23 +51,29 @@ type factKey[K comparable] struct {
 func (f *coderdFacts[K, V]) known(coderd string, id K) (V, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	v, ok := f.facts[factKey[K]{coderd, id}]
-	return v, ok
+	x, ok := f.facts[factKey[K]{coderd, id}]
+	if !ok || !f.fresh(x) {
+		var zero V
+		return zero, false
+	}
+	return x.v, true
 }
 
-// add remembers v; a fact already known is kept as it is, age included.
+// add remembers v; a fact already known (and not expired) is kept as it
+// is, age included.
 func (f *coderdFacts[K, V]) add(coderd string, id K, v V) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k := factKey[K]{coderd, id}
-	if _, ok := f.facts[k]; ok {
+	old, known := f.facts[k]
+	if known && f.fresh(old) {
 		return
 	}
 	if f.facts == nil {
-		f.facts = map[factKey[K]]V{}
+		f.facts = map[factKey[K]]fact[V]{}
 	}
-	f.facts[k] = v
-	if f.max <= 0 {
+	f.facts[k] = fact[V]{v: v, at: time.Now()}
+	if known || f.max <= 0 {
 		return
 	}
 	f.order = append(f.order, k)
@@ -90,6 +110,56 @@ func (o *orgIDs) get(ctx context.Context, t target, org string) (uuid.UUID, erro
 			return uuid.Nil, false, fmt.Errorf("organization %q: %w", org, err)
 		}
 		return got.ID, true, nil
+	})
+}
+
+// coderdFeatures is what a coderd's license lets it do.
+type coderdFeatures struct {
+	// openSource: the open-source build, which has no features.
+	openSource bool
+	enabled    map[codersdk.FeatureName]bool
+}
+
+// lacking says why a feature is missing.
+func (f coderdFeatures) lacking() string {
+	if f.openSource {
+		return "open-source build"
+	}
+	return "not entitled by its license"
+}
+
+// featureCache remembers each coderd's features for featureTTL: a license
+// can be added or expire at any time, and a write that needs a feature
+// should not cost a request each.
+type featureCache struct {
+	coderdFacts[struct{}, coderdFeatures]
+}
+
+const featureTTL = time.Minute
+
+func newFeatureCache() featureCache {
+	return featureCache{coderdFacts[struct{}, coderdFeatures]{ttl: featureTTL}}
+}
+
+// get asks coderd's entitlements: 404 "Route not found." is the
+// open-source build, otherwise each feature's Enabled (what enterprise
+// coderd switches its behaviour on).
+func (c *featureCache) get(ctx context.Context, t target) (coderdFeatures, error) {
+	return c.coderdFacts.get(ctx, t, struct{}{}, func(ctx context.Context) (coderdFeatures, bool, error) {
+		e, err := t.Client.Entitlements(ctx)
+		if err != nil {
+			if reason, ok := coderapi.FeatureUnavailable(err); ok && reason == coderv1alpha1.ReasonNotSupported {
+				return coderdFeatures{openSource: true}, true, nil
+			}
+			return coderdFeatures{}, false, fmt.Errorf("entitlements: %w", err)
+		}
+		f := coderdFeatures{enabled: map[codersdk.FeatureName]bool{}}
+		for name, feat := range e.Features {
+			if feat.Enabled {
+				f.enabled[name] = true
+			}
+		}
+		return f, true, nil
 	})
 }
 

@@ -2,9 +2,16 @@ package storage
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
@@ -55,5 +62,69 @@ func TestBuildParamsFillFromMemory(t *testing.T) {
 	}
 	if got, err := p.fill(context.Background(), tgt, nil); err != nil || len(got) != 0 {
 		t.Errorf("fill(nil) = %v, %v", got, err)
+	}
+}
+
+// The features come from GET /api/v2/entitlements, remembered per coderd
+// for a while: coderd's 404 "Route not found." is the open-source build.
+func TestFeatureCache(t *testing.T) {
+	var asked atomic.Int32
+	openSource := true
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/v2/entitlements" {
+			http.NotFound(w, r)
+			return
+		}
+		asked.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		if openSource {
+			w.WriteHeader(http.StatusNotFound)
+			_ = json.NewEncoder(w).Encode(codersdk.Response{Message: "Route not found."})
+			return
+		}
+		_ = json.NewEncoder(w).Encode(codersdk.Entitlements{Features: map[codersdk.FeatureName]codersdk.Feature{
+			codersdk.FeatureAccessControl:              {Entitlement: codersdk.EntitlementEntitled, Enabled: true},
+			codersdk.FeatureAdvancedTemplateScheduling: {Entitlement: codersdk.EntitlementNotEntitled, Enabled: false},
+		}})
+	}))
+	defer srv.Close()
+	tgt := fxTarget(t, "prod", false)
+	tgt.Client = codersdk.New(fxURL(t, srv.URL))
+	c := newFeatureCache()
+	ctx := context.Background()
+	f, err := c.get(ctx, tgt)
+	if err != nil || !f.openSource || len(f.enabled) != 0 {
+		t.Fatalf("open-source coderd: %+v, %v", f, err)
+	}
+	if _, err := c.get(ctx, tgt); err != nil || asked.Load() != 1 {
+		t.Errorf("asked coderd %d times for two gets within %s (%v), want once", asked.Load(), featureTTL, err)
+	}
+	// A license added: seen once the answer expired.
+	openSource = false
+	c.ttl = time.Millisecond
+	time.Sleep(5 * time.Millisecond)
+	f, err = c.get(ctx, tgt)
+	if err != nil || f.openSource || !f.enabled[codersdk.FeatureAccessControl] || f.enabled[codersdk.FeatureAdvancedTemplateScheduling] {
+		t.Errorf("licensed coderd: %+v, %v", f, err)
+	}
+	if !strings.Contains(f.lacking(), "license") {
+		t.Errorf("lacking() = %q", f.lacking())
+	}
+}
+
+func TestCoderdFactsExpire(t *testing.T) {
+	f := coderdFacts[string, int]{ttl: 20 * time.Millisecond, max: 10}
+	f.add("a", "x", 1)
+	f.add("a", "x", 2)
+	if v, ok := f.known("a", "x"); !ok || v != 1 {
+		t.Errorf("known = %v, %v; want the first answer while fresh", v, ok)
+	}
+	time.Sleep(30 * time.Millisecond)
+	if _, ok := f.known("a", "x"); ok {
+		t.Error("an expired fact is still served")
+	}
+	f.add("a", "x", 3)
+	if v, ok := f.known("a", "x"); !ok || v != 3 || len(f.order) != 1 {
+		t.Errorf("known = %v, %v with %d keys queued; want the new answer, queued once", v, ok, len(f.order))
 	}
 }

@@ -101,7 +101,7 @@ func fxWorkspace() *codersdk.Workspace {
 }
 
 // fxTemplate is a template of organization acme whose active version is
-// fxVersion.
+// fxVersion, with settings as an open-source coderd shows them.
 func fxTemplate() *codersdk.Template {
 	return &codersdk.Template{
 		ID:                 fxTemplateID,
@@ -117,6 +117,15 @@ func fxTemplate() *codersdk.Template {
 		ActiveUserCount:    7,
 		Deprecated:         true,
 		DeprecationMessage: "use docker-v2",
+
+		DefaultTTLMillis:     (8 * time.Hour).Milliseconds(),
+		ActivityBumpMillis:   (90 * time.Minute).Milliseconds(),
+		AutostopRequirement:  codersdk.TemplateAutostopRequirement{DaysOfWeek: []string{}, Weeks: 1},
+		AutostartRequirement: codersdk.TemplateAutostartRequirement{DaysOfWeek: codersdk.AllDaysOfWeek},
+		AllowUserAutostart:   true,
+		AllowUserAutostop:    true,
+		CORSBehavior:         codersdk.CORSBehaviorSimple,
+		MaxPortShareLevel:    codersdk.WorkspaceAgentPortShareLevelPublic,
 	}
 }
 

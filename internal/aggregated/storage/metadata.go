@@ -62,6 +62,20 @@ func specHashOf(o object) string {
 	return hex.EncodeToString(sum[:16])
 }
 
+// shownSpecHash is specHashOf o as it shows once merged with rec: a
+// template's durations spelled as rec has them.
+func shownSpecHash(o object, rec *records.Record) string {
+	tpl, ok := o.(*aggv1.CoderTemplate)
+	if !ok {
+		return specHashOf(o)
+	}
+	// showDurations replaces pointers, so a shallow copy of the spec
+	// leaves o as it is.
+	shown := &aggv1.CoderTemplate{Spec: tpl.Spec}
+	showDurations(&shown.Spec, rec)
+	return specHashOf(shown)
+}
+
 // setObservedGeneration says which generation the status (computed from
 // Coder at read time, so always the current spec's) describes.
 func setObservedGeneration(o object, gen int64) {
@@ -84,8 +98,13 @@ func setObservedGeneration(o object, gen int64) {
 // derived labels, a workspace's delete-build finalizer and its
 // deletionTimestamp) is kept, everything else comes from rec, so merging
 // again is harmless. It reports whether Coder's spec differs from the spec
-// rec last counted (a change made in Coder, not yet counted in rec).
+// rec last counted (a change made in Coder, not yet counted in rec). A
+// template's durations are spelled as rec recorded them.
 func mergeRecord(o object, rec *records.Record) (specChangedInCoder bool) {
+	if tpl, ok := o.(*aggv1.CoderTemplate); ok {
+		// Part of the spec as shown, so before its hash.
+		showDurations(&tpl.Spec, rec)
+	}
 	labels := map[string]string{}
 	for k, v := range o.GetLabels() {
 		if isDerivedLabel(k) {
@@ -214,12 +233,17 @@ type recordedMeta struct {
 	OwnerReferences   []metav1.OwnerReference
 	ManagedFields     []metav1.ManagedFieldsEntry
 	DeletionTimestamp *metav1.Time
+	Durations         map[string]string
 }
 
 func metaOf(s *records.Record) recordedMeta {
 	m := recordedMeta{Name: s.Spec.Name, Generation: s.Spec.Generation, SpecHash: s.Spec.SpecHash,
 		Labels: s.Spec.Labels, Annotations: s.Spec.Annotations, Finalizers: s.Spec.Finalizers,
-		OwnerReferences: s.Spec.OwnerReferences, ManagedFields: s.Spec.ManagedFields, DeletionTimestamp: s.Spec.DeletionTimestamp}
+		OwnerReferences: s.Spec.OwnerReferences, ManagedFields: s.Spec.ManagedFields, DeletionTimestamp: s.Spec.DeletionTimestamp,
+		Durations: s.Spec.Durations}
+	if len(m.Durations) == 0 {
+		m.Durations = nil
+	}
 	if len(m.Labels) == 0 {
 		m.Labels = nil
 	}

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 )
 
@@ -52,10 +53,11 @@ func (r *genericStore) recordKey(t target, coderID string) records.Key {
 }
 
 // record is the record the write leaves: want's metadata (the request's
-// object, with managedFields as the field manager computed them), the
-// generation counted from cur to out (the object as Coder has it after
-// the write), the deletionTimestamp kept, then mutate's changes (a
-// template build, a deletion).
+// object, with managedFields as the field manager computed them) and, of
+// a template, its durations as written, the deletionTimestamp kept,
+// mutate's changes (a template build, a deletion), and the generation
+// counted from cur to out (the object as Coder has it after the write,
+// shown with this record).
 func (w *write) record(want, out object, mutate func(*records.Record)) *records.Record {
 	rec := &records.Record{}
 	if w.prev != nil {
@@ -78,7 +80,13 @@ func (w *write) record(want, out object, mutate func(*records.Record)) *records.
 	rec.Spec.Finalizers = userFinalizers(want.GetFinalizers())
 	rec.Spec.OwnerReferences = slices.Clone(want.GetOwnerReferences())
 	rec.Spec.ManagedFields = slices.Clone(want.GetManagedFields())
-	hash := specHashOf(out)
+	if tpl, ok := want.(*aggv1.CoderTemplate); ok {
+		rec.Spec.Durations = writtenDurations(rec.Spec.Durations, &tpl.Spec)
+	}
+	if mutate != nil {
+		mutate(rec)
+	}
+	hash := shownSpecHash(out, rec)
 	switch {
 	case w.cur == nil:
 		rec.Spec.Generation = 1
@@ -88,9 +96,6 @@ func (w *write) record(want, out object, mutate func(*records.Record)) *records.
 		rec.Spec.Generation = max(w.cur.GetGeneration(), 1)
 	}
 	rec.Spec.SpecHash = hash
-	if mutate != nil {
-		mutate(rec)
-	}
 	return rec
 }
 

@@ -130,10 +130,11 @@ type specUpdate struct {
 	// view of the object after it and the record's own changes (nil for
 	// none).
 	apply func(ctx context.Context, w *write) (object, func(*records.Record), error)
-	// check, when set, runs before a dry run's answer as before the
-	// change (acting as w.t): what the change reads besides Coder
-	// (Secrets) is checked, and it reports whether Coder's side changes
-	// after all, though the spec did not.
+	// check, when set, runs after admission and before anything changes,
+	// on a dry run too, acting as w.t: it refuses what coderd cannot do
+	// (a template setting its license lacks) or the caller may not read
+	// (a Secret), and reports whether Coder's side changes after all,
+	// though the spec did not (a Secret a value came from changed).
 	check func(ctx context.Context, w *write) (bool, error)
 }
 
@@ -252,14 +253,17 @@ func (r *genericStore) noun() string {
 }
 
 // withSpecOf is a copy of cur with next's spec: what a dry-run update
-// that changes the spec shows.
+// that changes the spec shows (a template's settings that next leaves
+// unset keep cur's values).
 func withSpecOf[T object](cur, next T) T {
 	out := cur.DeepCopyObject().(T)
 	switch o := any(out).(type) {
 	case *aggv1.CoderWorkspace:
 		o.Spec = any(next).(*aggv1.CoderWorkspace).Spec
 	case *aggv1.CoderTemplate:
-		o.Spec = any(next).(*aggv1.CoderTemplate).Spec
+		kept := o.Spec
+		o.Spec = *any(next).(*aggv1.CoderTemplate).Spec.DeepCopy()
+		keepSettings(&o.Spec, &kept)
 	}
 	return out
 }

@@ -54,6 +54,7 @@ type TemplateStorage struct {
 	// from, for the SecretsCurrent condition.
 	secretRevs secretRevisions
 	orgs       orgIDs
+	features   featureCache
 }
 
 var (
@@ -100,6 +101,7 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 		sources:  templatesource.NewSourceCache(to.SourceCacheBytes),
 		versions: newVersionCache(),
 		vars:     newVersionVariables(),
+		features: newFeatureCache(),
 	}
 	if err := startCache(&s.genericStore, o, s.listTemplates, aggv1.TemplateFields); err != nil {
 		return nil, err
@@ -259,18 +261,23 @@ func (s *TemplateStorage) createdView(tpl *aggv1.CoderTemplate, t target, n temp
 }
 
 // planCreate finds the organization; a dry run makes the real create's
-// checks instead, in the order the real create meets them.
+// checks instead, in the order the real create meets them. Both first
+// refuse licensed settings coderd cannot honour.
 func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateObjectName, tpl, dry *aggv1.CoderTemplate, dryRun bool) (createCall, error) {
+	defaults, err := s.checkCreateSettings(ctx, t, tpl, dryRun)
+	if err != nil {
+		return nil, err
+	}
 	var vars appliedVariables
 	if len(tpl.Spec.Files) > 0 {
 		// Before anything reaches coderd: a variable the caller may not
 		// read, or that the files do not declare, refuses the create.
-		var err error
 		if vars, err = s.resolveVariables(ctx, t, &tpl.Spec, tpl.Name); err != nil {
 			return nil, err
 		}
 	}
 	if dryRun {
+		keepSettings(&dry.Spec, &defaults)
 		orgID, err := s.orgs.get(ctx, t, n.Org)
 		if err != nil {
 			return nil, s.coderErr(t, err, tpl.Name)
@@ -318,13 +325,15 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 		} else {
 			versionID = uuid.MustParse(tpl.Spec.VersionID) // validated
 		}
-		_, err := t.Client.CreateTemplate(ctx, orgID, codersdk.CreateTemplateRequest{
+		req := codersdk.CreateTemplateRequest{
 			Name:        n.Name,
 			DisplayName: tpl.Spec.DisplayName,
 			Description: tpl.Spec.Description,
 			Icon:        tpl.Spec.Icon,
 			VersionID:   versionID,
-		})
+		}
+		setCreate(&req, &tpl.Spec, &defaults)
+		created, err := t.Client.CreateTemplate(ctx, orgID, req)
 		if err != nil {
 			if build != nil {
 				s.abandonVersion(ctx, t, versionID)
@@ -334,6 +343,7 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 			}
 			return nil, nil, s.createErr(t, err, tpl.Name)
 		}
+		s.deprecateCreated(ctx, t, &created, &tpl.Spec)
 		// The record does not exist yet: show the build the write records.
 		plan := buildPlan{set: build != nil, build: build}
 		if build != nil {
@@ -401,6 +411,7 @@ func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObje
 	default:
 		errs = append(errs, field.Required(specPath.Child("files"), "a new template needs its source files (or spec.versionID of an existing version)"))
 	}
+	errs = append(errs, validateSettings(&tpl.Spec, nil)...)
 	errs = append(errs, validateVariables(tpl.Spec.Variables)...)
 	if len(tpl.Spec.Variables) > 0 && len(tpl.Spec.Files) == 0 {
 		errs = append(errs, field.Forbidden(variablesPath, "variables are given to the version spec.files builds; an existing version (spec.versionID) keeps its own"))
@@ -435,7 +446,10 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 	}
 	rebuild := filesChanged || varsChanged
 	promote := !rebuild && next.Spec.VersionID != "" && next.Spec.VersionID != cur.Spec.VersionID
-	u := specUpdate{changed: metaChanged || rebuild || promote}
+	// Settings next leaves unset keep Coder's values; a duration written
+	// otherwise with the same value changes only the record.
+	settingsChanged := settingsDiffer(&next.Spec, &cur.Spec)
+	u := specUpdate{changed: metaChanged || rebuild || promote || settingsChanged}
 	if filesChanged {
 		u.invalid = templatesource.Validate(next.Spec.Files, s.opts.Limits, specPath.Child("files"))
 	}
@@ -447,6 +461,11 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 	}
 	var vars appliedVariables
 	u.check = func(ctx context.Context, w *write) (bool, error) {
+		if settingsChanged {
+			if err := s.refuseUnlicensed(ctx, w.t, name, &next.Spec, &cur.Spec); err != nil {
+				return false, err
+			}
+		}
 		moved := false
 		if !rebuild && len(spec.Files) > 0 {
 			// The spec is as shown, but a Secret a value came from may
@@ -474,9 +493,12 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 		if err != nil {
 			return nil, nil, err
 		}
-		if metaChanged {
+		var now aggv1.CoderTemplateSpec
+		showSettings(&now, &tpl)
+		if metaChanged || settingsDiffer(&next.Spec, &now) {
 			req := coderapi.TemplateMeta(&tpl)
 			req.DisplayName, req.Description, req.Icon = &next.Spec.DisplayName, &next.Spec.Description, &next.Spec.Icon
+			setMeta(&req, &next.Spec)
 			// Unchanged (coderd's 304: another writer made the same
 			// change meanwhile) is not a failure.
 			if _, _, err := coderapi.UpdateTemplateMeta(ctx, t.Client, tpl.ID, req); err != nil {

@@ -38,6 +38,7 @@ func toTemplate(t target, tpl *codersdk.Template, active *codersdk.TemplateVersi
 			UpdatedAt:       timePtr(&tpl.UpdatedAt),
 		},
 	}
+	showSettings(&obj.Spec, tpl)
 	showActive(obj, active, tpl.UpdatedAt)
 	return obj
 }

@@ -74,6 +74,23 @@ func TestToTemplateMapsCoderState(t *testing.T) {
 		Icon:         "/icon/docker.png",
 		VersionID:    fxVersionID.String(),
 		Files:        fxFiles,
+		// Every setting with Coder's value, durations in metav1.Duration's
+		// form (nothing was written through Kubernetes).
+		DefaultTTL:                   fxPtr(aggv1.Duration("8h0m0s")),
+		ActivityBump:                 fxPtr(aggv1.Duration("1h30m0s")),
+		AllowUserCancelWorkspaceJobs: fxPtr(false),
+		CORSBehavior:                 aggv1.CORSBehaviorSimple,
+		UseClassicParameterFlow:      fxPtr(false),
+		AutostopRequirement:          &aggv1.AutostopRequirement{Weeks: 1},
+		AutostartRequirement:         &aggv1.AutostartRequirement{DaysOfWeek: codersdk.AllDaysOfWeek},
+		AllowUserAutostart:           fxPtr(true),
+		AllowUserAutostop:            fxPtr(true),
+		FailureTTL:                   fxPtr(aggv1.Duration("0s")),
+		TimeTilDormant:               fxPtr(aggv1.Duration("0s")),
+		TimeTilDormantAutoDelete:     fxPtr(aggv1.Duration("0s")),
+		RequireActiveVersion:         fxPtr(false),
+		DeprecationMessage:           fxPtr("use docker-v2"),
+		MaxPortShareLevel:            aggv1.PortShareLevelPublic,
 	}
 	if !reflect.DeepEqual(got.Spec, wantSpec) {
 		t.Errorf("spec = %+v\nwant %+v", got.Spec, wantSpec)

@@ -78,6 +78,7 @@ func validateTemplateUpdate(next, cur *aggv1.CoderTemplate, name string) field.E
 	if next.Spec.VersionID != cur.Spec.VersionID && next.Spec.VersionID != "" && !apiequality.Semantic.DeepEqual(next.Spec.Files, cur.Spec.Files) && next.Spec.Files != nil {
 		errs = append(errs, field.Forbidden(specPath.Child("versionID"), "change either spec.files (which uploads a new version) or spec.versionID (which promotes an existing one), not both"))
 	}
+	errs = append(errs, validateSettings(&next.Spec, &cur.Spec)...)
 	return errs
 }
 
