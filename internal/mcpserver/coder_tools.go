@@ -6,6 +6,7 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"slices"
@@ -81,6 +82,7 @@ type TemplateDetail struct {
 	Deprecated        bool               `json:"deprecated,omitempty"`
 	ActiveUsers       int32              `json:"activeUsers"`
 	UpdatedAt         string             `json:"updatedAt,omitempty"`
+	Settings          map[string]any     `json:"settings,omitempty" jsonschema:"the template's settings in Coder as CoderTemplate.spec names them (defaultTTL, activityBump, requireActiveVersion, ...)"`
 	Variables         []TemplateVariable `json:"variables,omitempty" jsonschema:"the Terraform variables of the version the files show; a sensitive one's value is never shown"`
 	FileNames         []string           `json:"fileNames,omitempty" jsonschema:"paths of the source files"`
 	Files             map[string]string  `json:"files,omitempty" jsonschema:"source files (with includeFiles), cut to maxFileBytes"`
@@ -97,6 +99,23 @@ type TemplateVariable struct {
 	Value string `json:"value,omitempty" jsonschema:"the value the spec gives literally (never a sensitive one or one from a Secret)"`
 	// Secret names where a value read from a Secret came from.
 	Secret string `json:"secret,omitempty" jsonschema:"<secret>/<key> the value was read from (the value itself is not shown)"`
+}
+
+// templateSettings are t's settings: its spec without what TemplateDetail
+// shows otherwise (names, files, variables, the version).
+func templateSettings(t *aggv1.CoderTemplate) (map[string]any, error) {
+	raw, err := json.Marshal(t.Spec)
+	if err != nil {
+		return nil, fmt.Errorf("encode the spec of %s: %w", t.Name, err)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return nil, fmt.Errorf("decode the spec of %s: %w", t.Name, err)
+	}
+	for _, k := range []string{"organization", "displayName", "description", "icon", "versionID", "files", "variables"} {
+		delete(out, k)
+	}
+	return out, nil
 }
 
 // templateVariables lists t's variables as status.variables describes
@@ -273,7 +292,11 @@ func getTemplate(ctx context.Context, c *call, in GetTemplateInput) (TemplateDet
 	if t.Status.UpdatedAt != nil {
 		d.UpdatedAt = t.Status.UpdatedAt.UTC().Format(time.RFC3339)
 	}
-	d.Variables = templateVariables(&t)
+	settings, err := templateSettings(&t)
+	if err != nil {
+		return TemplateDetail{}, err
+	}
+	d.Settings, d.Variables = settings, templateVariables(&t)
 	for p := range t.Spec.Files {
 		d.FileNames = append(d.FileNames, p)
 	}

@@ -99,3 +99,18 @@ func TestTemplateVariables(t *testing.T) {
 		t.Errorf("templateVariables (-want +got):\n%s", d)
 	}
 }
+
+// TestTemplateSettings shows the spec's settings by their spec names, and
+// nothing TemplateDetail shows otherwise.
+func TestTemplateSettings(t *testing.T) {
+	ttl, msg := aggv1.Duration("8h"), "use v2"
+	tpl := &aggv1.CoderTemplate{Spec: aggv1.CoderTemplateSpec{DisplayName: "D", Files: map[string]string{"main.tf": "x"},
+		DefaultTTL: &ttl, DeprecationMessage: &msg, Variables: []aggv1.TemplateVariable{{Name: "a", Value: "b"}}}}
+	got, err := templateSettings(tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(map[string]any{"defaultTTL": "8h", "deprecationMessage": "use v2"}, got); d != "" {
+		t.Errorf("templateSettings (-want +got):\n%s", d)
+	}
+}

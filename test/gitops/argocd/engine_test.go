@@ -55,6 +55,8 @@ metadata:
 spec:
   displayName: ` + displayName + `
   description: Synced by Argo CD's gitops-engine
+  defaultTTL: 8h
+  activityBump: 90m
   files:
     main.tf: |
       variable "greeting" {
@@ -510,7 +512,7 @@ func TestArgoCDEngine(t *testing.T) {
 	})
 
 	t.Run("drift made in Coder: OutOfSync, then healed", func(t *testing.T) {
-		if _, err := env.Coder(ctx, "templates", "edit", templateName, "--display-name", "Changed in Coder", "--yes"); err != nil {
+		if _, err := env.Coder(ctx, "templates", "edit", templateName, "--display-name", "Changed in Coder", "--default-ttl", "2h", "--yes"); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := env.Coder(ctx, "stop", workspaceName, "--yes"); err != nil {
@@ -538,6 +540,11 @@ func TestArgoCDEngine(t *testing.T) {
 		}
 		if got, _, _ := unstructured.NestedString(live.Object, "spec", "displayName"); got != displayName {
 			t.Errorf("template displayName %q after the sync, want %q", got, displayName)
+		}
+		// The default TTL changed in Coder is healed, and read back as
+		// written.
+		if got, _, _ := unstructured.NestedString(live.Object, "spec", "defaultTTL"); got != "8h" {
+			t.Errorf("template defaultTTL %q after the sync, want 8h", got)
 		}
 	})
 

@@ -127,6 +127,8 @@ metadata:
 spec:
   displayName: ` + displayName + `
   description: Applied by fluxcd/pkg/ssa
+  defaultTTL: 8h
+  activityBump: 90m
   files:
     main.tf: |
       variable "greeting" {
@@ -216,7 +218,7 @@ func TestFluxSSA(t *testing.T) {
 	})
 
 	t.Run("drift made in Coder is corrected", func(t *testing.T) {
-		if _, err := env.Coder(ctx, "templates", "edit", templateName, "--display-name", "Changed in Coder", "--yes"); err != nil {
+		if _, err := env.Coder(ctx, "templates", "edit", templateName, "--display-name", "Changed in Coder", "--default-ttl", "2h", "--yes"); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := env.Coder(ctx, "stop", workspaceName, "--yes"); err != nil {
@@ -228,6 +230,9 @@ func TestFluxSSA(t *testing.T) {
 		requireActions(t, "apply after the change in Coder", cs, map[string]ssa.Action{tplID: ssa.ConfiguredAction})
 		templates.wait(t, rm, cs)
 		requireField(ctx, t, templateGVK, "coder."+templateName, displayName, "spec", "displayName")
+		// The default TTL changed in Coder is healed, and read back as
+		// written.
+		requireField(ctx, t, templateGVK, "coder."+templateName, "8h", "spec", "defaultTTL")
 
 		cs = workspaces.apply(ctx, t, rm, workspaces.objects(t))
 		requireActions(t, "apply after the change in Coder", cs, map[string]ssa.Action{wsID: ssa.ConfiguredAction})
