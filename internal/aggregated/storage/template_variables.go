@@ -132,7 +132,10 @@ func variablesHash(rec []coderv1alpha1.TemplateVariableRecord) string {
 	if len(rec) == 0 {
 		return ""
 	}
-	raw, _ := json.Marshal(rec) // plain strings: cannot fail
+	// In any order: the same variables listed otherwise are the same.
+	sorted := slices.Clone(rec)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	raw, _ := json.Marshal(sorted) // plain strings: cannot fail
 	sum := sha256.Sum256(raw)
 	return hex.EncodeToString(sum[:])
 }
@@ -195,7 +198,8 @@ func (s *TemplateStorage) resolveVariables(ctx context.Context, t target, spec *
 			out.values = append(out.values, codersdk.VariableValue{Name: d.Name, Value: d.Default})
 		}
 	}
-	sort.Slice(out.record, func(i, j int) bool { return out.record[i].Name < out.record[j].Name })
+	// The record keeps the spec's order, which reads show: GitOps tools
+	// that compare lists in order see no drift.
 	return out, nil
 }
 
