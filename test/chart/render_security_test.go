@@ -394,7 +394,7 @@ type rbacComponent struct {
 
 var rbacComponents = []rbacComponent{
 	{suffix: "manager", dir: "controller", packages: []string{"internal/controller"}},
-	{suffix: "aggregated", dir: "aggregated", packages: []string{"internal/aggregated/backend", "internal/aggregated/records"}},
+	{suffix: "aggregated", dir: "aggregated", packages: []string{"internal/aggregated/backend", "internal/aggregated/records", "internal/aggregated/storage"}},
 	{suffix: "admission", dir: "admission", packages: []string{"internal/aggregated/admission"}},
 	{suffix: "autotls", dir: "autotls", packages: []string{"internal/aggregated/autotls"}},
 	{suffix: "mcp", dir: "mcp", packages: []string{"internal/mcpserver"}},

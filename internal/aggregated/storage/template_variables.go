@@ -44,8 +44,9 @@ import (
 // and shown in status.variables). A Secret changed since then is read
 // again by the next write of the template by a caller who may read it.
 
+// The SubjectAccessReviews are created with the system:auth-delegator
+// binding every aggregated API server has (delegated authorization).
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
-// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 var variablesPath = specPath.Child("variables")
 
