@@ -460,9 +460,14 @@ func (f *faultStack) startProbe(t *testing.T, name string, op *Operator) *probe 
 	t.Helper()
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(f.caPEM)
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	// A new connection per call: net/http's graceful shutdown closes idle
+	// keep-alive connections, and a call written on one at that instant
+	// gets EOF without reaching the server, which would pass for a call
+	// the stopping replica dropped. A connection it accepted is served.
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 	ctx, cancel := context.WithCancel(context.Background())
-	session, err := mcpclient.Connect(ctx, op.MCP+"/mcp", mcpclient.Options{Token: f.token})
+	session, err := mcpclient.Connect(ctx, op.MCP+"/mcp", mcpclient.Options{Token: f.token, Transport: &http.Transport{DisableKeepAlives: true}})
 	if err != nil {
 		cancel()
 		t.Fatalf("%s: connect to MCP: %v", name, err)
