@@ -75,6 +75,15 @@ type CoderObjectRecordSpec struct {
 	// +listType=map
 	// +listMapKey=versionID
 	Variables []TemplateVersionVariables `json:"variables,omitempty"`
+	// Versions say what a template's spec gave the versions it shows
+	// (its active version and the one building) besides files and
+	// variables, so that a read shows spec.versionName,
+	// spec.versionMessage and spec.provisionerTags only when they were
+	// given.
+	// +optional
+	// +listType=map
+	// +listMapKey=versionID
+	Versions []TemplateVersionGiven `json:"versions,omitempty"`
 	// Durations are a template's duration settings as last written
 	// (setting's JSON name → duration, "8h"), so that a read shows them
 	// as written while Coder keeps their value (Coder keeps milliseconds).
@@ -90,6 +99,23 @@ type TemplateVersionVariables struct {
 	// Variables are as the spec listed them.
 	// +optional
 	Variables []TemplateVariableRecord `json:"variables,omitempty"`
+}
+
+// TemplateVersionGiven is what a template's spec gave one of its
+// versions.
+type TemplateVersionGiven struct {
+	// VersionID is the template version's UUID.
+	VersionID string `json:"versionID"`
+	// Name says the version's name came from spec.versionName.
+	// +optional
+	Name bool `json:"name,omitempty"`
+	// Message says the version's message came from spec.versionMessage.
+	// +optional
+	Message bool `json:"message,omitempty"`
+	// ProvisionerTags are the tags spec.provisionerTags gave it (coderd
+	// adds its own).
+	// +optional
+	ProvisionerTags map[string]string `json:"provisionerTags,omitempty"`
 }
 
 // TemplateVariableRecord is one variable as applied: a literal value, or

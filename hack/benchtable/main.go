@@ -260,6 +260,8 @@ var rows = []row{
 		ref: "aggregated LIST ?resourceVersion=0, 10 clients: %.1f/s", refUnits: []string{"ref-list/s"}},
 	{label: "template apply ratio (kubectl apply --server-side)", bench: metadata, unit: "apply-ratio", shown: "×", digits: 2,
 		ref: "ConfigMap of the same files %.0f ms", refUnits: []string{"configmap-apply-ms"}, target: atMost(1.5, "≤ 1.5")},
+	{label: "template apply ratio, settings and variables changed (files not)", bench: metadata, unit: "settings-apply-ratio", shown: "×", digits: 2,
+		ref: "ConfigMap of the same data %.0f ms", refUnits: []string{"configmap-settings-apply-ms"}, target: atMost(1.5, "≤ 1.5")},
 	{label: "label change to an open watch, p50", bench: metadata, unit: "meta-watch-p50-ms", shown: "ms", digits: 0,
 		target: atMost(1000, "≤ 1000")},
 	{label: "label change to an open watch, p99", bench: metadata, unit: "meta-watch-p99-ms", shown: "ms", digits: 0,

@@ -57,6 +57,31 @@ type CoderTemplateSpec struct {
 	// +listMapKey=name
 	Variables []TemplateVariable `json:"variables,omitempty"`
 
+	// VersionName names the version spec.files builds (a release, a
+	// commit SHA): letters, digits and single _ . or -, up to 64
+	// characters. With new files, variables or tags the new version takes
+	// it; a name another version of the template has is refused (409).
+	// Changed alone, the template's version of that name is made active,
+	// or, when it has none, the version shown is renamed. Unset, Coder
+	// names new versions (status.activeVersionName shows the name). Read
+	// back only when it was given.
+	// +optional
+	VersionName string `json:"versionName,omitempty"`
+	// VersionMessage is the message of the version spec.files builds (a
+	// commit subject). With a new version it is that version's message;
+	// changed alone it changes the shown version's message in Coder.
+	// Read back only when it was given.
+	// +optional
+	VersionMessage string `json:"versionMessage,omitempty"`
+	// ProvisionerTags select the provisioner daemons that import the
+	// version spec.files builds and build its workspaces (those of a
+	// CoderProvisioner with the same tags). Changing them builds a new
+	// version of the same files. coderd adds owner and scope
+	// (organization unless scope: user is given); an import no daemon
+	// matches waits, and the Ready condition says so.
+	// +optional
+	ProvisionerTags map[string]string `json:"provisionerTags,omitempty"`
+
 	// The template's settings in Coder. Each is optional: unset keeps the
 	// value Coder has (on create, Coder's default), and a read shows
 	// Coder's current value, so a change made in the Coder UI shows as a

@@ -125,6 +125,13 @@ func (in *CoderTemplateSpec) DeepCopyInto(out *CoderTemplateSpec) {
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.ProvisionerTags != nil {
+		in, out := &in.ProvisionerTags, &out.ProvisionerTags
+		*out = make(map[string]string, len(*in))
+		for key, val := range *in {
+			(*out)[key] = val
+		}
+	}
 	if in.DefaultTTL != nil {
 		in, out := &in.DefaultTTL, &out.DefaultTTL
 		*out = new(Duration)

@@ -336,6 +336,35 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateSpec(ref common.Refe
 							},
 						},
 					},
+					"versionName": {
+						SchemaProps: spec.SchemaProps{
+							Description: "VersionName names the version spec.files builds (a release, a commit SHA): letters, digits and single _ . or -, up to 64 characters. With new files, variables or tags the new version takes it; a name another version of the template has is refused (409). Changed alone, the template's version of that name is made active, or, when it has none, the version shown is renamed. Unset, Coder names new versions (status.activeVersionName shows the name). Read back only when it was given.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"versionMessage": {
+						SchemaProps: spec.SchemaProps{
+							Description: "VersionMessage is the message of the version spec.files builds (a commit subject). With a new version it is that version's message; changed alone it changes the shown version's message in Coder. Read back only when it was given.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"provisionerTags": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ProvisionerTags select the provisioner daemons that import the version spec.files builds and build its workspaces (those of a CoderProvisioner with the same tags). Changing them builds a new version of the same files. coderd adds owner and scope (organization unless scope: user is given); an import no daemon matches waits, and the Ready condition says so.",
+							Type:        []string{"object"},
+							AdditionalProperties: &spec.SchemaOrBool{
+								Allows: true,
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Type:   []string{"string"},
+										Format: "",
+									},
+								},
+							},
+						},
+					},
 					"defaultTTL": {
 						SchemaProps: spec.SchemaProps{
 							Description: "DefaultTTL is how long a workspace runs before it stops on its own (coderd's default_ttl_ms); 0 never stops it.",

@@ -83,6 +83,23 @@ func (f *coderdFacts[K, V]) add(coderd string, id K, v V) {
 	}
 }
 
+// forget drops fact id of coderd, which coder-k8s just changed.
+func (f *coderdFacts[K, V]) forget(coderd string, id K) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := factKey[K]{coderd, id}
+	if _, ok := f.facts[k]; !ok {
+		return
+	}
+	delete(f.facts, k)
+	for i, o := range f.order {
+		if o == k {
+			f.order = append(f.order[:i], f.order[i+1:]...)
+			break
+		}
+	}
+}
+
 // get returns fact id of t's coderd, asking ask when it is not known; ask
 // says whether its answer is final (remembered) or may still change.
 func (f *coderdFacts[K, V]) get(ctx context.Context, t target, id K, ask func(context.Context) (V, bool, error)) (V, error) {
@@ -163,14 +180,19 @@ func (c *featureCache) get(ctx context.Context, t target) (coderdFeatures, error
 	})
 }
 
-// versionCache remembers template versions whose build has ended: they
-// no longer change.
+// versionCache remembers template versions whose build has ended: their
+// source and job no longer change. Their name and message still may (a
+// PATCH from the Coder UI, or from another replica of coder-k8s), so a
+// version is asked again after versionTTL; a change this server makes
+// drops it at once (forget).
 type versionCache struct {
 	coderdFacts[uuid.UUID, codersdk.TemplateVersion]
 }
 
+const versionTTL = time.Minute
+
 func newVersionCache() versionCache {
-	return versionCache{coderdFacts[uuid.UUID, codersdk.TemplateVersion]{max: 10000}}
+	return versionCache{coderdFacts[uuid.UUID, codersdk.TemplateVersion]{max: 10000, ttl: versionTTL}}
 }
 
 func (c *versionCache) get(ctx context.Context, t target, id uuid.UUID) (codersdk.TemplateVersion, error) {

@@ -136,6 +136,10 @@ type specUpdate struct {
 	// (a Secret), and reports whether Coder's side changes after all,
 	// though the spec did not (a Secret a value came from changed).
 	check func(ctx context.Context, w *write) (bool, error)
+	// dryView, when set, completes a dry run's answer (cur with next's
+	// spec) with what the real write would show that the spec does not
+	// say (the files of a version it makes active).
+	dryView func(ctx context.Context, w *write, out object) error
 }
 
 // updateObject serves Update. With forceAllowCreate (server-side apply)
@@ -200,7 +204,13 @@ func updateObject[N objectName, T object](ctx context.Context, s strategy[N, T],
 		return nil, false, apierrors.NewConflict(r.gr, name, fmt.Errorf("the %s is being deleted", r.noun()))
 	}
 	if dryRun {
-		return w.preview(next, withSpecOf(cur, next), nil), false, nil
+		out := withSpecOf(cur, next)
+		if plan.dryView != nil {
+			if err := plan.dryView(ctx, w, out); err != nil {
+				return nil, false, err
+			}
+		}
+		return w.preview(next, out, nil), false, nil
 	}
 	out, mutate, err := plan.apply(ctx, w)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
@@ -174,6 +175,7 @@ func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *coders
 	if shown == nil {
 		shown = &v
 	}
+	showIdentity(obj, shown, rec)
 	if err := s.showVariables(ctx, t, obj, shown, rec); err != nil {
 		return nil, fmt.Errorf("template %s: %w", tpl.Name, err)
 	}
@@ -276,15 +278,30 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 	if spec.Files == nil {
 		spec.Files = cur.Spec.Files
 	}
-	rebuild := filesChanged || varsChanged
+	tagsChanged := !maps.Equal(next.Spec.ProvisionerTags, cur.Spec.ProvisionerTags)
+	rebuild := filesChanged || varsChanged || tagsChanged
 	promote := !rebuild && next.Spec.VersionID != "" && next.Spec.VersionID != cur.Spec.VersionID
+	// The name or message alone (template_identity.go): the version of
+	// that name is made active, else the shown version renamed.
+	nameChanged := next.Spec.VersionName != cur.Spec.VersionName
+	renaming := !rebuild && !promote && (nameChanged || next.Spec.VersionMessage != cur.Spec.VersionMessage)
 	// Settings next leaves unset keep Coder's values; a duration written
 	// otherwise with the same value changes only the record.
 	settingsChanged := settingsDiffer(&next.Spec, &cur.Spec)
-	u := specUpdate{changed: metaChanged || rebuild || promote || settingsChanged}
+	u := specUpdate{changed: metaChanged || rebuild || promote || renaming || settingsChanged}
 	if filesChanged {
 		u.invalid = templatesource.Validate(next.Spec.Files, s.opts.Limits, specPath.Child("files"))
 	}
+	if promote && nameChanged {
+		u.invalid = append(u.invalid, field.Forbidden(versionNamePath, "promote a version either by spec.versionID or by spec.versionName, not both"))
+	}
+	if tagsChanged && len(spec.Files) == 0 {
+		u.invalid = append(u.invalid, field.Forbidden(provisionerTagPath, "tags are given to a new version of spec.files, and this template shows none"))
+	}
+	u.invalid = append(u.invalid, validateVersionIdentity(&next.Spec)...)
+	// promoteTo is the version of spec.versionName a name change makes
+	// active (found by check); nil: the shown version is renamed.
+	var promoteTo *codersdk.TemplateVersion
 	if varsChanged {
 		u.invalid = append(u.invalid, validateVariables(next.Spec.Variables)...)
 		if len(spec.Files) == 0 {
@@ -311,13 +328,46 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 				moved = false
 			}
 		}
+		if renaming && nameChanged && next.Spec.VersionName != "" {
+			var err error
+			if promoteTo, err = s.versionByName(ctx, w.t, uuid.MustParse(cur.Status.ID), next.Spec.VersionName); err != nil {
+				return false, s.requestErr(ctx, w.t, err, name, "coderd to find the version named in spec.versionName")
+			}
+		}
 		if !rebuild && !moved {
 			return false, nil
 		}
 		rebuild = true
+		if next.Spec.VersionName != "" {
+			// Refused before anything is uploaded, on a dry run too.
+			taken, err := s.versionByName(ctx, w.t, uuid.MustParse(cur.Status.ID), next.Spec.VersionName)
+			if err != nil {
+				return false, s.requestErr(ctx, w.t, err, name, "coderd to find the version named in spec.versionName")
+			}
+			if taken != nil {
+				// The active or building version keeps its name when the
+				// write goes back to its files and tags (planFiles);
+				// coderd refuses the name (409) should the variables
+				// differ after all.
+				same := false
+				if taken.ID.String() == cur.Status.ActiveVersionID || taken.ID.String() == cur.Status.BuildingVersionID {
+					hash, err := s.versionFilesHash(ctx, w.t, taken.ID)
+					if err != nil {
+						return false, s.requestErr(ctx, w.t, err, name, "coderd to return the named version's source")
+					}
+					same = hash == templatesource.FilesHash(spec.Files) && sameTags(taken, &next.Spec)
+				}
+				if !same {
+					return false, s.nameTakenErr(name, taken.Name, taken.ID)
+				}
+			}
+		}
 		var err error
 		vars, err = s.resolveVariables(ctx, w.t, &spec, name)
 		return moved, err
+	}
+	u.dryView = func(ctx context.Context, w *write, out object) error {
+		return s.promotedView(ctx, w, out.(*aggv1.CoderTemplate), cur, next, promote, promoteTo)
 	}
 	u.apply = func(ctx context.Context, w *write) (object, func(*records.Record), error) {
 		t := w.t
@@ -343,12 +393,28 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 			if plan, err = s.planFiles(ctx, t, &tpl, &spec, vars, name, w.prev); err != nil {
 				return nil, nil, err
 			}
-		case promote:
+		case promote, promoteTo != nil && promoteTo.ID != plan.shownVersion(w.prev, tpl.ActiveVersionID):
 			plan = s.planDrop(ctx, t, w.prev)
 			activate := uuid.MustParse(next.Spec.VersionID) // validated
+			if !promote {
+				activate = promoteTo.ID
+			}
 			if err := t.Client.UpdateActiveTemplateVersion(ctx, tpl.ID, codersdk.UpdateActiveTemplateVersion{ID: activate}); err != nil {
 				return nil, nil, s.coderErr(t, err, name)
 			}
+			tpl.ActiveVersionID = activate
+		}
+		// The version shown now carries the name and message given.
+		shown := plan.shownVersion(w.prev, tpl.ActiveVersionID)
+		if rebuild || renaming {
+			if err := s.identify(ctx, t, shown, next.Spec.VersionName, next.Spec.VersionMessage, name); err != nil {
+				return nil, nil, err
+			}
+			plan.given, plan.active = given(shown, &next.Spec), tpl.ActiveVersionID
+		} else if promote {
+			// Promoted by ID: the name and message shown are the
+			// promoted version's own, not given by this spec.
+			plan.given, plan.active = &coderv1alpha1.TemplateVersionGiven{VersionID: shown.String()}, tpl.ActiveVersionID
 		}
 		out, err := s.readCoder(ctx, t, n, name, plan.shown(w.prev))
 		if err != nil {

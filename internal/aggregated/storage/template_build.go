@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -50,8 +51,15 @@ func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templ
 		// Every variable the files declare, so that none is inherited
 		// from the active version (template_variables.go).
 		UserVariableValues: vars.values,
+		Name:               spec.VersionName,
+		Message:            spec.VersionMessage,
+		ProvisionerTags:    spec.ProvisionerTags,
 	})
 	if err != nil {
+		if coderapi.StatusCode(err) == http.StatusConflict {
+			// The name is taken (check refuses most such writes first).
+			return v, nil, s.versionNameTaken(name, coderapi.Message(err))
+		}
 		return v, nil, s.requestErr(ctx, t, err, name, "coderd to create the template version")
 	}
 	b := &coderv1alpha1.TemplateBuildRecord{
@@ -168,17 +176,35 @@ type buildPlan struct {
 	build *coderv1alpha1.TemplateBuildRecord
 	vars  []coderv1alpha1.TemplateVariableRecord
 	keep  uuid.UUID
+	// given, when set, is what the spec gave the version the template
+	// shows after the write (template_identity.go), active being the
+	// active version then.
+	given  *coderv1alpha1.TemplateVersionGiven
+	active uuid.UUID
 }
 
 // apply changes the record the write saves.
 func (p buildPlan) apply(rec *records.Record) {
-	if !p.set {
-		return
+	if p.set {
+		rec.Spec.Build = p.build.DeepCopy()
+		if p.build != nil {
+			withApplied(rec, p.build.VersionID, p.vars, p.keep)
+		}
 	}
-	rec.Spec.Build = p.build.DeepCopy()
-	if p.build != nil {
-		withApplied(rec, p.build.VersionID, p.vars, p.keep)
+	if p.given != nil {
+		withGiven(rec, *p.given, p.active)
 	}
+}
+
+// shownVersion is the version a template whose active version is active
+// shows after the write: the one building, else the active one.
+func (p buildPlan) shownVersion(prev *records.Record, active uuid.UUID) uuid.UUID {
+	if b := p.shown(prev).Spec.Build; b != nil {
+		if id, err := uuid.Parse(b.VersionID); err == nil {
+			return id
+		}
+	}
+	return active
 }
 
 // shown is the record whose build the write's answer shows: prev (nil:
@@ -205,16 +231,26 @@ func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk
 		pending = prev.Spec.Build
 	}
 	if pending != nil && pending.FilesHash == hash && pending.VariablesHash == varsHash {
-		// The same files and variables again (a failed build too: its
-		// files are what the object shows, so GitOps tools see no drift
-		// to re-apply).
-		return buildPlan{}, nil
+		same, err := s.hasTags(ctx, t, pending.VersionID, spec)
+		if err != nil {
+			return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the building version")
+		}
+		if same {
+			// The same files, variables and tags again (a failed build
+			// too: its files are what the object shows, so GitOps tools
+			// see no drift to re-apply).
+			return buildPlan{}, nil
+		}
 	}
 	activeHash, err := s.activeFilesHash(ctx, t, tpl)
 	if err != nil {
 		return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the active version's source")
 	}
-	if activeHash == hash {
+	sameTags, err := s.hasTags(ctx, t, tpl.ActiveVersionID.String(), spec)
+	if err != nil {
+		return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the active version")
+	}
+	if activeHash == hash && sameTags {
 		same, err := s.activeHasVariables(ctx, t, tpl, prev, varsHash)
 		if err != nil {
 			return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the active version's variables")
@@ -232,6 +268,23 @@ func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk
 		s.abandonVersion(ctx, t, uuid.MustParse(pending.VersionID))
 	}
 	return buildPlan{set: true, build: b, vars: vars.record, keep: tpl.ActiveVersionID}, nil
+}
+
+// hasTags reports whether template version id has spec's provisioner
+// tags.
+func (s *TemplateStorage) hasTags(ctx context.Context, t target, id string, spec *aggv1.CoderTemplateSpec) (bool, error) {
+	vid, err := uuid.Parse(id)
+	if err != nil {
+		return false, nil // not a record this server wrote
+	}
+	v, err := s.versions.get(ctx, t, vid)
+	if err != nil {
+		if coderapi.IsNotFound(err) {
+			return false, nil // deleted in Coder: build anew
+		}
+		return false, err
+	}
+	return sameTags(&v, spec), nil
 }
 
 // activeHasVariables reports whether the active version of tpl has the
@@ -279,7 +332,13 @@ func (s *TemplateStorage) planDrop(ctx context.Context, t target, prev *records.
 // activeFilesHash is the FilesHash of the template's active version's
 // source, "" when it cannot be shown as spec.files.
 func (s *TemplateStorage) activeFilesHash(ctx context.Context, t target, tpl *codersdk.Template) (string, error) {
-	v, err := s.versions.get(ctx, t, tpl.ActiveVersionID)
+	return s.versionFilesHash(ctx, t, tpl.ActiveVersionID)
+}
+
+// versionFilesHash is the FilesHash of version id's source, "" when it
+// cannot be shown as spec.files.
+func (s *TemplateStorage) versionFilesHash(ctx context.Context, t target, id uuid.UUID) (string, error) {
+	v, err := s.versions.get(ctx, t, id)
 	if err != nil {
 		return "", err
 	}
@@ -389,9 +448,29 @@ func buildCondition(b *coderv1alpha1.TemplateBuildRecord, v *codersdk.TemplateVe
 	default:
 		c.Reason = aggv1.ReasonBuilding
 		c.LastTransitionTime = b.StartedAt
-		c.Message = fmt.Sprintf("template version %s (%s) is building (job %s)%s", v.Name, v.ID, v.Job.Status, stays)
+		c.Message = fmt.Sprintf("template version %s (%s) is building (job %s)%s%s", v.Name, v.ID, v.Job.Status, waitingFor(v), stays)
 	}
 	return c, true
+}
+
+// waitingFor says why a pending import waits, when coderd knows: no
+// provisioner daemon has its tags, or none of those is available.
+func waitingFor(v *codersdk.TemplateVersion) string {
+	m := v.MatchedProvisioners
+	if v.Job.Status != codersdk.ProvisionerJobPending || m == nil {
+		return ""
+	}
+	tags := make([]string, 0, len(v.Job.Tags))
+	for _, k := range sortedKeys(v.Job.Tags) {
+		tags = append(tags, k+"="+v.Job.Tags[k])
+	}
+	switch {
+	case m.Count == 0:
+		return fmt.Sprintf(": no provisioner daemon has its tags (%s), so the import waits until one does", strings.Join(tags, " "))
+	case m.Available == 0:
+		return fmt.Sprintf(": the %d provisioner daemons with its tags (%s) are busy or have not been seen lately", m.Count, strings.Join(tags, " "))
+	}
+	return ""
 }
 
 // readyCondition returns obj's Ready condition (toTemplate always sets

@@ -58,6 +58,10 @@ func (s *TemplateStorage) validateCreate(tpl *aggv1.CoderTemplate) (templateObje
 	}
 	errs = append(errs, validateSettings(&tpl.Spec, nil)...)
 	errs = append(errs, validateVariables(tpl.Spec.Variables)...)
+	errs = append(errs, validateVersionIdentity(&tpl.Spec)...)
+	if len(tpl.Spec.ProvisionerTags) > 0 && len(tpl.Spec.Files) == 0 {
+		errs = append(errs, field.Forbidden(provisionerTagPath, "tags are given to the version spec.files builds; an existing version (spec.versionID) keeps its own"))
+	}
 	if len(tpl.Spec.Variables) > 0 && len(tpl.Spec.Files) == 0 {
 		errs = append(errs, field.Forbidden(variablesPath, "variables are given to the version spec.files builds; an existing version (spec.versionID) keeps its own"))
 	}
@@ -165,8 +169,14 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 			return nil, nil, s.createErr(t, err, tpl.Name)
 		}
 		s.deprecateCreated(ctx, t, &created, &tpl.Spec)
+		if build == nil {
+			// An existing version takes the name and message given.
+			if err := s.identify(ctx, t, versionID, tpl.Spec.VersionName, tpl.Spec.VersionMessage, tpl.Name); err != nil {
+				return nil, nil, err
+			}
+		}
 		// The record does not exist yet: show the build the write records.
-		plan := buildPlan{set: build != nil, build: build}
+		plan := buildPlan{set: build != nil, build: build, given: given(versionID, &tpl.Spec), active: versionID}
 		if build != nil {
 			plan.vars = vars.record
 		}
