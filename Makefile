@@ -140,7 +140,7 @@ bench-mcp: tools build ## list_workspaces over MCP vs a LIST ?resourceVersion=0 
 	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^MCP$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-metadata
-bench-metadata: tools build ## kubectl apply --server-side of a template vs a ConfigMap of the same files; a label change to an open watch (p50/p99); list ratio with stored metadata vs without (300 workspaces).
+bench-metadata: tools build ## kubectl apply --server-side of a template vs a ConfigMap of the same data (files changed; settings and variables changed); a label change to an open watch (p50/p99); list ratio with stored metadata vs without (300 workspaces).
 	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Metadata$$' -benchtime 1x -timeout 40m
 
 .PHONY: bench-admission

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -587,6 +588,17 @@ func (s *aggStack) coderTemplate(t testing.TB, name string) codersdk.Template {
 		t.Fatalf("coderd: template %s: %v", name, err)
 	}
 	return tpl
+}
+
+// getTemplate reads CoderTemplate name of the stack's namespace with
+// kubectl.
+func (s *aggStack) getTemplate(t *testing.T, name string) *aggv1.CoderTemplate {
+	t.Helper()
+	var obj aggv1.CoderTemplate
+	if err := json.Unmarshal([]byte(s.must(t, "get", "ctpl", name, "-n", s.ns, "-o", "json")), &obj); err != nil {
+		t.Fatal(err)
+	}
+	return &obj
 }
 
 // workspaceName is the Kubernetes name of a workspace of the first user.

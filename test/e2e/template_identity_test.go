@@ -41,14 +41,7 @@ func TestTemplateVersionIdentity(t *testing.T) {
 		t.Helper()
 		return s.run(append([]string{"apply", "--server-side", "--field-manager=gitops", "-f", manifest(spec)}, extra...)...)
 	}
-	get := func(t *testing.T) *aggv1.CoderTemplate {
-		t.Helper()
-		var obj aggv1.CoderTemplate
-		if err := json.Unmarshal([]byte(s.must(t, "get", "ctpl", name, "-n", s.ns, "-o", "json")), &obj); err != nil {
-			t.Fatal(err)
-		}
-		return &obj
-	}
+	get := func(t *testing.T) *aggv1.CoderTemplate { return s.getTemplate(t, name) }
 	waitBuilt := func(t *testing.T) *aggv1.CoderTemplate {
 		t.Helper()
 		var obj *aggv1.CoderTemplate

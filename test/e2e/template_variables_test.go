@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -75,14 +74,7 @@ spec:
 		}
 		return writeManifest(t, m)
 	}
-	get := func(t *testing.T) *aggv1.CoderTemplate {
-		t.Helper()
-		var obj aggv1.CoderTemplate
-		if err := json.Unmarshal([]byte(s.must(t, "get", "ctpl", name, "-n", s.ns, "-o", "json")), &obj); err != nil {
-			t.Fatal(err)
-		}
-		return &obj
-	}
+	get := func(t *testing.T) *aggv1.CoderTemplate { return s.getTemplate(t, name) }
 	// waitBuilt waits for the applied files and variables to build (Ready
 	// True, nothing building) or, with failed, to fail (BuildFailed), and
 	// returns the object.

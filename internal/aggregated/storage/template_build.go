@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -461,7 +463,7 @@ func waitingFor(v *codersdk.TemplateVersion) string {
 		return ""
 	}
 	tags := make([]string, 0, len(v.Job.Tags))
-	for _, k := range sortedKeys(v.Job.Tags) {
+	for _, k := range slices.Sorted(maps.Keys(v.Job.Tags)) {
 		tags = append(tags, k+"="+v.Job.Tags[k])
 	}
 	switch {

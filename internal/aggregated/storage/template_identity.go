@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -59,7 +59,7 @@ func validateVersionIdentity(spec *aggv1.CoderTemplateSpec) field.ErrorList {
 	if len(spec.VersionMessage) > 1<<20 {
 		errs = append(errs, field.TooLong(versionMessagePath, "", 1<<20))
 	}
-	for _, k := range sortedKeys(spec.ProvisionerTags) {
+	for _, k := range slices.Sorted(maps.Keys(spec.ProvisionerTags)) {
 		v := spec.ProvisionerTags[k]
 		fp := provisionerTagPath.Key(k)
 		switch {
@@ -74,15 +74,6 @@ func validateVersionIdentity(spec *aggv1.CoderTemplateSpec) field.ErrorList {
 		}
 	}
 	return errs
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // givenTags is what spec.provisionerTags shows of a version's tags: those
