@@ -407,8 +407,13 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 		// The version shown now carries the name and message given.
 		shown := plan.shownVersion(w.prev, tpl.ActiveVersionID)
 		if rebuild || renaming {
-			if err := s.identify(ctx, t, shown, next.Spec.VersionName, next.Spec.VersionMessage, name); err != nil {
-				return nil, nil, err
+			// A new build was created with them; a version reused or
+			// promoted may need them given.
+			built := plan.build != nil && plan.build.VersionID == shown.String()
+			if !built && (next.Spec.VersionName != "" || next.Spec.VersionMessage != "") {
+				if err := s.identify(ctx, t, shown, next.Spec.VersionName, next.Spec.VersionMessage, name); err != nil {
+					return nil, nil, err
+				}
 			}
 			plan.given, plan.active = given(shown, &next.Spec), tpl.ActiveVersionID
 		} else if promote {
