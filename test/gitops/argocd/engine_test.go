@@ -57,6 +57,8 @@ spec:
   description: Synced by Argo CD's gitops-engine
   defaultTTL: 8h
   activityBump: 90m
+  versionName: release-1.0
+  versionMessage: Released through Argo CD's gitops-engine
   files:
     main.tf: |
       variable "greeting" {

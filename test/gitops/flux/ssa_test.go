@@ -129,6 +129,8 @@ spec:
   description: Applied by fluxcd/pkg/ssa
   defaultTTL: 8h
   activityBump: 90m
+  versionName: release-1.0
+  versionMessage: Released through fluxcd/pkg/ssa
   files:
     main.tf: |
       variable "greeting" {
@@ -201,6 +203,10 @@ func TestFluxSSA(t *testing.T) {
 		requireActions(t, "second apply", cs, map[string]ssa.Action{tplID: ssa.UnchangedAction})
 		cs = workspaces.apply(ctx, t, rm, workspaces.objects(t))
 		requireActions(t, "second apply", cs, map[string]ssa.Action{wsID: ssa.UnchangedAction})
+		// The version took the name and message applied.
+		if out, err := env.Coder(ctx, "templates", "versions", "list", templateName); err != nil || !strings.Contains(out, "release-1.0") {
+			t.Errorf("coder templates versions list %s: %v\n%s\nwant the version release-1.0", templateName, err, out)
+		}
 		// The owner labels and the field manager are on the live objects.
 		for _, o := range []struct {
 			gvk  schema.GroupVersionKind
