@@ -83,6 +83,21 @@ func (f *coderdFacts[K, V]) add(coderd string, id K, v V) {
 	}
 }
 
+// put remembers v in place of what is known: a fresh answer (a get, a
+// write) replaces the one the poller would otherwise serve.
+func (f *coderdFacts[K, V]) put(coderd string, id K, v V) {
+	f.mu.Lock()
+	k := factKey[K]{coderd, id}
+	if x, known := f.facts[k]; known {
+		x.v, x.at = v, time.Now()
+		f.facts[k] = x
+		f.mu.Unlock()
+		return
+	}
+	f.mu.Unlock()
+	f.add(coderd, id, v)
+}
+
 // get returns fact id of t's coderd, asking ask when it is not known; ask
 // says whether its answer is final (remembered) or may still change.
 func (f *coderdFacts[K, V]) get(ctx context.Context, t target, id K, ask func(context.Context) (V, bool, error)) (V, error) {

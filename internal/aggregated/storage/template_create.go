@@ -89,6 +89,18 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 	if err != nil {
 		return nil, err
 	}
+	var access accessIDs
+	if accessDiffers(&tpl.Spec, &defaults) {
+		// Before anything reaches coderd: a user or group Coder does not
+		// know refuses the create.
+		orgID, err := s.orgs.get(ctx, t, n.Org)
+		if err != nil {
+			return nil, s.coderErr(t, err, tpl.Name)
+		}
+		if access, err = s.resolveAccess(ctx, t, orgID, tpl.Spec.Access, tpl.Name); err != nil {
+			return nil, err
+		}
+	}
 	var vars appliedVariables
 	if len(tpl.Spec.Files) > 0 {
 		// Before anything reaches coderd: a variable the caller may not
@@ -165,6 +177,7 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 			return nil, nil, s.createErr(t, err, tpl.Name)
 		}
 		s.deprecateCreated(ctx, t, &created, &tpl.Spec)
+		s.accessCreated(ctx, t, &created, &tpl.Spec, access)
 		// The record does not exist yet: show the build the write records.
 		plan := buildPlan{set: build != nil, build: build}
 		if build != nil {

@@ -1,0 +1,127 @@
+package storage
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+
+	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+)
+
+func fxAccess(everyone aggv1.TemplateRole, users, groups map[string]aggv1.TemplateRole) *aggv1.TemplateAccess {
+	a := &aggv1.TemplateAccess{Everyone: everyone}
+	for n, r := range users {
+		a.Users = append(a.Users, aggv1.TemplateAccessEntry{Name: n, Role: r})
+	}
+	for n, r := range groups {
+		a.Groups = append(a.Groups, aggv1.TemplateAccessEntry{Name: n, Role: r})
+	}
+	return sortedAccess(a)
+}
+
+// The PATCH makes Coder's list exactly the spec's: new and changed
+// entries set, entries the spec leaves out deleted (role ""), the
+// Everyone group by the organization's ID; nothing when they agree.
+func TestAccessPatch(t *testing.T) {
+	org, alice, bob, carol, devs, ops := uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New(), uuid.New()
+	user := func(id uuid.UUID, name string, r codersdk.TemplateRole) codersdk.TemplateUser {
+		u := codersdk.TemplateUser{Role: r}
+		u.ID, u.Username = id, name
+		return u
+	}
+	group := func(id uuid.UUID, name string, r codersdk.TemplateRole) codersdk.TemplateGroup {
+		g := codersdk.TemplateGroup{Role: r}
+		g.ID, g.Name = id, name
+		return g
+	}
+	cur := codersdk.TemplateACL{
+		Users:  []codersdk.TemplateUser{user(alice, "alice", "use"), user(bob, "bob", "admin"), user(carol, "carol", "")},
+		Groups: []codersdk.TemplateGroup{group(org, everyoneGroup, "use"), group(devs, "devs", "use")},
+	}
+	ids := accessIDs{users: map[string]uuid.UUID{"alice": alice, "bob": bob}, groups: map[string]uuid.UUID{"devs": devs, "ops": ops}}
+
+	same := fxAccess(aggv1.TemplateRoleUse, map[string]aggv1.TemplateRole{"alice": "use", "bob": "admin"}, map[string]aggv1.TemplateRole{"devs": "use"})
+	got := aclPatch(same, ids, cur, org)
+	// carol's entry matches no role: the list as shown lacks it, and
+	// making Coder's list the spec's deletes it.
+	if want := (codersdk.UpdateTemplateACL{UserPerms: map[string]codersdk.TemplateRole{carol.String(): ""}}); !reflect.DeepEqual(got, want) {
+		t.Errorf("patch for the list as shown = %+v, want %+v", got, want)
+	}
+	cur.Users = cur.Users[:2]
+	if got := aclPatch(same, ids, cur, org); got.UserPerms != nil || got.GroupPerms != nil {
+		t.Errorf("patch for Coder's own list = %+v, want none", got)
+	}
+
+	next := fxAccess("", map[string]aggv1.TemplateRole{"alice": "admin"}, map[string]aggv1.TemplateRole{"ops": "use"})
+	got = aclPatch(next, ids, cur, org)
+	want := codersdk.UpdateTemplateACL{
+		UserPerms:  map[string]codersdk.TemplateRole{alice.String(): "admin", bob.String(): ""},
+		GroupPerms: map[string]codersdk.TemplateRole{org.String(): "", devs.String(): "", ops.String(): "use"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("patch = %+v, want %+v", got, want)
+	}
+
+	// The read: Everyone is spec.access.everyone, entries in name order.
+	shown := toAccess(cur, org)
+	if !reflect.DeepEqual(shown, same) {
+		t.Errorf("shown %+v, want %+v", shown, same)
+	}
+}
+
+// Unset keeps Coder's list; a list compares as a set; where coderd
+// cannot show its list (no template_rbac) only coderd's default equals
+// Coder's value.
+func TestAccessDiffers(t *testing.T) {
+	shown := aggv1.CoderTemplateSpec{Access: fxAccess("use", map[string]aggv1.TemplateRole{"alice": "use", "bob": "admin"}, nil)}
+	unknown := aggv1.CoderTemplateSpec{}
+	for _, tc := range []struct {
+		name      string
+		next, cur *aggv1.CoderTemplateSpec
+		want      bool
+	}{
+		{"unset", &aggv1.CoderTemplateSpec{}, &shown, false},
+		{"same, other order", &aggv1.CoderTemplateSpec{Access: &aggv1.TemplateAccess{Everyone: "use", Users: []aggv1.TemplateAccessEntry{{Name: "bob", Role: "admin"}, {Name: "alice", Role: "use"}}}}, &shown, false},
+		{"role changed", &aggv1.CoderTemplateSpec{Access: fxAccess("use", map[string]aggv1.TemplateRole{"alice": "admin", "bob": "admin"}, nil)}, &shown, true},
+		{"entry dropped", &aggv1.CoderTemplateSpec{Access: fxAccess("use", map[string]aggv1.TemplateRole{"alice": "use"}, nil)}, &shown, true},
+		{"everyone dropped", &aggv1.CoderTemplateSpec{Access: fxAccess("", map[string]aggv1.TemplateRole{"alice": "use", "bob": "admin"}, nil)}, &shown, true},
+		{"coderd's default where it cannot tell", &aggv1.CoderTemplateSpec{Access: &aggv1.TemplateAccess{Everyone: "use"}}, &unknown, false},
+		{"private where it cannot tell", &aggv1.CoderTemplateSpec{Access: &aggv1.TemplateAccess{}}, &unknown, true},
+	} {
+		if got := accessDiffers(tc.next, tc.cur); got != tc.want {
+			t.Errorf("%s: differs = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+
+	// The refusal is the licensed settings' own.
+	next := aggv1.CoderTemplateSpec{Access: &aggv1.TemplateAccess{Everyone: "use", Users: []aggv1.TemplateAccessEntry{{Name: "alice", Role: "use"}}}}
+	errs := unlicensed(&next, &unknown, coderdFeatures{openSource: true})
+	want := `spec.access: Forbidden: needs Coder's "template_rbac" feature, which this coderd does not have (open-source build)`
+	if len(errs) != 1 || errs[0].Error() != want {
+		t.Errorf("refusal = %v, want %q", errs, want)
+	}
+	if errs := unlicensed(&aggv1.CoderTemplateSpec{Access: &aggv1.TemplateAccess{Everyone: "use"}}, &unknown, coderdFeatures{openSource: true}); len(errs) > 0 {
+		t.Errorf("coderd's default refused on the open-source build: %v", errs)
+	}
+}
+
+func TestValidateAccess(t *testing.T) {
+	cur := aggv1.CoderTemplateSpec{}
+	next := aggv1.CoderTemplateSpec{Access: &aggv1.TemplateAccess{
+		Everyone: "read",
+		Users:    []aggv1.TemplateAccessEntry{{Name: "alice", Role: "owner"}, {Name: "alice", Role: "use"}, {Role: "use"}},
+		Groups:   []aggv1.TemplateAccessEntry{{Name: "Everyone", Role: "use"}},
+	}}
+	got := fxErrs(validateSettings(&next, &cur))
+	want := []string{"FieldValueNotSupported spec.access.everyone", "FieldValueNotSupported spec.access.users[alice].role",
+		"FieldValueDuplicate spec.access.users[alice]", "FieldValueRequired spec.access.users[2].name", "FieldValueInvalid spec.access.groups[Everyone]"}
+	if !fxSameStrings(got, want) {
+		t.Errorf("errors %q, want %q", got, want)
+	}
+	ok := aggv1.CoderTemplateSpec{Access: fxAccess("admin", map[string]aggv1.TemplateRole{"alice": "use"}, map[string]aggv1.TemplateRole{"devs": "admin"})}
+	if errs := validateSettings(&ok, &cur); len(errs) > 0 {
+		t.Errorf("a valid list refused: %v", errs)
+	}
+}
