@@ -277,6 +277,9 @@ type licensedCoderd struct {
 
 	mu       sync.Mutex
 	settings map[uuid.UUID]licensedSettings
+	// acl, when set, adds template_rbac: the template ACL and group
+	// routes (template_access_test.go).
+	acl *aclCoderd
 }
 
 // licensedSettings are a template's settings that need a license.
@@ -307,9 +310,16 @@ func newLicensedCoderd(t *testing.T, target string) *licensedCoderd {
 func (f *licensedCoderd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/api/v2/entitlements" {
 		feature := codersdk.Feature{Entitlement: codersdk.EntitlementEntitled, Enabled: true}
+		features := map[codersdk.FeatureName]codersdk.Feature{
+			codersdk.FeatureAdvancedTemplateScheduling: feature, codersdk.FeatureAccessControl: feature, codersdk.FeatureControlSharedPorts: feature}
+		if f.acl != nil {
+			features[codersdk.FeatureTemplateRBAC] = feature
+		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(codersdk.Entitlements{HasLicense: true, Features: map[codersdk.FeatureName]codersdk.Feature{
-			codersdk.FeatureAdvancedTemplateScheduling: feature, codersdk.FeatureAccessControl: feature, codersdk.FeatureControlSharedPorts: feature}})
+		_ = json.NewEncoder(w).Encode(codersdk.Entitlements{HasLicense: true, Features: features})
+		return
+	}
+	if f.acl != nil && f.acl.serve(w, r) {
 		return
 	}
 	body, err := io.ReadAll(r.Body)

@@ -144,7 +144,12 @@ type CoderTemplateSpec struct {
 	Access *TemplateAccess `json:"access,omitempty"`
 }
 
-// TemplateAccess is a template's access list in Coder.
+// TemplateAccess is a template's access list in Coder. It is atomic for
+// server-side apply (the whole list belongs to the manager that applies
+// it): with per-entry merging an entry added in Coder, owned by no field
+// manager, would survive every apply, and the list would not be what the
+// manifest says.
+// +structType=atomic
 type TemplateAccess struct {
 	// Everyone is the role of the organization's Everyone group (every
 	// member of the template's organization): use or admin; empty or
@@ -152,16 +157,15 @@ type TemplateAccess struct {
 	// template use.
 	// +optional
 	Everyone TemplateRole `json:"everyone,omitempty"`
-	// Users are Coder users, by username, and their roles.
+	// Users are Coder users, by username (each once), and their roles.
 	// +optional
-	// +listType=map
-	// +listMapKey=name
+	// +listType=atomic
 	Users []TemplateAccessEntry `json:"users,omitempty"`
-	// Groups are groups of the template's organization, by name, and
-	// their roles. The Everyone group is spec.access.everyone.
+	// Groups are groups of the template's organization, by name (each
+	// once), and their roles. The Everyone group is
+	// spec.access.everyone.
 	// +optional
-	// +listType=map
-	// +listMapKey=name
+	// +listType=atomic
 	Groups []TemplateAccessEntry `json:"groups,omitempty"`
 }
 

@@ -954,7 +954,7 @@ func schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccess(ref common.Referen
 	return common.OpenAPIDefinition{
 		Schema: spec.Schema{
 			SchemaProps: spec.SchemaProps{
-				Description: "TemplateAccess is a template's access list in Coder.",
+				Description: "TemplateAccess is a template's access list in Coder. It is atomic for server-side apply (the whole list belongs to the manager that applies it): with per-entry merging an entry added in Coder, owned by no field manager, would survive every apply, and the list would not be what the manifest says.",
 				Type:        []string{"object"},
 				Properties: map[string]spec.Schema{
 					"everyone": {
@@ -968,14 +968,11 @@ func schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccess(ref common.Referen
 					"users": {
 						VendorExtensible: spec.VendorExtensible{
 							Extensions: spec.Extensions{
-								"x-kubernetes-list-map-keys": []interface{}{
-									"name",
-								},
-								"x-kubernetes-list-type": "map",
+								"x-kubernetes-list-type": "atomic",
 							},
 						},
 						SchemaProps: spec.SchemaProps{
-							Description: "Users are Coder users, by username, and their roles.",
+							Description: "Users are Coder users, by username (each once), and their roles.",
 							Type:        []string{"array"},
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
@@ -989,14 +986,11 @@ func schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccess(ref common.Referen
 					"groups": {
 						VendorExtensible: spec.VendorExtensible{
 							Extensions: spec.Extensions{
-								"x-kubernetes-list-map-keys": []interface{}{
-									"name",
-								},
-								"x-kubernetes-list-type": "map",
+								"x-kubernetes-list-type": "atomic",
 							},
 						},
 						SchemaProps: spec.SchemaProps{
-							Description: "Groups are groups of the template's organization, by name, and their roles. The Everyone group is spec.access.everyone.",
+							Description: "Groups are groups of the template's organization, by name (each once), and their roles. The Everyone group is spec.access.everyone.",
 							Type:        []string{"array"},
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
@@ -1007,6 +1001,11 @@ func schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccess(ref common.Referen
 							},
 						},
 					},
+				},
+			},
+			VendorExtensible: spec.VendorExtensible{
+				Extensions: spec.Extensions{
+					"x-kubernetes-map-type": "atomic",
 				},
 			},
 		},

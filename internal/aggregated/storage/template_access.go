@@ -215,18 +215,17 @@ func (s *TemplateStorage) resolveAccess(ctx context.Context, t target, orgID uui
 			return ids, s.coderErr(t, fmt.Errorf("user %q: %w", e.Name, err), name)
 		}
 	}
-	if len(a.Groups) > 0 {
-		groups, err := t.Client.GroupsByOrganization(ctx, orgID)
-		if err != nil {
-			return ids, s.coderErr(t, fmt.Errorf("groups of the template's organization: %w", err), name)
-		}
-		for _, g := range groups {
-			ids.groups[g.Name] = g.ID
-		}
-		for _, e := range a.Groups {
-			if _, ok := ids.groups[e.Name]; !ok {
-				errs = append(errs, field.NotFound(fp.Child("groups").Key(e.Name), e.Name))
-			}
+	// One request per group: the organization's list would load every
+	// group's members, the Everyone group's included.
+	for _, e := range a.Groups {
+		g, err := t.Client.GroupByOrgAndName(ctx, orgID, e.Name)
+		switch {
+		case err == nil:
+			ids.groups[e.Name] = g.ID
+		case coderapi.StatusCode(err) == http.StatusNotFound:
+			errs = append(errs, field.NotFound(fp.Child("groups").Key(e.Name), e.Name))
+		default:
+			return ids, s.coderErr(t, fmt.Errorf("group %q: %w", e.Name, err), name)
 		}
 	}
 	if len(errs) > 0 {

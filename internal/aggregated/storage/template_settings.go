@@ -281,7 +281,9 @@ func keepSettings(next *aggv1.CoderTemplateSpec, cur *aggv1.CoderTemplateSpec) {
 	if next.MaxPortShareLevel == "" {
 		next.MaxPortShareLevel = cur.MaxPortShareLevel
 	}
-	if next.Access == nil {
+	// Where coderd cannot show its access list (cur has none), a write's
+	// answer does not either, as its reads will not.
+	if next.Access == nil || cur.Access == nil {
 		next.Access = cur.Access.DeepCopy()
 	} else {
 		next.Access = sortedAccess(next.Access)
