@@ -1,13 +1,23 @@
 package storage
 
 import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
 	"reflect"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/coder/coder/v2/codersdk"
+	"github.com/go-logr/logr"
 	"github.com/google/uuid"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/backend"
+	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
+	"github.com/coder/coder-k8s/internal/coderapi"
 )
 
 func fxAccess(everyone aggv1.TemplateRole, users, groups map[string]aggv1.TemplateRole) *aggv1.TemplateAccess {
@@ -123,5 +133,69 @@ func TestValidateAccess(t *testing.T) {
 	ok := aggv1.CoderTemplateSpec{Access: fxAccess("admin", map[string]aggv1.TemplateRole{"alice": "use"}, map[string]aggv1.TemplateRole{"devs": "admin"})}
 	if errs := validateSettings(&ok, &cur); len(errs) > 0 {
 		t.Errorf("a valid list refused: %v", errs)
+	}
+}
+
+// The cost of showing access lists: the poller asks coderd for a
+// template's list once per accessTTL, not once per poll; a get (fresh)
+// asks every time, and what it read is what the next polls show.
+func TestAccessListCost(t *testing.T) {
+	ctx := context.Background()
+	var aclGets atomic.Int32
+	role := atomic.Value{}
+	role.Store(codersdk.TemplateRoleUse)
+	srv := sameIDsCoderd(t, "licensed", func(mux *http.ServeMux) {
+		mux.HandleFunc("GET /api/v2/entitlements", func(w http.ResponseWriter, _ *http.Request) {
+			_ = json.NewEncoder(w).Encode(codersdk.Entitlements{Features: map[codersdk.FeatureName]codersdk.Feature{
+				codersdk.FeatureTemplateRBAC: {Entitlement: codersdk.EntitlementEntitled, Enabled: true}}})
+		})
+		mux.HandleFunc("GET /api/v2/templates/{id}/acl", func(w http.ResponseWriter, _ *http.Request) {
+			aclGets.Add(1)
+			g := codersdk.TemplateGroup{Role: role.Load().(codersdk.TemplateRole)}
+			g.ID, g.Name = fxTemplate().OrganizationID, everyoneGroup
+			_ = json.NewEncoder(w).Encode(codersdk.TemplateACL{Users: []codersdk.TemplateUser{}, Groups: []codersdk.TemplateGroup{g}})
+		})
+	})
+	u, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backends := []backend.Backend{{Namespace: "coder", ControlPlane: "coder", URL: u, Client: coderapi.NewClient(u, "token", 10*time.Second, coderapi.Target{})}}
+	ts, err := NewTemplates(Options{Backends: fxProvider{backends: backends}, PollInterval: time.Hour, Log: logr.Discard()}, TemplateOptions{Limits: templatesource.DefaultLimits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgt := targetsOf(backends)[0]
+	everyone := func() aggv1.TemplateRole {
+		t.Helper()
+		objs, err := ts.listTemplates(ctx, tgt)
+		if err != nil || len(objs) != 1 {
+			t.Fatalf("list: %d templates, %v", len(objs), err)
+		}
+		a := objs[0].(*aggv1.CoderTemplate).Spec.Access
+		if a == nil {
+			t.Fatal("a licensed coderd's template shows no spec.access")
+		}
+		return a.Everyone
+	}
+	for range 3 {
+		if got := everyone(); got != aggv1.TemplateRoleUse {
+			t.Errorf("everyone %q, want use", got)
+		}
+	}
+	if n := aclGets.Load(); n != 1 {
+		t.Errorf("three polls asked for the access list %d times, want once", n)
+	}
+	// Changed in Coder: a get reads it, and the polls show it from then.
+	role.Store(codersdk.TemplateRoleAdmin)
+	var obj aggv1.CoderTemplate
+	if err := ts.showAccess(ctx, tgt, &obj, fxTemplate(), true); err != nil {
+		t.Fatal(err)
+	}
+	if got := everyone(); obj.Spec.Access.Everyone != aggv1.TemplateRoleAdmin || got != aggv1.TemplateRoleAdmin {
+		t.Errorf("after the change, get shows %q and the poll %q; want admin", obj.Spec.Access.Everyone, got)
+	}
+	if n := aclGets.Load(); n != 2 {
+		t.Errorf("asked for the access list %d times, want twice (the get's)", n)
 	}
 }
