@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"strings"
 	"testing"
@@ -23,16 +22,7 @@ import (
 func TestTemplateAccess(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
-	manifest := func(ns, name, access string) string {
-		return writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
-kind: CoderTemplate
-metadata: {name: coder.%s, namespace: %s}
-spec:
-%s
-  files:
-    main.tf: |
-%s`, name, ns, indent(access, 2), indent(mainTF, 6)))
-	}
+	manifest := func(ns, name, access string) string { return templateManifest(t, ns, name, access, mainTF) }
 	const refusal = `spec.access: Forbidden: needs Coder's "template_rbac" feature, which this coderd does not have (open-source build)`
 
 	t.Run("open source: a list is refused, dry run too, and nothing changes; coderd's default is accepted", func(t *testing.T) {

@@ -32,16 +32,7 @@ import (
 func TestTemplateSettings(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
-	manifest := func(name, settings string) string {
-		return writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
-kind: CoderTemplate
-metadata: {name: coder.%s, namespace: %s}
-spec:
-%s
-  files:
-    main.tf: |
-%s`, name, s.ns, indent(settings, 2), indent(mainTF, 6)))
-	}
+	manifest := func(name, settings string) string { return templateManifest(t, s.ns, name, settings, mainTF) }
 	const shown = `jsonpath={.spec.defaultTTL} {.spec.activityBump} {.spec.allowUserCancelWorkspaceJobs} {.spec.corsBehavior} {.spec.useClassicParameterFlow}`
 	get := func(t *testing.T) string {
 		return strings.TrimSpace(s.must(t, "get", "ctpl", "coder.settings", "-n", s.ns, "-o", shown))
@@ -208,16 +199,7 @@ spec:
 	t.Run("with a licensed coderd (contract fake) licensed settings are written and read back as written", func(t *testing.T) {
 		fake := newLicensedCoderd(t, s.coder.URL.String())
 		adoptControlPlane(t, s, "licensed", "coder", fake.url)
-		licensedManifest := func(settings string) string {
-			return writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
-kind: CoderTemplate
-metadata: {name: coder.licensed, namespace: licensed}
-spec:
-%s
-  files:
-    main.tf: |
-%s`, indent(settings, 2), indent(mainTF, 6)))
-		}
+		licensedManifest := func(settings string) string { return templateManifest(t, "licensed", "licensed", settings, mainTF) }
 		get := func(t *testing.T) string {
 			return strings.TrimSpace(s.must(t, "get", "ctpl", "coder.licensed", "-n", "licensed", "-o",
 				`jsonpath={.spec.failureTTL} {.spec.timeTilDormant} {.spec.timeTilDormantAutoDelete} {.spec.autostopRequirement.daysOfWeek[*]}/{.spec.autostopRequirement.weeks} `+
@@ -251,6 +233,19 @@ spec:
 			}
 		}
 	})
+}
+
+// templateManifest writes the manifest of CoderTemplate coder.<name> in
+// namespace ns: spec's fields (YAML lines) and tf as its main.tf.
+func templateManifest(t *testing.T, ns, name, spec, tf string) string {
+	return writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
+kind: CoderTemplate
+metadata: {name: coder.%s, namespace: %s}
+spec:
+%s
+  files:
+    main.tf: |
+%s`, name, ns, indent(spec, 2), indent(tf, 6)))
 }
 
 // settingsOf is a template's settings as coderd reports them.
