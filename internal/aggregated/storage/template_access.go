@@ -141,7 +141,13 @@ func (s *TemplateStorage) showAccess(ctx context.Context, t target, obj *aggv1.C
 	coderd := t.coderdKey()
 	acl, ok := s.acls.known(coderd, tpl.ID)
 	if fresh || !ok {
-		if acl, err = t.Client.TemplateACL(ctx, tpl.ID); err != nil {
+		acl, err = t.Client.TemplateACL(ctx, tpl.ID)
+		if coderapi.IsFeatureUnavailable(err) {
+			// The license ended since the features were read: coderd
+			// can no longer tell.
+			return nil
+		}
+		if err != nil {
 			return fmt.Errorf("access list of template %s: %w", tpl.Name, err)
 		}
 		s.acls.put(coderd, tpl.ID, acl)

@@ -142,6 +142,7 @@ func TestValidateAccess(t *testing.T) {
 func TestAccessListCost(t *testing.T) {
 	ctx := context.Background()
 	var aclGets atomic.Int32
+	var expired atomic.Bool
 	role := atomic.Value{}
 	role.Store(codersdk.TemplateRoleUse)
 	srv := sameIDsCoderd(t, "licensed", func(mux *http.ServeMux) {
@@ -151,6 +152,12 @@ func TestAccessListCost(t *testing.T) {
 		})
 		mux.HandleFunc("GET /api/v2/templates/{id}/acl", func(w http.ResponseWriter, _ *http.Request) {
 			aclGets.Add(1)
+			if expired.Load() {
+				// RequireFeatureMW once the license lacks template_rbac.
+				w.WriteHeader(http.StatusForbidden)
+				_ = json.NewEncoder(w).Encode(codersdk.Response{Message: "Template RBAC is a Premium feature. Contact sales!"})
+				return
+			}
 			g := codersdk.TemplateGroup{Role: role.Load().(codersdk.TemplateRole)}
 			g.ID, g.Name = fxTemplate().OrganizationID, everyoneGroup
 			_ = json.NewEncoder(w).Encode(codersdk.TemplateACL{Users: []codersdk.TemplateUser{}, Groups: []codersdk.TemplateGroup{g}})
@@ -197,5 +204,12 @@ func TestAccessListCost(t *testing.T) {
 	}
 	if n := aclGets.Load(); n != 2 {
 		t.Errorf("asked for the access list %d times, want twice (the get's)", n)
+	}
+	// The license ends before the features are read again: a read shows
+	// no list rather than failing.
+	expired.Store(true)
+	obj = aggv1.CoderTemplate{}
+	if err := ts.showAccess(ctx, tgt, &obj, fxTemplate(), true); err != nil || obj.Spec.Access != nil {
+		t.Errorf("with coderd's 403 Premium feature: access %+v, %v; want none, no error", obj.Spec.Access, err)
 	}
 }
