@@ -31,6 +31,8 @@ type aclCoderd struct {
 	users, groups map[uuid.UUID]map[uuid.UUID]codersdk.TemplateRole
 	// known are the groups besides Everyone, by name.
 	known map[string]codersdk.Group
+	// patches are the PATCHes each template's ACL was sent.
+	patches map[uuid.UUID][]codersdk.UpdateTemplateACL
 }
 
 var (
@@ -40,7 +42,8 @@ var (
 
 func newACLCoderd(target string) *aclCoderd {
 	return &aclCoderd{target: target, users: map[uuid.UUID]map[uuid.UUID]codersdk.TemplateRole{},
-		groups: map[uuid.UUID]map[uuid.UUID]codersdk.TemplateRole{}, known: map[string]codersdk.Group{}}
+		groups: map[uuid.UUID]map[uuid.UUID]codersdk.TemplateRole{}, known: map[string]codersdk.Group{},
+		patches: map[uuid.UUID][]codersdk.UpdateTemplateACL{}}
 }
 
 // addGroup makes group name in organization org, as Coder's UI would.
@@ -50,6 +53,23 @@ func (a *aclCoderd) addGroup(org uuid.UUID, name string) codersdk.Group {
 	g := codersdk.Group{ID: uuid.New(), Name: name, OrganizationID: org, Source: codersdk.GroupSourceUser, Members: []codersdk.ReducedUser{}}
 	a.known[name] = g
 	return g
+}
+
+// created starts the ACL of template tpl, just created, as
+// postTemplateByOrganization does: the Everyone group may use it unless
+// the request said disable_everyone_group_access.
+func (a *aclCoderd) created(tpl codersdk.Template, private bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.init(tpl, private)
+}
+
+func (a *aclCoderd) init(tpl codersdk.Template, private bool) {
+	a.users[tpl.ID] = map[uuid.UUID]codersdk.TemplateRole{}
+	a.groups[tpl.ID] = map[uuid.UUID]codersdk.TemplateRole{}
+	if !private {
+		a.groups[tpl.ID][tpl.OrganizationID] = codersdk.TemplateRoleUse
+	}
 }
 
 // serve answers the routes the fake adds; false for any other request.
@@ -113,10 +133,8 @@ func (a *aclCoderd) serveACL(w http.ResponseWriter, r *http.Request, id uuid.UUI
 	}
 	a.mu.Lock()
 	if _, ok := a.groups[id]; !ok {
-		// postTemplateByOrganization's default (coder-k8s never sends
-		// disable_everyone_group_access): Everyone may use it.
-		a.users[id] = map[uuid.UUID]codersdk.TemplateRole{}
-		a.groups[id] = map[uuid.UUID]codersdk.TemplateRole{tpl.OrganizationID: codersdk.TemplateRoleUse}
+		// Made before the fake: coderd's default.
+		a.init(tpl, false)
 	}
 	a.mu.Unlock()
 	if r.Method == http.MethodPatch {
@@ -196,6 +214,7 @@ func (a *aclCoderd) patchACL(w http.ResponseWriter, r *http.Request, id, org uui
 	}
 	apply(a.users[id], users)
 	apply(a.groups[id], groups)
+	a.patches[id] = append(a.patches[id], req)
 	a.mu.Unlock()
 	writeJSON(w, http.StatusOK, codersdk.Response{Message: "Successfully updated template ACL list."})
 }

@@ -161,6 +161,24 @@ func TestTemplateAccess(t *testing.T) {
 		}
 	})
 
+	t.Run("licensed: created without everyone, the template is never the Everyone group's", func(t *testing.T) {
+		s.must(t, "apply", "--server-side", "-f", manifest("acl", "private", "access:\n  users: [{name: alice, role: use}]"))
+		id := s.coderTemplate(t, "private").ID
+		users, groups := fake.acl.acl(id)
+		if !maps.Equal(users, roles{userID["alice"]: "use"}) || len(groups) != 0 {
+			t.Errorf("Coder has users %v, groups %v; want alice only", users, groups)
+		}
+		// The create said disable_everyone_group_access: no PATCH had to
+		// take the Everyone group's access away.
+		fake.acl.mu.Lock()
+		defer fake.acl.mu.Unlock()
+		for _, p := range fake.acl.patches[id] {
+			if p.GroupPerms != nil {
+				t.Errorf("the new template's ACL was sent group perms %v", p.GroupPerms)
+			}
+		}
+	})
+
 	t.Run("licensed: an unknown user or group is refused naming it, dry run too, before anything changes", func(t *testing.T) {
 		m := manifest("acl", "acl", "access:\n  everyone: use\n  users: [{name: nosuchuser, role: use}]\n  groups: [{name: nosuchgroup, role: use}]")
 		for _, args := range [][]string{{"apply", "--server-side", "-f", m}, {"apply", "--server-side", "--dry-run=server", "-f", m}} {

@@ -325,6 +325,7 @@ func (f *licensedCoderd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The licensed settings a create or PATCH stores, taken before the
 	// request goes on without max_port_share_level.
 	var stores *licensedSettings
+	var private bool // the create's disable_everyone_group_access
 	create := r.Method == http.MethodPost && templateList.MatchString(r.URL.Path)
 	patch := r.Method == http.MethodPatch && templateByID.MatchString(r.URL.Path)
 	switch {
@@ -332,6 +333,7 @@ func (f *licensedCoderd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var req codersdk.CreateTemplateRequest
 		if json.Unmarshal(body, &req) == nil {
 			stores = new(createdSettings(&req))
+			private = req.DisableEveryoneGroupAccess
 			req.MaxPortShareLevel = nil
 			body, _ = json.Marshal(req)
 		}
@@ -367,6 +369,9 @@ func (f *licensedCoderd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var tpl codersdk.Template
 		if json.Unmarshal(answer, &tpl) == nil {
 			f.remember(tpl.ID, *stores)
+			if f.acl != nil {
+				f.acl.created(tpl, private)
+			}
 		}
 	case stores != nil && patch && (ok || res.StatusCode == http.StatusNotModified):
 		f.remember(uuid.MustParse(path.Base(r.URL.Path)), *stores)

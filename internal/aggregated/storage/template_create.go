@@ -166,6 +166,9 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 			VersionID:   versionID,
 		}
 		setCreate(&req, &tpl.Spec, &defaults)
+		// A list without Everyone: the template is never usable by every
+		// member, not even until accessCreated sets the list.
+		req.DisableEveryoneGroupAccess = tpl.Spec.Access != nil && tpl.Spec.Access.Everyone == ""
 		created, err := t.Client.CreateTemplate(ctx, orgID, req)
 		if err != nil {
 			if build != nil {
