@@ -82,7 +82,7 @@ type TemplateDetail struct {
 	Deprecated        bool               `json:"deprecated,omitempty"`
 	ActiveUsers       int32              `json:"activeUsers"`
 	UpdatedAt         string             `json:"updatedAt,omitempty"`
-	Settings          map[string]any     `json:"settings,omitempty" jsonschema:"the template's settings in Coder as CoderTemplate.spec names them (defaultTTL, activityBump, requireActiveVersion, ...)"`
+	Settings          map[string]any     `json:"settings,omitempty" jsonschema:"the template's settings in Coder as CoderTemplate.spec names them (defaultTTL, activityBump, requireActiveVersion, access: who may use and administer it, ...)"`
 	Variables         []TemplateVariable `json:"variables,omitempty" jsonschema:"the Terraform variables of the version the files show; a sensitive one's value is never shown"`
 	FileNames         []string           `json:"fileNames,omitempty" jsonschema:"paths of the source files"`
 	Files             map[string]string  `json:"files,omitempty" jsonschema:"source files (with includeFiles), cut to maxFileBytes"`

@@ -105,12 +105,14 @@ func TestTemplateVariables(t *testing.T) {
 func TestTemplateSettings(t *testing.T) {
 	ttl, msg := aggv1.Duration("8h"), "use v2"
 	tpl := &aggv1.CoderTemplate{Spec: aggv1.CoderTemplateSpec{DisplayName: "D", Files: map[string]string{"main.tf": "x"},
-		DefaultTTL: &ttl, DeprecationMessage: &msg, Variables: []aggv1.TemplateVariable{{Name: "a", Value: "b"}}}}
+		DefaultTTL: &ttl, DeprecationMessage: &msg, Variables: []aggv1.TemplateVariable{{Name: "a", Value: "b"}},
+		Access: &aggv1.TemplateAccess{Everyone: aggv1.TemplateRoleUse, Users: []aggv1.TemplateAccessEntry{{Name: "alice", Role: aggv1.TemplateRoleAdmin}}}}}
 	got, err := templateSettings(tpl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cmp.Diff(map[string]any{"defaultTTL": "8h", "deprecationMessage": "use v2"}, got); d != "" {
+	access := map[string]any{"everyone": "use", "users": []any{map[string]any{"name": "alice", "role": "admin"}}}
+	if d := cmp.Diff(map[string]any{"defaultTTL": "8h", "deprecationMessage": "use v2", "access": access}, got); d != "" {
 		t.Errorf("templateSettings (-want +got):\n%s", d)
 	}
 }

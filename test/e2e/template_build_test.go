@@ -36,15 +36,7 @@ func TestTemplateBuilds(t *testing.T) {
 	slow := newSlowState(t)
 	gate := newStateGate(t)
 
-	manifest := func(name, tf string) string {
-		return writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
-kind: CoderTemplate
-metadata: {name: coder.%s, namespace: %s}
-spec:
-  files:
-    main.tf: |
-%s`, name, s.ns, indent(tf, 6)))
-	}
+	manifest := func(name, tf string) string { return templateManifest(t, s.ns, name, "", tf) }
 	ready := func(name string) string {
 		return strings.TrimSpace(s.must(t, "get", "ctpl", "coder."+name, "-n", s.ns, "-o",
 			`jsonpath={.status.conditions[?(@.type=="Ready")].status}/{.status.conditions[?(@.type=="Ready")].reason}`))

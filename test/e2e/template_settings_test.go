@@ -32,16 +32,7 @@ import (
 func TestTemplateSettings(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
-	manifest := func(name, settings string) string {
-		return writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
-kind: CoderTemplate
-metadata: {name: coder.%s, namespace: %s}
-spec:
-%s
-  files:
-    main.tf: |
-%s`, name, s.ns, indent(settings, 2), indent(mainTF, 6)))
-	}
+	manifest := func(name, settings string) string { return templateManifest(t, s.ns, name, settings, mainTF) }
 	const shown = `jsonpath={.spec.defaultTTL} {.spec.activityBump} {.spec.allowUserCancelWorkspaceJobs} {.spec.corsBehavior} {.spec.useClassicParameterFlow}`
 	get := func(t *testing.T) string {
 		return strings.TrimSpace(s.must(t, "get", "ctpl", "coder.settings", "-n", s.ns, "-o", shown))
@@ -208,16 +199,7 @@ spec:
 	t.Run("with a licensed coderd (contract fake) licensed settings are written and read back as written", func(t *testing.T) {
 		fake := newLicensedCoderd(t, s.coder.URL.String())
 		adoptControlPlane(t, s, "licensed", "coder", fake.url)
-		licensedManifest := func(settings string) string {
-			return writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
-kind: CoderTemplate
-metadata: {name: coder.licensed, namespace: licensed}
-spec:
-%s
-  files:
-    main.tf: |
-%s`, indent(settings, 2), indent(mainTF, 6)))
-		}
+		licensedManifest := func(settings string) string { return templateManifest(t, "licensed", "licensed", settings, mainTF) }
 		get := func(t *testing.T) string {
 			return strings.TrimSpace(s.must(t, "get", "ctpl", "coder.licensed", "-n", "licensed", "-o",
 				`jsonpath={.spec.failureTTL} {.spec.timeTilDormant} {.spec.timeTilDormantAutoDelete} {.spec.autostopRequirement.daysOfWeek[*]}/{.spec.autostopRequirement.weeks} `+
@@ -253,6 +235,19 @@ spec:
 	})
 }
 
+// templateManifest writes the manifest of CoderTemplate coder.<name> in
+// namespace ns: spec's fields (YAML lines) and tf as its main.tf.
+func templateManifest(t *testing.T, ns, name, spec, tf string) string {
+	return writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
+kind: CoderTemplate
+metadata: {name: coder.%s, namespace: %s}
+spec:
+%s
+  files:
+    main.tf: |
+%s`, name, ns, indent(spec, 2), indent(tf, 6)))
+}
+
 // settingsOf is a template's settings as coderd reports them.
 func settingsOf(t codersdk.Template) codersdk.UpdateTemplateMeta {
 	req := coderapi.TemplateMeta(&t)
@@ -277,6 +272,9 @@ type licensedCoderd struct {
 
 	mu       sync.Mutex
 	settings map[uuid.UUID]licensedSettings
+	// acl, when set, adds template_rbac: the template ACL and group
+	// routes (template_access_test.go).
+	acl *aclCoderd
 }
 
 // licensedSettings are a template's settings that need a license.
@@ -307,9 +305,16 @@ func newLicensedCoderd(t *testing.T, target string) *licensedCoderd {
 func (f *licensedCoderd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/api/v2/entitlements" {
 		feature := codersdk.Feature{Entitlement: codersdk.EntitlementEntitled, Enabled: true}
+		features := map[codersdk.FeatureName]codersdk.Feature{
+			codersdk.FeatureAdvancedTemplateScheduling: feature, codersdk.FeatureAccessControl: feature, codersdk.FeatureControlSharedPorts: feature}
+		if f.acl != nil {
+			features[codersdk.FeatureTemplateRBAC] = feature
+		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(codersdk.Entitlements{HasLicense: true, Features: map[codersdk.FeatureName]codersdk.Feature{
-			codersdk.FeatureAdvancedTemplateScheduling: feature, codersdk.FeatureAccessControl: feature, codersdk.FeatureControlSharedPorts: feature}})
+		_ = json.NewEncoder(w).Encode(codersdk.Entitlements{HasLicense: true, Features: features})
+		return
+	}
+	if f.acl != nil && f.acl.serve(w, r) {
 		return
 	}
 	body, err := io.ReadAll(r.Body)
@@ -320,6 +325,7 @@ func (f *licensedCoderd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The licensed settings a create or PATCH stores, taken before the
 	// request goes on without max_port_share_level.
 	var stores *licensedSettings
+	var private bool // the create's disable_everyone_group_access
 	create := r.Method == http.MethodPost && templateList.MatchString(r.URL.Path)
 	patch := r.Method == http.MethodPatch && templateByID.MatchString(r.URL.Path)
 	switch {
@@ -327,6 +333,7 @@ func (f *licensedCoderd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var req codersdk.CreateTemplateRequest
 		if json.Unmarshal(body, &req) == nil {
 			stores = new(createdSettings(&req))
+			private = req.DisableEveryoneGroupAccess
 			req.MaxPortShareLevel = nil
 			body, _ = json.Marshal(req)
 		}
@@ -362,6 +369,9 @@ func (f *licensedCoderd) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var tpl codersdk.Template
 		if json.Unmarshal(answer, &tpl) == nil {
 			f.remember(tpl.ID, *stores)
+			if f.acl != nil {
+				f.acl.created(tpl, private)
+			}
 		}
 	case stores != nil && patch && (ok || res.StatusCode == http.StatusNotModified):
 		f.remember(uuid.MustParse(path.Base(r.URL.Path)), *stores)

@@ -159,7 +159,59 @@ type CoderTemplateSpec struct {
 	// shows and allows only public).
 	// +optional
 	MaxPortShareLevel PortShareLevel `json:"maxPortShareLevel,omitempty"`
+	// Access is who may use and administer the template: the whole list,
+	// so that Coder's access list becomes exactly what it says (entries
+	// it leaves out are removed in Coder). Unset keeps Coder's list, which
+	// a read shows when coderd can tell (it has template_rbac). Feature
+	// template_rbac; without it only Coder's default, everyone: use and
+	// nothing else, is accepted.
+	// +optional
+	Access *TemplateAccess `json:"access,omitempty"`
 }
+
+// TemplateAccess is a template's access list in Coder. It is atomic for
+// server-side apply (the whole list belongs to the manager that applies
+// it): with per-entry merging an entry added in Coder, owned by no field
+// manager, would survive every apply, and the list would not be what the
+// manifest says.
+// +structType=atomic
+type TemplateAccess struct {
+	// Everyone is the role of the organization's Everyone group (every
+	// member of the template's organization): use or admin; empty or
+	// absent gives its members no access through it. Coder gives a new
+	// template use.
+	// +optional
+	Everyone TemplateRole `json:"everyone,omitempty"`
+	// Users are Coder users, by username (each once), and their roles.
+	// +optional
+	// +listType=atomic
+	Users []TemplateAccessEntry `json:"users,omitempty"`
+	// Groups are groups of the template's organization, by name (each
+	// once), and their roles. The Everyone group is
+	// spec.access.everyone.
+	// +optional
+	// +listType=atomic
+	Groups []TemplateAccessEntry `json:"groups,omitempty"`
+}
+
+// TemplateAccessEntry gives a user or a group a role on the template.
+type TemplateAccessEntry struct {
+	// Name is the Coder username, or the group's name.
+	Name string `json:"name"`
+	// Role is use (create workspaces from the template) or admin (also
+	// change and delete it).
+	Role TemplateRole `json:"role"`
+}
+
+// TemplateRole is a role on a template, as Coder names it.
+// +enum
+type TemplateRole string
+
+// The template roles coderd knows.
+const (
+	TemplateRoleUse   TemplateRole = "use"
+	TemplateRoleAdmin TemplateRole = "admin"
+)
 
 // TemplateVariable is one Terraform variable's value: given literally, or
 // read from a Secret of the object's namespace when the version is

@@ -61,6 +61,16 @@ func (in SecretKeySelector) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in TemplateAccess) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.TemplateAccess"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in TemplateAccessEntry) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.TemplateAccessEntry"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in TemplateVariable) OpenAPIModelName() string {
 	return "com.coder.aggregation.v1alpha1.TemplateVariable"
 }

@@ -26,6 +26,8 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		CoderWorkspaceSpec{}.OpenAPIModelName():           schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceSpec(ref),
 		CoderWorkspaceStatus{}.OpenAPIModelName():         schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceStatus(ref),
 		SecretKeySelector{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_SecretKeySelector(ref),
+		TemplateAccess{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccess(ref),
+		TemplateAccessEntry{}.OpenAPIModelName():          schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccessEntry(ref),
 		TemplateVariable{}.OpenAPIModelName():             schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariable(ref),
 		TemplateVariableSource{}.OpenAPIModelName():       schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableSource(ref),
 		TemplateVariableStatus{}.OpenAPIModelName():       schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableStatus(ref),
@@ -470,11 +472,17 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateSpec(ref common.Refe
 							Enum:        []interface{}{"authenticated", "organization", "owner", "public"},
 						},
 					},
+					"access": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Access is who may use and administer the template: the whole list, so that Coder's access list becomes exactly what it says (entries it leaves out are removed in Coder). Unset keeps Coder's list, which a read shows when coderd can tell (it has template_rbac). Feature template_rbac; without it only Coder's default, everyone: use and nothing else, is accepted.",
+							Ref:         ref(TemplateAccess{}.OpenAPIModelName()),
+						},
+					},
 				},
 			},
 		},
 		Dependencies: []string{
-			AutostartRequirement{}.OpenAPIModelName(), AutostopRequirement{}.OpenAPIModelName(), TemplateVariable{}.OpenAPIModelName()},
+			AutostartRequirement{}.OpenAPIModelName(), AutostopRequirement{}.OpenAPIModelName(), TemplateAccess{}.OpenAPIModelName(), TemplateVariable{}.OpenAPIModelName()},
 	}
 }
 
@@ -966,6 +974,101 @@ func schema_coder_k8s_api_aggregation_v1alpha1_SecretKeySelector(ref common.Refe
 					},
 				},
 				Required: []string{"name", "key"},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccess(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "TemplateAccess is a template's access list in Coder. It is atomic for server-side apply (the whole list belongs to the manager that applies it): with per-entry merging an entry added in Coder, owned by no field manager, would survive every apply, and the list would not be what the manifest says.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"everyone": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Everyone is the role of the organization's Everyone group (every member of the template's organization): use or admin; empty or absent gives its members no access through it. Coder gives a new template use.\n\nPossible enum values:\n - `\"admin\"`\n - `\"use\"`",
+							Type:        []string{"string"},
+							Format:      "",
+							Enum:        []interface{}{"admin", "use"},
+						},
+					},
+					"users": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "atomic",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Users are Coder users, by username (each once), and their roles.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(TemplateAccessEntry{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+					"groups": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "atomic",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Groups are groups of the template's organization, by name (each once), and their roles. The Everyone group is spec.access.everyone.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(TemplateAccessEntry{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+			},
+			VendorExtensible: spec.VendorExtensible{
+				Extensions: spec.Extensions{
+					"x-kubernetes-map-type": "atomic",
+				},
+			},
+		},
+		Dependencies: []string{
+			TemplateAccessEntry{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccessEntry(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "TemplateAccessEntry gives a user or a group a role on the template.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Name is the Coder username, or the group's name.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"role": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Role is use (create workspaces from the template) or admin (also change and delete it).\n\nPossible enum values:\n - `\"admin\"`\n - `\"use\"`",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+							Enum:        []interface{}{"admin", "use"},
+						},
+					},
+				},
+				Required: []string{"name", "role"},
 			},
 		},
 	}

@@ -24,7 +24,8 @@ import (
 // workspace, always with the fixture IDs: what a tenant's coderd, which
 // answers whatever it likes, can claim. who marks everything it serves.
 // Real coderds never share IDs, so this is the one fake the test needs.
-func sameIDsCoderd(t *testing.T, who string) *httptest.Server {
+// extra adds routes (an enterprise coderd's).
+func sameIDsCoderd(t *testing.T, who string, extra ...func(*http.ServeMux)) *httptest.Server {
 	t.Helper()
 	archive, err := templatesource.Archive(map[string]string{"main.tf": "# " + who + "\n"}, templatesource.DefaultLimits)
 	if err != nil {
@@ -77,6 +78,16 @@ func sameIDsCoderd(t *testing.T, who string) *httptest.Server {
 	})
 	mux.HandleFunc("GET /api/v2/organizations/{org}", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, codersdk.Organization{MinimalOrganization: codersdk.MinimalOrganization{ID: uuid.New(), Name: "acme"}})
+	})
+	for _, add := range extra {
+		add(mux)
+	}
+	// What else it is asked (GET /api/v2/entitlements) it answers as the
+	// open-source coderd answers a route it does not have.
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_ = json.NewEncoder(w).Encode(codersdk.Response{Message: "Route not found."})
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)

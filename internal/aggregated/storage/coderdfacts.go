@@ -83,21 +83,19 @@ func (f *coderdFacts[K, V]) add(coderd string, id K, v V) {
 	}
 }
 
-// forget drops fact id of coderd, which coder-k8s just changed.
-func (f *coderdFacts[K, V]) forget(coderd string, id K) {
+// put remembers v in place of what is known: a fresh answer (a get, a
+// write) replaces the one the poller would otherwise serve.
+func (f *coderdFacts[K, V]) put(coderd string, id K, v V) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	k := factKey[K]{coderd, id}
-	if _, ok := f.facts[k]; !ok {
+	if x, known := f.facts[k]; known {
+		x.v, x.at = v, time.Now()
+		f.facts[k] = x
+		f.mu.Unlock()
 		return
 	}
-	delete(f.facts, k)
-	for i, o := range f.order {
-		if o == k {
-			f.order = append(f.order[:i], f.order[i+1:]...)
-			break
-		}
-	}
+	f.mu.Unlock()
+	f.add(coderd, id, v)
 }
 
 // get returns fact id of t's coderd, asking ask when it is not known; ask
@@ -184,7 +182,7 @@ func (c *featureCache) get(ctx context.Context, t target) (coderdFeatures, error
 // source and job no longer change. Their name and message still may (a
 // PATCH from the Coder UI, or from another replica of coder-k8s), so a
 // version is asked again after versionTTL; a change this server makes
-// drops it at once (forget).
+// replaces it at once (put).
 type versionCache struct {
 	coderdFacts[uuid.UUID, codersdk.TemplateVersion]
 }

@@ -52,6 +52,7 @@ type TemplateStorage struct {
 	secretRevs secretRevisions
 	orgs       orgIDs
 	features   featureCache
+	acls       templateACLs
 }
 
 var (
@@ -92,6 +93,8 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 				"template_version_id": "spec.versionID",
 				"id":                  "spec.versionID",
 				"file_id":             "spec.files",
+				"user_perms":          "spec.access.users",
+				"group_perms":         "spec.access.groups",
 			},
 		},
 		opts:     to,
@@ -99,6 +102,7 @@ func NewTemplates(o Options, to TemplateOptions) (*TemplateStorage, error) {
 		versions: newVersionCache(),
 		vars:     newVersionVariables(),
 		features: newFeatureCache(),
+		acls:     newTemplateACLs(),
 	}
 	if err := startCache(&s.genericStore, o, s.listTemplates, aggv1.TemplateFields); err != nil {
 		return nil, err
@@ -140,13 +144,15 @@ func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchc
 }
 
 // convert reads what a template's view needs besides the template.
+// The poller's, it serves access lists read within accessTTL.
 func (s *TemplateStorage) convert(ctx context.Context, t target, tpl *codersdk.Template) (*aggv1.CoderTemplate, error) {
-	return s.convertWith(ctx, t, tpl, nil)
+	return s.convertWith(ctx, t, tpl, nil, false)
 }
 
 // convertWith is convert with the template's record given (nil: read
-// from the informer cache), for the answer to a write that just saved it.
-func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *codersdk.Template, rec *records.Record) (*aggv1.CoderTemplate, error) {
+// from the informer cache), for the answer to a write that just saved it;
+// freshACL reads the access list from coderd.
+func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *codersdk.Template, rec *records.Record, freshACL bool) (*aggv1.CoderTemplate, error) {
 	v, err := s.versions.get(ctx, t, tpl.ActiveVersionID)
 	if err != nil {
 		return nil, fmt.Errorf("active version of template %s: %w", tpl.Name, err)
@@ -168,6 +174,9 @@ func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *coders
 		}
 	}
 	obj := toTemplate(t, tpl, &v, files)
+	if err := s.showAccess(ctx, t, obj, tpl, freshACL); err != nil {
+		return nil, err
+	}
 	shown, err := s.showBuild(ctx, t, tpl, obj, rec)
 	if err != nil {
 		return nil, err
@@ -224,7 +233,7 @@ func (s *TemplateStorage) readCoder(ctx context.Context, t target, n templateObj
 	if err != nil {
 		return nil, err
 	}
-	obj, err := s.convertWith(ctx, t, &tpl, rec)
+	obj, err := s.convertWith(ctx, t, &tpl, rec, true)
 	if err != nil {
 		return nil, s.coderErr(t, err, name)
 	}
@@ -309,9 +318,20 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 		}
 	}
 	var vars appliedVariables
+	accessChanged := accessDiffers(&next.Spec, &cur.Spec)
+	var access accessIDs
 	u.check = func(ctx context.Context, w *write) (bool, error) {
 		if settingsChanged {
 			if err := s.refuseUnlicensed(ctx, w.t, name, &next.Spec, &cur.Spec); err != nil {
+				return false, err
+			}
+		}
+		if accessChanged {
+			orgID, err := s.orgs.get(ctx, w.t, n.Org)
+			if err != nil {
+				return false, s.coderErr(w.t, err, name)
+			}
+			if access, err = s.resolveAccess(ctx, w.t, orgID, next.Spec.Access, name); err != nil {
 				return false, err
 			}
 		}
@@ -377,6 +397,8 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 		}
 		var now aggv1.CoderTemplateSpec
 		showSettings(&now, &tpl)
+		// The access list is not in the template's PATCH.
+		now.Access = next.Spec.Access
 		if metaChanged || settingsDiffer(&next.Spec, &now) {
 			req := coderapi.TemplateMeta(&tpl)
 			req.DisplayName, req.Description, req.Icon = &next.Spec.DisplayName, &next.Spec.Description, &next.Spec.Icon
@@ -384,6 +406,11 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 			// Unchanged (coderd's 304: another writer made the same
 			// change meanwhile) is not a failure.
 			if _, _, err := coderapi.UpdateTemplateMeta(ctx, t.Client, tpl.ID, req); err != nil {
+				return nil, nil, s.coderErr(t, err, name)
+			}
+		}
+		if accessChanged {
+			if err := s.setAccess(ctx, t, tpl.ID, tpl.OrganizationID, next.Spec.Access, access); err != nil {
 				return nil, nil, s.coderErr(t, err, name)
 			}
 		}

@@ -93,6 +93,18 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 	if err != nil {
 		return nil, err
 	}
+	var access accessIDs
+	if accessDiffers(&tpl.Spec, &defaults) {
+		// Before anything reaches coderd: a user or group Coder does not
+		// know refuses the create.
+		orgID, err := s.orgs.get(ctx, t, n.Org)
+		if err != nil {
+			return nil, s.coderErr(t, err, tpl.Name)
+		}
+		if access, err = s.resolveAccess(ctx, t, orgID, tpl.Spec.Access, tpl.Name); err != nil {
+			return nil, err
+		}
+	}
 	var vars appliedVariables
 	if len(tpl.Spec.Files) > 0 {
 		// Before anything reaches coderd: a variable the caller may not
@@ -158,6 +170,9 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 			VersionID:   versionID,
 		}
 		setCreate(&req, &tpl.Spec, &defaults)
+		// A list without Everyone: the template is never usable by every
+		// member, not even until accessCreated sets the list.
+		req.DisableEveryoneGroupAccess = tpl.Spec.Access != nil && tpl.Spec.Access.Everyone == ""
 		created, err := t.Client.CreateTemplate(ctx, orgID, req)
 		if err != nil {
 			if build != nil {
@@ -169,6 +184,7 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 			return nil, nil, s.createErr(t, err, tpl.Name)
 		}
 		s.deprecateCreated(ctx, t, &created, &tpl.Spec)
+		s.accessCreated(ctx, t, &created, &tpl.Spec, access)
 		if build == nil {
 			// An existing version takes the name and message given.
 			if err := s.identify(ctx, t, versionID, tpl.Spec.VersionName, tpl.Spec.VersionMessage, tpl.Name); err != nil {

@@ -199,12 +199,16 @@ func (s *TemplateStorage) identify(ctx context.Context, t target, id uuid.UUID, 
 	if req.Name == "" && req.Message == nil {
 		return nil
 	}
-	defer s.versions.forget(t.coderdKey(), id)
-	if _, err := t.Client.UpdateTemplateVersion(ctx, id, req); err != nil {
+	updated, err := t.Client.UpdateTemplateVersion(ctx, id, req)
+	if err != nil {
 		if coderapi.StatusCode(err) == http.StatusBadRequest && strings.Contains(coderapi.Message(err), "must be unique") {
 			return s.versionNameTaken(objName, fmt.Sprintf("another version of the template is named %q", name))
 		}
 		return s.requestErr(ctx, t, err, objName, "coderd to rename the template version")
+	}
+	if !buildInProgress(updated.Job.Status) {
+		// What this server reads next shows the change at once.
+		s.versions.put(t.coderdKey(), id, updated)
 	}
 	return nil
 }

@@ -98,6 +98,9 @@ var templateSettings = []setting{
 	{name: "maxPortShareLevel", feature: codersdk.FeatureControlSharedPorts, differs: func(n, c *aggv1.CoderTemplateSpec) bool {
 		return n.MaxPortShareLevel != "" && n.MaxPortShareLevel != c.MaxPortShareLevel
 	}},
+	// Not part of the template's PATCH: setAccess writes it
+	// (template_access.go).
+	{name: "access", feature: codersdk.FeatureTemplateRBAC, differs: accessDiffers},
 }
 
 // settingNamed finds a setting by its JSON name.
@@ -277,5 +280,12 @@ func keepSettings(next *aggv1.CoderTemplateSpec, cur *aggv1.CoderTemplateSpec) {
 	}
 	if next.MaxPortShareLevel == "" {
 		next.MaxPortShareLevel = cur.MaxPortShareLevel
+	}
+	// Where coderd cannot show its access list (cur has none), a write's
+	// answer does not either, as its reads will not.
+	if next.Access == nil || cur.Access == nil {
+		next.Access = cur.Access.DeepCopy()
+	} else {
+		next.Access = sortedAccess(next.Access)
 	}
 }

@@ -30,7 +30,7 @@ func TestValidateSettings(t *testing.T) {
 	}{
 		{"nothing set", func(*aggv1.CoderTemplateSpec) {}, nil},
 		{"every setting valid", func(s *aggv1.CoderTemplateSpec) {
-			*s = createDefaults(true)
+			*s = createDefaults(coderdFeatures{enabled: map[codersdk.FeatureName]bool{codersdk.FeatureControlSharedPorts: true, codersdk.FeatureTemplateRBAC: true}})
 			s.DefaultTTL, s.ActivityBump, s.FailureTTL = fxDuration("8h"), fxDuration("1.5s"), fxDuration("1m")
 			s.CORSBehavior, s.MaxPortShareLevel = aggv1.CORSBehaviorPassthru, aggv1.PortShareLevelOrganization
 			s.AutostopRequirement = &aggv1.AutostopRequirement{DaysOfWeek: []string{"monday", "sunday"}, Weeks: 16}
@@ -161,7 +161,7 @@ func TestUnlicensed(t *testing.T) {
 	openSource := coderdFeatures{openSource: true}
 	unentitled := coderdFeatures{enabled: map[codersdk.FeatureName]bool{codersdk.FeatureAccessControl: true}}
 	licensed := coderdFeatures{enabled: map[codersdk.FeatureName]bool{codersdk.FeatureAdvancedTemplateScheduling: true,
-		codersdk.FeatureAccessControl: true, codersdk.FeatureControlSharedPorts: true}}
+		codersdk.FeatureAccessControl: true, codersdk.FeatureControlSharedPorts: true, codersdk.FeatureTemplateRBAC: true}}
 	cur := fxSettingsSpec()
 	for _, tc := range []struct {
 		name string
@@ -182,12 +182,13 @@ func TestUnlicensed(t *testing.T) {
 			"FieldValueForbidden spec.autostopRequirement", "FieldValueForbidden spec.autostartRequirement",
 			"FieldValueForbidden spec.allowUserAutostart", "FieldValueForbidden spec.allowUserAutostop",
 			"FieldValueForbidden spec.failureTTL", "FieldValueForbidden spec.timeTilDormant", "FieldValueForbidden spec.timeTilDormantAutoDelete",
-			"FieldValueForbidden spec.requireActiveVersion", "FieldValueForbidden spec.deprecationMessage", "FieldValueForbidden spec.maxPortShareLevel"}},
+			"FieldValueForbidden spec.requireActiveVersion", "FieldValueForbidden spec.deprecationMessage", "FieldValueForbidden spec.maxPortShareLevel",
+			"FieldValueForbidden spec.access"}},
 		{"every licensed setting changed, access_control only", changeLicensed, unentitled, []string{
 			"FieldValueForbidden spec.autostopRequirement", "FieldValueForbidden spec.autostartRequirement",
 			"FieldValueForbidden spec.allowUserAutostart", "FieldValueForbidden spec.allowUserAutostop",
 			"FieldValueForbidden spec.failureTTL", "FieldValueForbidden spec.timeTilDormant", "FieldValueForbidden spec.timeTilDormantAutoDelete",
-			"FieldValueForbidden spec.maxPortShareLevel"}},
+			"FieldValueForbidden spec.maxPortShareLevel", "FieldValueForbidden spec.access"}},
 		{"every licensed setting changed, licensed", changeLicensed, licensed, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -215,6 +216,7 @@ func changeLicensed(s *aggv1.CoderTemplateSpec) {
 	s.AllowUserAutostart, s.AllowUserAutostop, s.RequireActiveVersion = fxPtr(false), fxPtr(false), fxPtr(true)
 	s.FailureTTL, s.TimeTilDormant, s.TimeTilDormantAutoDelete = fxDuration("1h"), fxDuration("24h"), fxDuration("168h")
 	s.DeprecationMessage, s.MaxPortShareLevel = fxPtr("use another"), aggv1.PortShareLevelOwner
+	s.Access = &aggv1.TemplateAccess{Users: []aggv1.TemplateAccessEntry{{Name: "alice", Role: aggv1.TemplateRoleAdmin}}}
 }
 
 // A licensed round trip against a contract fake of an enterprise coderd
@@ -224,6 +226,7 @@ func changeLicensed(s *aggv1.CoderTemplateSpec) {
 func TestSettingsRoundTrip(t *testing.T) {
 	var spec aggv1.CoderTemplateSpec
 	changeLicensed(&spec)
+	spec.Access = nil // not in the template's PATCH: TestAccessPatch
 	spec.DefaultTTL, spec.ActivityBump = fxDuration("8h"), fxDuration("5m")
 	spec.AllowUserCancelWorkspaceJobs, spec.UseClassicParameterFlow, spec.CORSBehavior = fxPtr(true), fxPtr(true), aggv1.CORSBehaviorPassthru
 
@@ -248,7 +251,7 @@ func TestSettingsRoundTrip(t *testing.T) {
 	// A create sends what differs from coderd's defaults only: an
 	// open-source coderd refuses any max_port_share_level, even public.
 	var create codersdk.CreateTemplateRequest
-	defaults := createDefaults(false)
+	defaults := createDefaults(coderdFeatures{})
 	setCreate(&create, &aggv1.CoderTemplateSpec{MaxPortShareLevel: aggv1.PortShareLevelPublic, DefaultTTL: fxDuration("0s"), ActivityBump: fxDuration("2h")}, &defaults)
 	if create.MaxPortShareLevel != nil || create.DefaultTTLMillis != nil || create.ActivityBumpMillis == nil || *create.ActivityBumpMillis != (2*time.Hour).Milliseconds() {
 		t.Errorf("create request = %+v, want only activity_bump_ms", create)

@@ -25,13 +25,13 @@ import (
 // licensed setting, and on a dry run, whose answer shows the defaults.
 func (s *TemplateStorage) checkCreateSettings(ctx context.Context, t target, tpl *aggv1.CoderTemplate, dryRun bool) (aggv1.CoderTemplateSpec, error) {
 	if !dryRun && !licensedSet(&tpl.Spec) {
-		return createDefaults(false), nil
+		return createDefaults(coderdFeatures{}), nil
 	}
 	f, err := s.features.get(ctx, t)
 	if err != nil {
 		return aggv1.CoderTemplateSpec{}, s.coderErr(t, err, tpl.Name)
 	}
-	defaults := createDefaults(f.enabled[codersdk.FeatureControlSharedPorts])
+	defaults := createDefaults(f)
 	if errs := unlicensed(&tpl.Spec, &defaults, f); len(errs) > 0 {
 		return aggv1.CoderTemplateSpec{}, s.invalid(tpl.Name, errs)
 	}
@@ -56,12 +56,17 @@ func (s *TemplateStorage) deprecateCreated(ctx context.Context, t target, create
 
 // createDefaults are the settings coderd v2.30.0 gives a new template
 // that sets none (postTemplateByOrganization, and what the database and
-// the open-source stores then show). maxPortShare says whether coderd
-// has control_shared_ports: without it every template shows public.
-func createDefaults(maxPortShare bool) aggv1.CoderTemplateSpec {
+// the open-source stores then show), for a coderd with features f:
+// without control_shared_ports every template shows public, and only
+// with template_rbac is the access list shown.
+func createDefaults(f coderdFeatures) aggv1.CoderTemplateSpec {
 	level := aggv1.PortShareLevelPublic
-	if maxPortShare {
+	if f.enabled[codersdk.FeatureControlSharedPorts] {
 		level = aggv1.PortShareLevelOwner
+	}
+	var access *aggv1.TemplateAccess
+	if f.enabled[codersdk.FeatureTemplateRBAC] {
+		access = defaultAccess.DeepCopy()
 	}
 	return aggv1.CoderTemplateSpec{
 		DefaultTTL:                   canonicalDuration(0),
@@ -79,6 +84,7 @@ func createDefaults(maxPortShare bool) aggv1.CoderTemplateSpec {
 		RequireActiveVersion:         new(false),
 		DeprecationMessage:           new(""),
 		MaxPortShareLevel:            level,
+		Access:                       access,
 	}
 }
 
@@ -172,6 +178,9 @@ func validateSettings(spec, cur *aggv1.CoderTemplateSpec) field.ErrorList {
 	}
 	if r := spec.AutostartRequirement; r != nil && changes("autostartRequirement") {
 		errs = append(errs, validateWeekdays(r.DaysOfWeek, specPath.Child("autostartRequirement", "daysOfWeek"))...)
+	}
+	if a := spec.Access; a != nil && changes("access") {
+		errs = append(errs, validateAccess(a)...)
 	}
 	return errs
 }
