@@ -150,16 +150,9 @@ func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *coders
 	if err != nil {
 		return nil, fmt.Errorf("active version of template %s: %w", tpl.Name, err)
 	}
-	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, v.Job.FileID, s.opts.Limits)
+	files, err := s.shownFiles(ctx, t, v.Job.FileID, "template", tpl.Name)
 	if err != nil {
-		var fe *templatesource.FileError
-		if !errors.As(err, &fe) {
-			return nil, fmt.Errorf("source of template %s: %w", tpl.Name, err)
-		}
-		// A source made outside Kubernetes may exceed spec.files' limits;
-		// the template is still listed, without files.
-		s.log.V(1).Info("template source not shown in spec.files", "template", tpl.Name, "reason", err.Error())
-		files = nil
+		return nil, err
 	}
 	if rec == nil {
 		if rec, err = s.templateRecord(ctx, t, tpl.ID); err != nil {
@@ -178,6 +171,23 @@ func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *coders
 		return nil, fmt.Errorf("template %s: %w", tpl.Name, err)
 	}
 	return obj, nil
+}
+
+// shownFiles reads the source a version was built from (file fileID),
+// as spec.files shows it, for the object called name of kind what.
+func (s *TemplateStorage) shownFiles(ctx context.Context, t target, fileID uuid.UUID, what, name string) (map[string]string, error) {
+	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, fileID, s.opts.Limits)
+	if err != nil {
+		var fe *templatesource.FileError
+		if !errors.As(err, &fe) {
+			return nil, fmt.Errorf("source of %s %s: %w", what, name, err)
+		}
+		// A source made outside Kubernetes may exceed spec.files' limits;
+		// the object is still listed, without files.
+		s.log.V(1).Info("source not shown in spec.files", what, name, "reason", err.Error())
+		return nil, nil
+	}
+	return files, nil
 }
 
 func (s *TemplateStorage) lookup(ctx context.Context, name string) (target, templateObjectName, error) {
