@@ -6,8 +6,9 @@ import (
 
 // Resources a CoderObjectRecord can describe.
 const (
-	RecordResourceWorkspaces = "coderworkspaces"
-	RecordResourceTemplates  = "codertemplates"
+	RecordResourceWorkspaces       = "coderworkspaces"
+	RecordResourceTemplates        = "codertemplates"
+	RecordResourceTemplateVersions = "codertemplateversions"
 )
 
 // CoderObjectRecordSpec is what Kubernetes knows about one aggregated
@@ -16,9 +17,9 @@ const (
 // build in progress. The aggregated API server owns these records; users
 // do not edit them.
 type CoderObjectRecordSpec struct {
-	// Resource is the aggregated resource: coderworkspaces or
-	// codertemplates.
-	// +kubebuilder:validation:Enum=coderworkspaces;codertemplates
+	// Resource is the aggregated resource: coderworkspaces,
+	// codertemplates or codertemplateversions.
+	// +kubebuilder:validation:Enum=coderworkspaces;codertemplates;codertemplateversions
 	Resource string `json:"resource"`
 	// ControlPlane is the CoderControlPlane (in the record's namespace)
 	// whose coderd holds the object; empty for the static backend.

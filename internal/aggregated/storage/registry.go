@@ -248,6 +248,8 @@ func (r *genericStore) noun() string {
 		return "workspace"
 	case "CoderTemplate":
 		return "template"
+	case "CoderTemplateVersion":
+		return "template version"
 	}
 	return r.kind
 }
@@ -264,6 +266,8 @@ func withSpecOf[T object](cur, next T) T {
 		kept := o.Spec
 		o.Spec = *any(next).(*aggv1.CoderTemplate).Spec.DeepCopy()
 		keepSettings(&o.Spec, &kept)
+	case *aggv1.CoderTemplateVersion:
+		o.Spec = *any(next).(*aggv1.CoderTemplateVersion).Spec.DeepCopy()
 	}
 	return out
 }
