@@ -125,7 +125,8 @@ func New(o Options) (*Server, error) {
 	// are the internal types too: with one version there is nothing to
 	// convert, and the scheme maps between the two kinds without copying.
 	scheme.AddKnownTypes(schema.GroupVersion{Group: aggv1.GroupName, Version: runtime.APIVersionInternal},
-		&aggv1.CoderWorkspace{}, &aggv1.CoderWorkspaceList{}, &aggv1.CoderTemplate{}, &aggv1.CoderTemplateList{})
+		&aggv1.CoderWorkspace{}, &aggv1.CoderWorkspaceList{}, &aggv1.CoderTemplate{}, &aggv1.CoderTemplateList{},
+		&aggv1.CoderTemplateVersion{}, &aggv1.CoderTemplateVersionList{})
 	// The meta types every API server serves (Status, discovery documents,
 	// list and watch options) regardless of its own groups.
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})

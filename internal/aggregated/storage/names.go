@@ -76,13 +76,16 @@ func parseTemplateName(s string) (templateObjectName, error) {
 	if err != nil {
 		return n, err
 	}
-	if err := checkCoderName("organization", n.Org, coderName, maxCoderName, "letters, digits and single hyphens"); err != nil {
-		return n, err
+	return n, checkTemplateParts(n.Org, n.Name)
+}
+
+// checkTemplateParts checks the organization and template parts of a
+// template's or a template version's name.
+func checkTemplateParts(org, tpl string) error {
+	if err := checkCoderName("organization", org, coderName, maxCoderName, "letters, digits and single hyphens"); err != nil {
+		return err
 	}
-	if err := checkCoderName("template", n.Name, templateName, maxTplName, "letters, digits and single hyphens or underscores"); err != nil {
-		return n, err
-	}
-	return n, nil
+	return checkCoderName("template", tpl, templateName, maxTplName, "letters, digits and single hyphens or underscores")
 }
 
 // joinName writes an object name from its Coder parts, behind the control
@@ -166,10 +169,7 @@ func parseTemplateVersionName(s string, prefixed bool) (templateVersionName, err
 		return n, fmt.Errorf("%s; %q has %d parts", format, s, len(parts))
 	}
 	n.Org, n.Template, n.Version = parts[0], parts[1], strings.Join(parts[2:], ".")
-	if err := checkCoderName("organization", n.Org, coderName, maxCoderName, "letters, digits and single hyphens"); err != nil {
-		return n, err
-	}
-	if err := checkCoderName("template", n.Template, templateName, maxTplName, "letters, digits and single hyphens or underscores"); err != nil {
+	if err := checkTemplateParts(n.Org, n.Template); err != nil {
 		return n, err
 	}
 	if err := checkCoderName("version", n.Version, versionName, maxVersionName, "letters and digits separated by single hyphens, underscores or dots"); err != nil {

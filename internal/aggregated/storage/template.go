@@ -42,6 +42,8 @@ type TemplateOptions struct {
 // TemplateStorage serves codertemplates.
 type TemplateStorage struct {
 	genericStore
+	// coderd deletes a template at once.
+	deletedAtOnce[*aggv1.CoderTemplate]
 	opts     TemplateOptions
 	sources  *templatesource.SourceCache
 	versions versionCache
@@ -52,22 +54,6 @@ type TemplateStorage struct {
 	orgs       orgIDs
 	features   featureCache
 }
-
-var (
-	_ rest.Storage              = (*TemplateStorage)(nil)
-	_ rest.Scoper               = (*TemplateStorage)(nil)
-	_ rest.KindProvider         = (*TemplateStorage)(nil)
-	_ rest.SingularNameProvider = (*TemplateStorage)(nil)
-	_ rest.ShortNamesProvider   = (*TemplateStorage)(nil)
-	_ rest.CategoriesProvider   = (*TemplateStorage)(nil)
-	_ rest.Getter               = (*TemplateStorage)(nil)
-	_ rest.Lister               = (*TemplateStorage)(nil)
-	_ rest.Watcher              = (*TemplateStorage)(nil)
-	_ rest.Creater              = (*TemplateStorage)(nil)
-	_ rest.Updater              = (*TemplateStorage)(nil)
-	_ rest.GracefulDeleter      = (*TemplateStorage)(nil)
-	_ rest.TableConvertor       = (*TemplateStorage)(nil)
-)
 
 // NewTemplates returns the codertemplates storage. Run must run for
 // watches to see changes.
@@ -372,14 +358,7 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 // releaseDelete deletes the template in Coder: the last finalizer
 // holding its deletion is gone.
 func (s *TemplateStorage) releaseDelete(ctx context.Context, w *write, _ templateObjectName, _ string, cur, next *aggv1.CoderTemplate, dryRun bool) (runtime.Object, error) {
-	out := w.preview(next, cur.DeepCopy(), nil)
-	if dryRun {
-		return out, nil
-	}
-	if err := s.deleteTemplate(ctx, w.t, cur, cur.Name); err != nil {
-		return nil, err
-	}
-	return out, w.forget(ctx)
+	return releaseAtOnce(ctx, w, cur, next, dryRun, func(ctx context.Context) error { return s.deleteTemplate(ctx, w.t, cur, cur.Name) })
 }
 
 // Delete deletes the template in coderd; coderd refuses while workspaces
@@ -388,19 +367,8 @@ func (s *TemplateStorage) Delete(ctx context.Context, name string, deleteValidat
 	return deleteObject(ctx, s, name, deleteValidation, opts)
 }
 
-// deleteUnderWay: coderd deletes a template at once, so a delete is never
-// left under way.
-func (s *TemplateStorage) deleteUnderWay(*aggv1.CoderTemplate) bool { return false }
-
-func (s *TemplateStorage) deletePreview(cur *aggv1.CoderTemplate) (runtime.Object, bool) {
-	return cur, true
-}
-
 func (s *TemplateStorage) deleteInCoder(ctx context.Context, w *write, _ templateObjectName, name string, cur *aggv1.CoderTemplate) (runtime.Object, bool, error) {
-	if err := s.deleteTemplate(ctx, w.t, cur, name); err != nil {
-		return nil, false, err
-	}
-	return cur, true, w.forget(ctx)
+	return deleteAtOnce(ctx, w, cur, func(ctx context.Context) error { return s.deleteTemplate(ctx, w.t, cur, name) })
 }
 
 // deleteTemplate deletes cur in Coder and from the watch cache: what a

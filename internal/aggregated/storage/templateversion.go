@@ -12,7 +12,6 @@ import (
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apiserver/pkg/registry/rest"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
@@ -32,24 +31,10 @@ import (
 // TemplateVersionStorage serves codertemplateversions.
 type TemplateVersionStorage struct {
 	genericStore
+	// coderd archives a version at once.
+	deletedAtOnce[*aggv1.CoderTemplateVersion]
 	tpls *TemplateStorage
 }
-
-var (
-	_ rest.Storage              = (*TemplateVersionStorage)(nil)
-	_ rest.Scoper               = (*TemplateVersionStorage)(nil)
-	_ rest.KindProvider         = (*TemplateVersionStorage)(nil)
-	_ rest.SingularNameProvider = (*TemplateVersionStorage)(nil)
-	_ rest.ShortNamesProvider   = (*TemplateVersionStorage)(nil)
-	_ rest.CategoriesProvider   = (*TemplateVersionStorage)(nil)
-	_ rest.Getter               = (*TemplateVersionStorage)(nil)
-	_ rest.Lister               = (*TemplateVersionStorage)(nil)
-	_ rest.Watcher              = (*TemplateVersionStorage)(nil)
-	_ rest.Creater              = (*TemplateVersionStorage)(nil)
-	_ rest.Updater              = (*TemplateVersionStorage)(nil)
-	_ rest.GracefulDeleter      = (*TemplateVersionStorage)(nil)
-	_ rest.TableConvertor       = (*TemplateVersionStorage)(nil)
-)
 
 // NewTemplateVersions returns the codertemplateversions storage, sharing
 // tpls' caches of coderd's answers. Run must run for watches to see

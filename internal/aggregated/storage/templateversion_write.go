@@ -161,7 +161,7 @@ func (s *TemplateVersionStorage) planCreate(ctx context.Context, t target, n tem
 			if ctx.Err() != nil {
 				return nil, nil, s.requestErr(ctx, t, err, v.Name, "coderd to create the template version")
 			}
-			return nil, nil, s.createErr(t, err, v.Name)
+			return nil, nil, s.createRefused(t, err, v.Name)
 		}
 		applied := func(rec *records.Record) { withApplied(rec, created.ID.String(), vars.record, uuid.Nil) }
 		shown := &records.Record{}
@@ -172,6 +172,23 @@ func (s *TemplateVersionStorage) planCreate(ctx context.Context, t target, n tem
 		}
 		return out, applied, nil
 	}, nil
+}
+
+// createRefused is createErr for a version's create. coderd v2.30
+// answers a caller who may not update the template with a 500 whose
+// detail is dbauthz's "unauthorized: rbac: forbidden"
+// (postTemplateVersionsByOrganization does not map it), which is the 403
+// it means here, naming the caller as coderErr does.
+func (s *TemplateVersionStorage) createRefused(t target, err error, name string) error {
+	if coderapi.StatusCode(err) == http.StatusInternalServerError && strings.Contains(err.Error(), "rbac: forbidden") {
+		who := "coder-k8s"
+		if t.caller != nil {
+			who = fmt.Sprintf("Coder user %q", t.caller.Username)
+		}
+		return apierrors.NewForbidden(s.gr, name, &identity.Refused{Reason: fmt.Sprintf("coderd of %s refused %s: they may not add versions to the template (coderd: %s)",
+			t.describe(), who, coderapi.Message(err))})
+	}
+	return s.createErr(t, err, name)
 }
 
 // nameTaken is the 409 the real create gets from coderd when the
@@ -238,14 +255,7 @@ func (s *TemplateVersionStorage) planUpdate(n templateVersionName, name string, 
 // releaseDelete archives the version: the last finalizer holding its
 // deletion is gone.
 func (s *TemplateVersionStorage) releaseDelete(ctx context.Context, w *write, _ templateVersionName, name string, cur, next *aggv1.CoderTemplateVersion, dryRun bool) (runtime.Object, error) {
-	out := w.preview(next, cur.DeepCopy(), nil)
-	if dryRun {
-		return out, nil
-	}
-	if err := s.archive(ctx, w.t, cur, name); err != nil {
-		return nil, err
-	}
-	return out, w.forget(ctx)
+	return releaseAtOnce(ctx, w, cur, next, dryRun, func(ctx context.Context) error { return s.archive(ctx, w.t, cur, name) })
 }
 
 // Delete archives the version in Coder. coderd refuses to archive the
@@ -265,18 +275,8 @@ func (s *TemplateVersionStorage) Delete(ctx context.Context, name string, delete
 	return deleteObject(ctx, s, name, validate, opts)
 }
 
-// deleteUnderWay: coderd archives at once.
-func (s *TemplateVersionStorage) deleteUnderWay(*aggv1.CoderTemplateVersion) bool { return false }
-
-func (s *TemplateVersionStorage) deletePreview(cur *aggv1.CoderTemplateVersion) (runtime.Object, bool) {
-	return cur, true
-}
-
 func (s *TemplateVersionStorage) deleteInCoder(ctx context.Context, w *write, _ templateVersionName, name string, cur *aggv1.CoderTemplateVersion) (runtime.Object, bool, error) {
-	if err := s.archive(ctx, w.t, cur, name); err != nil {
-		return nil, false, err
-	}
-	return cur, true, w.forget(ctx)
+	return deleteAtOnce(ctx, w, cur, func(ctx context.Context) error { return s.archive(ctx, w.t, cur, name) })
 }
 
 // archive archives cur in Coder and drops it from the watch cache.
