@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -33,6 +34,9 @@ type TemplateVersionStorage struct {
 	genericStore
 	// coderd archives a version at once.
 	deletedAtOnce[*aggv1.CoderTemplateVersion]
+	// templateIDs holds, per coderd (target.coderdKey), the IDs of the
+	// templates its last list found ([]uuid.UUID).
+	templateIDs sync.Map
 	tpls *TemplateStorage
 }
 
@@ -69,28 +73,75 @@ func (s *TemplateVersionStorage) GetSingularName() string { return "codertemplat
 func (s *TemplateVersionStorage) ShortNames() []string    { return []string{"ctv"} }
 
 // listVersions reads every non-archived version of every template of one
-// coderd: the templates, then each template's versions (one request
-// each: coderd's versions list is unpaginated without a limit). Sources
-// and ended versions' variables come from the caches templates share.
+// coderd: the templates, and each template's versions (one request each:
+// coderd's versions list is unpaginated without a limit). coderd's
+// templates list is as slow as the versions lists together (it computes
+// each template's statistics), so the versions of the templates the last
+// list found are read while it runs; a template it finds that is new is
+// read after it. What is served is as of the templates list: a template
+// gone since has no versions. Sources and ended versions' variables come
+// from the caches templates share.
 func (s *TemplateVersionStorage) listVersions(ctx context.Context, t target) ([]watchcache.Object, error) {
 	started := time.Now()
-	tpls, err := t.Client.Templates(ctx, codersdk.TemplateFilter{})
-	if err != nil {
-		return nil, fmt.Errorf("list templates: %w", err)
-	}
-	perTemplate := make([][]watchcache.Object, len(tpls))
 	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(coderapi.MaxParallel + 1)
+	var mu sync.Mutex
+	read := map[uuid.UUID][]codersdk.TemplateVersion{}
+	listOf := func(id uuid.UUID) func() error {
+		return func() error {
+			vs, err := t.Client.TemplateVersionsByTemplate(gctx, codersdk.TemplateVersionsByTemplateRequest{TemplateID: id})
+			if coderapi.IsNotFound(err) {
+				// Deleted meanwhile.
+				err, vs = nil, nil
+			}
+			if err != nil {
+				return fmt.Errorf("list versions of template %s: %w", id, err)
+			}
+			mu.Lock()
+			read[id] = vs
+			mu.Unlock()
+			return nil
+		}
+	}
+	var tpls []codersdk.Template
+	g.Go(func() error {
+		var err error
+		if tpls, err = t.Client.Templates(gctx, codersdk.TemplateFilter{}); err != nil {
+			return fmt.Errorf("list templates: %w", err)
+		}
+		return nil
+	})
+	for _, id := range s.knownTemplates(t) {
+		g.Go(listOf(id))
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	ids := make([]uuid.UUID, len(tpls))
+	var missing []uuid.UUID
+	for i, tpl := range tpls {
+		ids[i] = tpl.ID
+		if _, ok := read[tpl.ID]; !ok {
+			missing = append(missing, tpl.ID)
+		}
+	}
+	g, gctx = errgroup.WithContext(ctx)
+	g.SetLimit(coderapi.MaxParallel)
+	for _, id := range missing {
+		g.Go(listOf(id))
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	s.templateIDs.Store(t.coderdKey(), ids)
+	// Converted per template at once: a version seen for the first time
+	// costs a request for its variables.
+	perTemplate := make([][]watchcache.Object, len(tpls))
+	g, gctx = errgroup.WithContext(ctx)
 	g.SetLimit(coderapi.MaxParallel)
 	for i := range tpls {
 		g.Go(func() error {
-			vs, err := t.Client.TemplateVersionsByTemplate(gctx, codersdk.TemplateVersionsByTemplateRequest{TemplateID: tpls[i].ID})
-			if coderapi.IsNotFound(err) {
-				// Deleted since the templates were listed.
-				return nil
-			}
-			if err != nil {
-				return fmt.Errorf("list versions of template %s: %w", tpls[i].Name, err)
-			}
+			vs := read[tpls[i].ID]
 			for j := range vs {
 				obj, err := s.convert(gctx, t, &tpls[i], &vs[j], nil)
 				if err != nil {
@@ -114,6 +165,14 @@ func (s *TemplateVersionStorage) listVersions(ctx context.Context, t target) ([]
 		return nil, err
 	}
 	return out, nil
+}
+
+// knownTemplates are the IDs of the templates the last list of t's
+// coderd found.
+func (s *TemplateVersionStorage) knownTemplates(t target) []uuid.UUID {
+	ids, _ := s.templateIDs.Load(t.coderdKey())
+	l, _ := ids.([]uuid.UUID)
+	return l
 }
 
 // convert is the view of version v of tpl, showing the variables applied
