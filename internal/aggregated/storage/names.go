@@ -143,10 +143,6 @@ func (n templateVersionName) String(prefixed bool) string {
 	return joinName(prefixed, n.ControlPlane, n.Org, n.Template, n.Version)
 }
 
-func (n templateVersionName) template() templateObjectName {
-	return templateObjectName{ControlPlane: n.ControlPlane, Org: n.Org, Name: n.Template}
-}
-
 // parseTemplateVersionName reads an object name of a namespace whose
 // names carry the control plane prefix when prefixed (it has several).
 // Version names may contain dots, so the parts after the template are the
