@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -207,7 +208,14 @@ func (s *TemplateVersionStorage) convert(ctx context.Context, t target, tpl *cod
 		return nil, fmt.Errorf("template version %s: %w", obj.Name, err)
 	}
 	obj.Spec.Variables, obj.Status.Variables = view.Spec.Variables, view.Status.Variables
-	obj.Status.Conditions = append(obj.Status.Conditions, view.Status.Conditions...)
+	for _, c := range view.Status.Conditions {
+		if c.Type == aggv1.ConditionSecretsCurrent && c.Reason == aggv1.ReasonSecretChanged {
+			// A version is never rebuilt: say what to do instead.
+			c.Message, _, _ = strings.Cut(c.Message, "; the next apply")
+			c.Message += "; this version keeps the value it was built with: create a new version for the current one"
+		}
+		obj.Status.Conditions = append(obj.Status.Conditions, c)
+	}
 	return obj, nil
 }
 
