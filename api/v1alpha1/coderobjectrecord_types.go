@@ -12,7 +12,7 @@ const (
 )
 
 // CoderObjectRecordSpec is what Kubernetes knows about one aggregated
-// object (a coderworkspace or codertemplate) that Coder has nowhere to
+// object (a coderworkspace, codertemplate or codertemplateversion) that Coder has nowhere to
 // keep: its Kubernetes metadata, its generation and, for a template, the
 // build in progress. The aggregated API server owns these records; users
 // do not edit them.
@@ -150,7 +150,7 @@ type TemplateBuildRecord struct {
 }
 
 // CoderObjectRecord is the aggregated API server's record of one
-// coderworkspace or codertemplate: Kubernetes metadata that Coder does
+// coderworkspace, codertemplate or codertemplateversion: Kubernetes metadata that Coder does
 // not store, keyed by the Coder object's UUID so that a rename in Coder
 // keeps it.
 //
