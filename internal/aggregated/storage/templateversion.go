@@ -38,7 +38,7 @@ type TemplateVersionStorage struct {
 	// templateIDs holds, per coderd (target.coderdKey), the IDs of the
 	// templates its last list found ([]uuid.UUID).
 	templateIDs sync.Map
-	tpls *TemplateStorage
+	tpls        *TemplateStorage
 }
 
 // NewTemplateVersions returns the codertemplateversions storage, sharing
