@@ -216,7 +216,7 @@ func (s *TemplateVersionStorage) Update(ctx context.Context, name string, objInf
 }
 
 // immutableVersion says what cannot change and what to do instead.
-const immutableVersion = "a template version's files, variables and provisioner tags are what coderd built and cannot change; create a new CoderTemplateVersion (delete this one to archive it). Its name is its object name: rename it in Coder (coder templates versions ...), and it is served under the new name"
+const immutableVersion = "a template version's files, variables and provisioner tags are what coderd built and cannot change; create a new CoderTemplateVersion (delete this one to archive it). Its name is its object name: rename it in Coder (PATCH /api/v2/templateversions/{id} with a new name), and it is served under that name"
 
 func (s *TemplateVersionStorage) validateUpdate(next, cur *aggv1.CoderTemplateVersion, name string) field.ErrorList {
 	errs := validateSameObject("template version", name, next.Name, cur.Spec.Organization, next.Spec.Organization)
