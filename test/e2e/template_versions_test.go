@@ -242,6 +242,24 @@ spec:
 		watch.waitLine(t, 30*time.Second, "DELETED", old)
 	})
 
+	t.Run("renamed in Coder (to a name with dots), served under the new name with its metadata", func(t *testing.T) {
+		needV2(t)
+		if _, err := s.coder.Client.UpdateTemplateVersion(ctx, uuid.MustParse(v2.Status.ID), codersdk.PatchTemplateVersionRequest{Name: "v2.1"}); err != nil {
+			t.Fatal(err)
+		}
+		got := get(t, objName("v2.1"))
+		if got.Status.ID != v2.Status.ID || got.Labels["stage"] != "canary" || got.Annotations["note"] != "kept" || !got.Status.Active {
+			t.Errorf("renamed version: id %s labels %v annotations %v active %v", got.Status.ID, got.Labels, got.Annotations, got.Status.Active)
+		}
+		if out, err := s.run("get", "ctv", objName("v2"), "-n", s.ns); err == nil || !strings.Contains(out, "NotFound") {
+			t.Errorf("the old name: %v %s, want NotFound", err, out)
+		}
+		out := s.must(t, "get", "ctv", "-n", s.ns, "--field-selector", "status.active=true", "-o", "name")
+		if strings.TrimSpace(out) != "codertemplateversion.aggregation.coder.com/"+objName("v2.1") {
+			t.Errorf("--field-selector status.active=true: %q", out)
+		}
+	})
+
 	t.Run("a member sees what Coder shows them and may not create versions", func(t *testing.T) {
 		if _, err := s.coder.Client.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
 			Email: "member@example.com", Username: "member", Password: "SomeSecurePassword!1",
@@ -266,8 +284,8 @@ spec:
 				t.Errorf("member sees the files of %s", it.Name)
 			}
 		}
-		if !names[objName("v2")] {
-			t.Errorf("member's list %v lacks %s (Coder shows members every template of their organization)", slicesOf(names), objName("v2"))
+		if !names[objName("v2.1")] {
+			t.Errorf("member's list %v lacks %s (Coder shows members every template of their organization)", slicesOf(names), objName("v2.1"))
 		}
 		before := versionCount(t)
 		for _, dryRun := range []string{"--dry-run=server", "--dry-run=none"} {
