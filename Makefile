@@ -135,6 +135,10 @@ bench-controller: tools build ## 100 CoderControlPlanes: time to converge vs wri
 bench-aggregated: tools build ## 300 real workspaces: aggregated LIST vs coderd, kubectl get cws -A vs coder list --all (tables, then -o json), watch latency at the default poll interval (30 changes at seeded random offsets, BENCH_SEED; about 7 minutes) and coderd load, RSS.
 	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^Aggregated$$' -benchtime 1x -timeout 40m
 
+.PHONY: bench-versions
+bench-versions: tools build ## 300 template versions (3 echo templates): LIST of codertemplateversions through kube-apiserver vs coderd's versions lists of the same templates (target ≤ 1.2), with a breakdown.
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkTemplateVersions$$' -benchtime 1x -timeout 20m
+
 .PHONY: bench-mcp
 bench-mcp: tools build ## list_workspaces over MCP vs a LIST ?resourceVersion=0 through the aggregated API with a watch open (both from the watch cache), and cold (cache stale) vs a plain LIST (300 workspaces); tool calls/s with 10 clients.
 	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^MCP$$' -benchtime 1x -timeout 40m

@@ -6,19 +6,20 @@ import (
 
 // Resources a CoderObjectRecord can describe.
 const (
-	RecordResourceWorkspaces = "coderworkspaces"
-	RecordResourceTemplates  = "codertemplates"
+	RecordResourceWorkspaces       = "coderworkspaces"
+	RecordResourceTemplates        = "codertemplates"
+	RecordResourceTemplateVersions = "codertemplateversions"
 )
 
 // CoderObjectRecordSpec is what Kubernetes knows about one aggregated
-// object (a coderworkspace or codertemplate) that Coder has nowhere to
+// object (a coderworkspace, codertemplate or codertemplateversion) that Coder has nowhere to
 // keep: its Kubernetes metadata, its generation and, for a template, the
 // build in progress. The aggregated API server owns these records; users
 // do not edit them.
 type CoderObjectRecordSpec struct {
-	// Resource is the aggregated resource: coderworkspaces or
-	// codertemplates.
-	// +kubebuilder:validation:Enum=coderworkspaces;codertemplates
+	// Resource is the aggregated resource: coderworkspaces,
+	// codertemplates or codertemplateversions.
+	// +kubebuilder:validation:Enum=coderworkspaces;codertemplates;codertemplateversions
 	Resource string `json:"resource"`
 	// ControlPlane is the CoderControlPlane (in the record's namespace)
 	// whose coderd holds the object; empty for the static backend.
@@ -175,7 +176,7 @@ type TemplateBuildRecord struct {
 }
 
 // CoderObjectRecord is the aggregated API server's record of one
-// coderworkspace or codertemplate: Kubernetes metadata that Coder does
+// coderworkspace, codertemplate or codertemplateversion: Kubernetes metadata that Coder does
 // not store, keyed by the Coder object's UUID so that a rename in Coder
 // keeps it.
 //

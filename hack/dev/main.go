@@ -567,7 +567,7 @@ func mcpAgentToken(ctx context.Context, kube *testenv.KubeAPI) (string, error) {
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: mcpAgent, Namespace: serviceNamespace}},
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: role}, Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{"coder.com"}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list"}},
-			{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces", "codertemplates"}, Verbs: []string{"get", "list", "patch", "delete"}},
+			{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces", "codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "patch", "delete"}},
 			{APIGroups: []string{""}, Resources: []string{"pods", "pods/log", "events", "services"}, Verbs: []string{"get", "list"}},
 			{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get"}},
 		}},

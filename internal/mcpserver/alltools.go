@@ -6,6 +6,7 @@ func (s *Server) allTools() []tool {
 	var all []tool
 	all = append(all, s.controlPlaneTools()...)
 	all = append(all, s.templateTools()...)
+	all = append(all, s.templateVersionTools()...)
 	all = append(all, s.workspaceTools()...)
 	all = append(all, s.eventTools()...)
 	all = append(all, s.logTools()...)

@@ -29,10 +29,10 @@ import (
 var shippedUserRoles = map[string][]rbacv1.PolicyRule{
 	"workspace-user": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
-		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "watch"}},
 	},
 	"template-author": {
-		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces"}, Verbs: []string{"get", "list", "watch"}},
 	},
 }

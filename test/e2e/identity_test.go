@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -346,15 +344,7 @@ func testIdentityWritesAsCaller(t *testing.T, env *identityEnv) {
 func testIdentityClients(t *testing.T, env *identityEnv) {
 	ctx, s, users, coderWorkspaces := env.ctx, env.s, env.users, env.coderWorkspaces
 	want := coderWorkspaces(t, "alice")
-	kubeconfig, err := s.k.UserKubeconfig("alice@example.com", "devs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "alice.kubeconfig")
-	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r, err := testenv.Kubectl{Path: s.kubectl, Flags: []string{"--kubeconfig", path}}.Run(ctx, "", "get", "cws", "-n", s.ns, "-o", "name")
+	r, err := s.kubectlAs(t, "alice@example.com", "devs", "").Run(ctx, "", "get", "cws", "-n", s.ns, "-o", "name")
 	if err != nil {
 		t.Fatalf("kubectl as alice: %v", err)
 	}

@@ -54,6 +54,7 @@ func TestMCP(t *testing.T) {
 		{"authentication: no or a bad token is HTTP 401", testMCPAuthentication},
 		{"authorization: calls run with the caller's RBAC", testMCPAuthorization},
 		{"list_templates and get_template, with source files capped", testMCPTemplates},
+		{"list_template_versions lists a template's versions as coderd has them", testMCPTemplateVersions},
 		{"list_workspaces filters and pages; get_workspace matches coderd", testMCPListWorkspaces},
 		{"set_workspace_running stops and starts a workspace in coderd", testMCPSetWorkspaceRunning},
 		{"delete_workspace deletes the workspace in coderd", testMCPDeleteWorkspace},
@@ -124,7 +125,7 @@ func newMCPEnv(t *testing.T) *mcpEnv {
 	nobodyToken := e2eMCPServiceAccountToken(t, s, "nobody")
 	readerToken := e2eMCPServiceAccountToken(t, s, "reader")
 	e2eMCPGrant(t, s, "agent", "", []rbacv1.PolicyRule{
-		{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderworkspaces", "codertemplates"}, Verbs: []string{"get", "list", "watch", "update", "patch", "delete"}},
+		{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderworkspaces", "codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "watch", "update", "patch", "delete"}},
 		{APIGroups: []string{coderv1alpha1.GroupVersion.Group}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"events", "pods", "pods/log", "services"}, Verbs: []string{"get", "list"}},
 		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get", "list"}},
@@ -187,8 +188,8 @@ func testMCPToolsList(t *testing.T, env *mcpEnv) {
 		t.Fatal(err)
 	}
 	wantNames := []string{"delete_workspace", "get_control_plane", "get_control_plane_rollout", "get_control_plane_service", "get_pod_logs",
-		"get_template", "get_workspace", "health", "list_control_plane_pods", "list_control_planes", "list_events", "list_templates",
-		"list_workspaces", "set_workspace_running"}
+		"get_template", "get_workspace", "health", "list_control_plane_pods", "list_control_planes", "list_events", "list_template_versions",
+		"list_templates", "list_workspaces", "set_workspace_running"}
 	if names := e2eMCPToolNames(golden); !slices.Equal(names, wantNames) {
 		t.Errorf("golden tools %v, want %v", names, wantNames)
 	}
@@ -321,6 +322,34 @@ func testMCPAuthorization(t *testing.T, env *mcpEnv) {
 		}
 		return nil
 	})
+}
+
+// testMCPTemplateVersions checks list_template_versions against coderd:
+// every version of template base, the active one marked, with its author.
+func testMCPTemplateVersions(t *testing.T, env *mcpEnv) {
+	ctx, s, agent := context.Background(), env.s, env.agent
+	tpl, err := s.coder.Client.TemplateByName(ctx, s.coder.OrganizationID, "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs, err := s.coder.Client.TemplateVersionsByTemplate(ctx, codersdk.TemplateVersionsByTemplateRequest{TemplateID: tpl.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, v := range vs {
+		want = append(want, fmt.Sprintf("coder.base.%s %s %v %s", v.Name, v.CreatedBy.Username, v.ID == tpl.ActiveVersionID, v.Job.Status))
+	}
+	sort.Strings(want)
+	var l mcpserver.TemplateVersionList
+	e2eMCPMust(t, agent.call(t, "list_template_versions", map[string]any{"namespace": s.ns, "template": "base"}, &l))
+	var got []string
+	for _, r := range l.Items {
+		got = append(got, fmt.Sprintf("%s %s %v %s", r.Name, r.CreatedBy, r.Active, r.BuildStatus))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("list_template_versions template base: %v, want %v", got, want)
+	}
 }
 
 // testMCPTemplates checks that list_templates and get_template match coderd, page, and cap the
@@ -648,6 +677,7 @@ func testMCPBadInput(t *testing.T, env *mcpEnv) {
 			[]string{"running", "The arguments must match this JSON schema", `"waitSeconds"`}},
 		{"ill-typed filter", "list_workspaces", map[string]any{"running": "yes"}, []string{"running", "The arguments must match this JSON schema", `"template"`}},
 		{"ill-typed limit", "list_templates", map[string]any{"limit": "ten"}, []string{"limit", "The arguments must match this JSON schema"}},
+		{"bad template name", "list_template_versions", map[string]any{"template": "not a name"}, []string{`template "not a name" is not a Coder template name`}},
 		{"missing required argument", "get_workspace", map[string]any{"namespace": s.ns}, []string{"name", "The arguments must match this JSON schema"}},
 		{"missing required running", "set_workspace_running", map[string]any{"namespace": s.ns, "name": wsName("ws-run")}, []string{"running", "The arguments must match this JSON schema"}},
 		{"empty name", "get_workspace", map[string]any{"namespace": s.ns, "name": ""}, []string{"name is required"}},

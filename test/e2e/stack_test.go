@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -694,6 +695,33 @@ func (w *lineWatcher) waitLine(t *testing.T, timeout time.Duration, parts ...str
 	defer w.mu.Unlock()
 	t.Fatalf("no line with %q within %s; got:\n%s", parts, timeout, strings.Join(w.lines, "\n"))
 	return ""
+}
+
+// kubectlAs is kubectl as Kubernetes user (a client certificate, in
+// group), granted rules in the stack's namespace by a Role and
+// RoleBinding named role (none without rules).
+func (s *aggStack) kubectlAs(t *testing.T, user, group, role string, rules ...rbacv1.PolicyRule) testenv.Kubectl {
+	t.Helper()
+	if len(rules) > 0 {
+		r := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: role, Namespace: s.ns}, Rules: rules}
+		binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role, Namespace: s.ns},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}
+		for _, o := range []client.Object{r, binding} {
+			if err := s.c.Create(context.Background(), o); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	kubeconfig, err := s.k.UserKubeconfig(user, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "user.kubeconfig")
+	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return testenv.Kubectl{Path: s.kubectl, Flags: []string{"--kubeconfig", path}}
 }
 
 // writeManifest writes a manifest to a temporary file for kubectl -f.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -271,25 +270,8 @@ spec:
 		if _, err := s.coder.Client.UpdateUserRoles(ctx, "dev", codersdk.UpdateRoles{Roles: []string{codersdk.RoleTemplateAdmin}}); err != nil {
 			t.Fatal(err)
 		}
-		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "template-writer", Namespace: s.ns},
-			Rules: []rbacv1.PolicyRule{{APIGroups: []string{aggv1.GroupName}, Resources: []string{"codertemplates"}, Verbs: []string{"*"}}}}
-		binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "template-writer", Namespace: s.ns},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "dev@example.com"}}}
-		for _, o := range []client.Object{role, binding} {
-			if err := s.c.Create(ctx, o); err != nil {
-				t.Fatal(err)
-			}
-		}
-		kubeconfig, err := s.k.UserKubeconfig("dev@example.com", "devs")
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join(t.TempDir(), "dev.kubeconfig")
-		if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		dev := testenv.Kubectl{Path: s.kubectl, Flags: []string{"--kubeconfig", path}}
+		dev := s.kubectlAs(t, "dev@example.com", "devs", "template-writer",
+			rbacv1.PolicyRule{APIGroups: []string{aggv1.GroupName}, Resources: []string{"codertemplates"}, Verbs: []string{"*"}})
 		before := versionCount(t)
 		m := manifest(fromSecret)
 		for _, dryRun := range []string{"--dry-run=server", "--dry-run=none"} {

@@ -77,10 +77,26 @@ func TemplateFields(t *CoderTemplate) fields.Set {
 	}
 }
 
+// TemplateVersionFields returns the fields a CoderTemplateVersion can be
+// selected by with --field-selector.
+func TemplateVersionFields(v *CoderTemplateVersion) fields.Set {
+	return fields.Set{
+		"metadata.name":      v.Name,
+		"metadata.namespace": v.Namespace,
+		"spec.organization":  v.Spec.Organization,
+		"spec.template":      v.Spec.Template,
+		"status.buildStatus": v.Status.BuildStatus,
+		"status.active":      strconv.FormatBool(v.Status.Active),
+		"status.id":          v.Status.ID,
+		"status.templateID":  v.Status.TemplateID,
+	}
+}
+
 func addFieldLabelConversions(scheme *runtime.Scheme) error {
 	for kind, set := range map[string]fields.Set{
-		"CoderWorkspace": WorkspaceFields(&CoderWorkspace{}),
-		"CoderTemplate":  TemplateFields(&CoderTemplate{}),
+		"CoderWorkspace":       WorkspaceFields(&CoderWorkspace{}),
+		"CoderTemplate":        TemplateFields(&CoderTemplate{}),
+		"CoderTemplateVersion": TemplateVersionFields(&CoderTemplateVersion{}),
 	} {
 		if err := scheme.AddFieldLabelConversionFunc(SchemeGroupVersion.WithKind(kind), fieldLabelConversion(kind, set)); err != nil {
 			return err

@@ -30,6 +30,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 	scheme.AddKnownTypes(SchemeGroupVersion,
 		&CoderWorkspace{}, &CoderWorkspaceList{},
 		&CoderTemplate{}, &CoderTemplateList{},
+		&CoderTemplateVersion{}, &CoderTemplateVersionList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

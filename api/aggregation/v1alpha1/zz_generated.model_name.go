@@ -36,6 +36,26 @@ func (in CoderTemplateStatus) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderTemplateVersion) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderTemplateVersion"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderTemplateVersionList) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderTemplateVersionList"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderTemplateVersionSpec) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderTemplateVersionSpec"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderTemplateVersionStatus) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderTemplateVersionStatus"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in CoderWorkspace) OpenAPIModelName() string {
 	return "com.coder.aggregation.v1alpha1.CoderWorkspace"
 }

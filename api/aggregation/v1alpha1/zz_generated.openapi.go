@@ -21,6 +21,10 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		CoderTemplateList{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateList(ref),
 		CoderTemplateSpec{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateSpec(ref),
 		CoderTemplateStatus{}.OpenAPIModelName():          schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateStatus(ref),
+		CoderTemplateVersion{}.OpenAPIModelName():         schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersion(ref),
+		CoderTemplateVersionList{}.OpenAPIModelName():     schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionList(ref),
+		CoderTemplateVersionSpec{}.OpenAPIModelName():     schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionSpec(ref),
+		CoderTemplateVersionStatus{}.OpenAPIModelName():   schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionStatus(ref),
 		CoderWorkspace{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspace(ref),
 		CoderWorkspaceList{}.OpenAPIModelName():           schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceList(ref),
 		CoderWorkspaceSpec{}.OpenAPIModelName():           schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceSpec(ref),
@@ -615,6 +619,309 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateStatus(ref common.Re
 						},
 						SchemaProps: spec.SchemaProps{
 							Description: "Conditions: Ready (the active version built successfully) and, when a variable's value came from a Secret, SecretsCurrent.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(v1.Condition{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			TemplateVariableStatus{}.OpenAPIModelName(), v1.Condition{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersion(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderTemplateVersion is one version of a Coder template seen through Kubernetes. Its name is <organization>.<template>.<version>, or <control plane>.<organization>.<template>.<version> when the namespace has more than one control plane. Coder version names may contain dots (v1.2.3): everything after the template part is the version name, and whether the first part is a control plane is decided by the namespace (prefixed exactly when it has several control planes). Creating one uploads a staging version that builds in the background and is never made active by itself; deleting one archives it in Coder.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ObjectMeta{}.OpenAPIModelName()),
+						},
+					},
+					"spec": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Spec is the version as uploaded.",
+							Default:     map[string]interface{}{},
+							Ref:         ref(CoderTemplateVersionSpec{}.OpenAPIModelName()),
+						},
+					},
+					"status": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Status is the version as coderd reports it.",
+							Default:     map[string]interface{}{},
+							Ref:         ref(CoderTemplateVersionStatus{}.OpenAPIModelName()),
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			CoderTemplateVersionSpec{}.OpenAPIModelName(), CoderTemplateVersionStatus{}.OpenAPIModelName(), v1.ObjectMeta{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionList(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderTemplateVersionList is a list of template versions.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ListMeta{}.OpenAPIModelName()),
+						},
+					},
+					"items": {
+						SchemaProps: spec.SchemaProps{
+							Type: []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(CoderTemplateVersion{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"items"},
+			},
+		},
+		Dependencies: []string{
+			CoderTemplateVersion{}.OpenAPIModelName(), v1.ListMeta{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionSpec(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderTemplateVersionSpec is what a user sets on a template version. Only spec.message can change after a create: a version's files, variables and provisioner tags are what coderd built, and a version's name is its object name.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"organization": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Organization is the Coder organization name. It is part of the object name; when set it must agree with it.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"template": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Template is the Coder template's name. It is part of the object name; when set it must agree with it.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"message": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Message describes the version (Coder's version message).",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"files": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Files is the version's source: path relative to the template root → file content, with the limits of CoderTemplate's spec.files. Required on create; shown to those who may update every template of the organization.",
+							Type:        []string{"object"},
+							AdditionalProperties: &spec.SchemaOrBool{
+								Allows: true,
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Type:   []string{"string"},
+										Format: "",
+									},
+								},
+							},
+						},
+					},
+					"variables": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"name",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Variables are the values of the version's Terraform variables, as CoderTemplate's spec.variables: what is listed is what the version gets, every other declared variable gets its default.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(TemplateVariable{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+					"provisionerTags": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ProvisionerTags select the provisioners that build the version. coderd adds scope and owner when they are not given; those defaults (scope organization, no owner) are not shown.",
+							Type:        []string{"object"},
+							AdditionalProperties: &spec.SchemaOrBool{
+								Allows: true,
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Type:   []string{"string"},
+										Format: "",
+									},
+								},
+							},
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			TemplateVariable{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionStatus(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderTemplateVersionStatus is the version as coderd reports it.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"id": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ID is the Coder template version ID.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"templateID": {
+						SchemaProps: spec.SchemaProps{
+							Description: "TemplateID is the Coder template ID.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"organizationID": {
+						SchemaProps: spec.SchemaProps{
+							Description: "OrganizationID is the Coder organization ID.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"createdBy": {
+						SchemaProps: spec.SchemaProps{
+							Description: "CreatedBy is the Coder username of the version's author.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"createdAt": {
+						SchemaProps: spec.SchemaProps{
+							Description: "CreatedAt is when coderd created the version.",
+							Ref:         ref(v1.Time{}.OpenAPIModelName()),
+						},
+					},
+					"buildStatus": {
+						SchemaProps: spec.SchemaProps{
+							Description: "BuildStatus is the status of the version's import job: pending, running, succeeded, canceling, canceled or failed.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"buildError": {
+						SchemaProps: spec.SchemaProps{
+							Description: "BuildError is that job's error message when it failed.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"active": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Active says the version is its template's active version.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"variables": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"name",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Variables are the version's Terraform variables as Coder reports them (never a value).",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(TemplateVariableStatus{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+					"observedGeneration": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ObservedGeneration is the metadata.generation this status describes.",
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
+					"conditions": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"type",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Conditions: Ready (True once the version built; False with reason Building or BuildFailed and coderd's error) and, when a variable's value came from a Secret, SecretsCurrent.",
 							Type:        []string{"array"},
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{

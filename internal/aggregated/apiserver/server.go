@@ -58,6 +58,7 @@ type Server struct {
 	codecs     serializer.CodecFactory
 	workspaces *storage.WorkspaceStorage
 	templates  *storage.TemplateStorage
+	versions   *storage.TemplateVersionStorage
 	records    *records.Store
 	identity   *identity.Service
 	admission  *admission.Options
@@ -124,7 +125,8 @@ func New(o Options) (*Server, error) {
 	// are the internal types too: with one version there is nothing to
 	// convert, and the scheme maps between the two kinds without copying.
 	scheme.AddKnownTypes(schema.GroupVersion{Group: aggv1.GroupName, Version: runtime.APIVersionInternal},
-		&aggv1.CoderWorkspace{}, &aggv1.CoderWorkspaceList{}, &aggv1.CoderTemplate{}, &aggv1.CoderTemplateList{})
+		&aggv1.CoderWorkspace{}, &aggv1.CoderWorkspaceList{}, &aggv1.CoderTemplate{}, &aggv1.CoderTemplateList{},
+		&aggv1.CoderTemplateVersion{}, &aggv1.CoderTemplateVersionList{})
 	// The meta types every API server serves (Status, discovery documents,
 	// list and watch options) regardless of its own groups.
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
@@ -149,6 +151,10 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("codertemplates storage: %w", err)
 	}
+	versions, err := storage.NewTemplateVersions(so, templates)
+	if err != nil {
+		return nil, fmt.Errorf("codertemplateversions storage: %w", err)
+	}
 	return &Server{
 		bindAddress:    o.BindAddress,
 		securePort:     o.SecurePort,
@@ -162,6 +168,7 @@ func New(o Options) (*Server, error) {
 		codecs:         serializer.NewCodecFactory(scheme),
 		workspaces:     workspaces,
 		templates:      templates,
+		versions:       versions,
 		records:        o.Records,
 		identity:       ident,
 		admission:      o.Admission,
@@ -212,6 +219,7 @@ func (s *Server) Start(ctx context.Context) error {
 	defer func() { stopPolling(); pollers.Wait() }()
 	pollers.Go(func() { s.workspaces.Run(pollCtx) })
 	pollers.Go(func() { s.templates.Run(pollCtx) })
+	pollers.Go(func() { s.versions.Run(pollCtx) })
 	// The callers' tokens outlive the requests that use them: they are
 	// revoked once the server has drained (RunWithContext returned).
 	var tokens sync.WaitGroup
@@ -319,8 +327,9 @@ func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer,
 	}
 	group := genericapiserver.NewDefaultAPIGroupInfo(aggv1.GroupName, s.scheme, metav1.ParameterCodec, s.codecs)
 	group.VersionedResourcesStorageMap[aggv1.SchemeGroupVersion.Version] = map[string]rest.Storage{
-		"coderworkspaces": s.workspaces,
-		"codertemplates":  s.templates,
+		"coderworkspaces":       s.workspaces,
+		"codertemplates":        s.templates,
+		"codertemplateversions": s.versions,
 	}
 	if err := gs.InstallAPIGroup(&group); err != nil {
 		return nil, fmt.Errorf("install %s: %w", aggv1.GroupName, err)

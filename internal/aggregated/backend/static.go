@@ -130,7 +130,7 @@ func NewStaticProvider(o StaticOptions, kube kubernetes.Interface, log logr.Logg
 	}
 	p.client = coderapi.NewClient(u, p.token, o.CoderTimeout, staticTarget)
 	if !rules.Mapped() {
-		p.log.Info("WARNING: identity mode Operator: every caller of coderworkspaces and codertemplates in namespace " + o.Namespace +
+		p.log.Info("WARNING: identity mode Operator: every caller of coderworkspaces, codertemplates and codertemplateversions in namespace " + o.Namespace +
 			" acts in Coder as the session token's user, so whoever Kubernetes RBAC lets read or change them there reads and changes what that user may in Coder")
 	}
 

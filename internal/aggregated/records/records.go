@@ -33,7 +33,7 @@ type Record = coderv1alpha1.CoderObjectRecord
 type Key struct {
 	// Namespace is the aggregated object's namespace.
 	Namespace string
-	// Resource is coderworkspaces or codertemplates.
+	// Resource is coderworkspaces, codertemplates or codertemplateversions.
 	Resource string
 	// ControlPlane is the control plane's name; empty for the static
 	// backend.

@@ -72,23 +72,7 @@ var workspaceAccess = access{
 var templateAccess = access{
 	checks: func(o watchcache.Object) (objectChecks, bool) {
 		tpl := o.(*aggv1.CoderTemplate)
-		id, err1 := uuid.Parse(tpl.Status.ID)
-		org, err2 := uuid.Parse(tpl.Status.OrganizationID)
-		if err1 != nil || err2 != nil {
-			return objectChecks{}, false
-		}
-		// By ID, so that coderd applies the template's user and group
-		// ACLs; unless the caller may read every template of the
-		// organization.
-		read := identity.Check{Resource: codersdk.ResourceTemplate, Action: codersdk.ActionRead, ResourceID: id}
-		update := read
-		update.Action = codersdk.ActionUpdate
-		readAll := identity.Check{Resource: codersdk.ResourceTemplate, Action: codersdk.ActionRead, OrganizationID: org}
-		// The files are shown to those who may update every template of
-		// the organization (template and organization admins, owners).
-		updateAll := readAll
-		updateAll.Action = codersdk.ActionUpdate
-		return objectChecks{read: read, update: update, readAll: &readAll, updateAll: &updateAll}, true
+		return templateChecks(tpl.Status.ID, tpl.Status.OrganizationID)
 	},
 	redact: func(o watchcache.Object) watchcache.Object {
 		tpl := o.(*aggv1.CoderTemplate)
@@ -96,6 +80,45 @@ var templateAccess = access{
 			return tpl
 		}
 		c := *tpl
+		c.Spec.Files = nil
+		return &c
+	},
+}
+
+// templateChecks are the checks of template templateID of organization
+// org: what a template, and each of its versions, is shown by (coderd
+// authorizes a version as its template).
+func templateChecks(templateID, org string) (objectChecks, bool) {
+	id, err1 := uuid.Parse(templateID)
+	orgID, err2 := uuid.Parse(org)
+	if err1 != nil || err2 != nil {
+		return objectChecks{}, false
+	}
+	// By ID, so that coderd applies the template's user and group
+	// ACLs; unless the caller may read every template of the
+	// organization.
+	read := identity.Check{Resource: codersdk.ResourceTemplate, Action: codersdk.ActionRead, ResourceID: id}
+	update := read
+	update.Action = codersdk.ActionUpdate
+	readAll := identity.Check{Resource: codersdk.ResourceTemplate, Action: codersdk.ActionRead, OrganizationID: orgID}
+	// The files are shown to those who may update every template of
+	// the organization (template and organization admins, owners).
+	updateAll := readAll
+	updateAll.Action = codersdk.ActionUpdate
+	return objectChecks{read: read, update: update, readAll: &readAll, updateAll: &updateAll}, true
+}
+
+var templateVersionAccess = access{
+	checks: func(o watchcache.Object) (objectChecks, bool) {
+		v := o.(*aggv1.CoderTemplateVersion)
+		return templateChecks(v.Status.TemplateID, v.Status.OrganizationID)
+	},
+	redact: func(o watchcache.Object) watchcache.Object {
+		v := o.(*aggv1.CoderTemplateVersion)
+		if v.Spec.Files == nil {
+			return v
+		}
+		c := *v
 		c.Spec.Files = nil
 		return &c
 	},

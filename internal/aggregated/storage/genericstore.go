@@ -1,5 +1,5 @@
 // Package storage holds the REST storage of the aggregated API's
-// resources, coderworkspaces and codertemplates: each request is served by
+// resources, coderworkspaces, codertemplates and codertemplateversions: each request is served by
 // calling the coderd of the namespace's control plane, and a shared watch
 // cache turns coderd's state into watch events.
 package storage

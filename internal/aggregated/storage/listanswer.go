@@ -64,6 +64,30 @@ func (s *TemplateStorage) listOf(objs []watchcache.Listed, rv string) runtime.Ob
 
 func (l *templateList) GetObject() runtime.Object { return l.CoderTemplateList.DeepCopy() }
 
+// templateVersionList is a LIST answer of codertemplateversions.
+type templateVersionList struct {
+	aggv1.CoderTemplateVersionList
+	listed []watchcache.Listed
+}
+
+var _ runtime.CacheableObject = (*templateVersionList)(nil)
+
+func (l *templateVersionList) CacheEncode(id runtime.Identifier, encode func(runtime.Object, io.Writer) error, w io.Writer) error {
+	empty := &aggv1.CoderTemplateVersionList{TypeMeta: l.TypeMeta, ListMeta: l.ListMeta, Items: []aggv1.CoderTemplateVersion{}}
+	return encodeListed(id, encode, w, &l.CoderTemplateVersionList, len(l.Items), empty, l.listed)
+}
+
+func (l *templateVersionList) GetObject() runtime.Object {
+	return l.CoderTemplateVersionList.DeepCopy()
+}
+
+func (s *TemplateVersionStorage) listOf(objs []watchcache.Listed, rv string) runtime.Object {
+	return &templateVersionList{
+		CoderTemplateVersionList: aggv1.CoderTemplateVersionList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderTemplateVersion](objs)},
+		listed:                   objs,
+	}
+}
+
 // listItems turns a list's objects (each a *T) into a typed list's
 // items: shallow copies, which share the cache's maps and slices, as
 // kube-apiserver's own watch cache answers lists; the API server only

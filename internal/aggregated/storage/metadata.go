@@ -56,6 +56,8 @@ func specHashOf(o object) string {
 		spec = &v.Spec
 	case *aggv1.CoderTemplate:
 		spec = &v.Spec
+	case *aggv1.CoderTemplateVersion:
+		spec = &v.Spec
 	}
 	data, _ := json.Marshal(spec) // plain structs of strings, maps and numbers
 	sum := sha256.Sum256(data)
@@ -85,6 +87,9 @@ func setObservedGeneration(o object, gen int64) {
 		v.Status.ObservedGeneration = gen
 		conds = v.Status.Conditions
 	case *aggv1.CoderTemplate:
+		v.Status.ObservedGeneration = gen
+		conds = v.Status.Conditions
+	case *aggv1.CoderTemplateVersion:
 		v.Status.ObservedGeneration = gen
 		conds = v.Status.Conditions
 	}

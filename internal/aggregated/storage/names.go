@@ -11,12 +11,16 @@ import (
 // dot, and CoderControlPlane names are DNS-1035 labels, so dots separate
 // the parts of an object name without ambiguity.
 var (
-	coderName     = regexp.MustCompile(`^[a-zA-Z0-9]+(?:-[a-zA-Z0-9]+)*$`)
-	templateName  = regexp.MustCompile(`^[a-zA-Z0-9]+(?:[-_][a-zA-Z0-9]+)*$`)
-	dns1035Label  = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
-	maxCoderName  = 32
-	maxTplName    = 32
-	maxLabelBytes = 63
+	coderName    = regexp.MustCompile(`^[a-zA-Z0-9]+(?:-[a-zA-Z0-9]+)*$`)
+	templateName = regexp.MustCompile(`^[a-zA-Z0-9]+(?:[-_][a-zA-Z0-9]+)*$`)
+	dns1035Label = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
+	maxCoderName = 32
+	maxTplName   = 32
+	// Template version names may also contain dots (codersdk's
+	// TemplateVersionNameValid).
+	versionName    = regexp.MustCompile(`^[a-zA-Z0-9]+(?:[_.-][a-zA-Z0-9]+)*$`)
+	maxVersionName = 64
+	maxLabelBytes  = 63
 )
 
 // workspaceName identifies a workspace: [controlPlane.]org.owner.name.
@@ -72,13 +76,16 @@ func parseTemplateName(s string) (templateObjectName, error) {
 	if err != nil {
 		return n, err
 	}
-	if err := checkCoderName("organization", n.Org, coderName, maxCoderName, "letters, digits and single hyphens"); err != nil {
-		return n, err
+	return n, checkTemplateParts(n.Org, n.Name)
+}
+
+// checkTemplateParts checks the organization and template parts of a
+// template's or a template version's name.
+func checkTemplateParts(org, tpl string) error {
+	if err := checkCoderName("organization", org, coderName, maxCoderName, "letters, digits and single hyphens"); err != nil {
+		return err
 	}
-	if err := checkCoderName("template", n.Name, templateName, maxTplName, "letters, digits and single hyphens or underscores"); err != nil {
-		return n, err
-	}
-	return n, nil
+	return checkCoderName("template", tpl, templateName, maxTplName, "letters, digits and single hyphens or underscores")
 }
 
 // joinName writes an object name from its Coder parts, behind the control
@@ -121,4 +128,48 @@ func checkControlPlane(v string) error {
 		return fmt.Errorf("control plane %q is not a valid CoderControlPlane name", v)
 	}
 	return nil
+}
+
+// templateVersionName identifies a template version:
+// [controlPlane.]org.template.version.
+type templateVersionName struct {
+	ControlPlane string
+	Org          string
+	Template     string
+	Version      string
+}
+
+func (n templateVersionName) String(prefixed bool) string {
+	return joinName(prefixed, n.ControlPlane, n.Org, n.Template, n.Version)
+}
+
+// parseTemplateVersionName reads an object name of a namespace whose
+// names carry the control plane prefix when prefixed (it has several).
+// Version names may contain dots, so the parts after the template are the
+// version's, and only the namespace can say whether the first part is a
+// control plane: cp.org.tpl.v1 and org.tpl.v1.2 look alike.
+func parseTemplateVersionName(s string, prefixed bool) (templateVersionName, error) {
+	const format = "a template version name is <organization>.<template>.<version>, or <control plane>.<organization>.<template>.<version> when the namespace has several control planes"
+	parts := strings.Split(s, ".")
+	var n templateVersionName
+	if prefixed {
+		if len(parts) < 4 {
+			return n, fmt.Errorf("%s; the namespace has several control planes, and %q has %d parts", format, s, len(parts))
+		}
+		n.ControlPlane, parts = parts[0], parts[1:]
+		if err := checkControlPlane(n.ControlPlane); err != nil {
+			return n, err
+		}
+	}
+	if len(parts) < 3 {
+		return n, fmt.Errorf("%s; %q has %d parts", format, s, len(parts))
+	}
+	n.Org, n.Template, n.Version = parts[0], parts[1], strings.Join(parts[2:], ".")
+	if err := checkTemplateParts(n.Org, n.Template); err != nil {
+		return n, err
+	}
+	if err := checkCoderName("version", n.Version, versionName, maxVersionName, "letters and digits separated by single hyphens, underscores or dots"); err != nil {
+		return n, err
+	}
+	return n, nil
 }

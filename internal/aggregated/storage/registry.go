@@ -24,6 +24,30 @@ import (
 // per kind (the list type, the Coder calls, which spec changes Coder must
 // make) comes from the kind's strategy, which its storage implements.
 
+// restStorage is every k8s.io/apiserver interface a kind's storage
+// serves (asserted at compile time for each kind).
+type restStorage interface {
+	rest.Storage
+	rest.Scoper
+	rest.KindProvider
+	rest.SingularNameProvider
+	rest.ShortNamesProvider
+	rest.CategoriesProvider
+	rest.Getter
+	rest.Lister
+	rest.Watcher
+	rest.Creater
+	rest.Updater
+	rest.GracefulDeleter
+	rest.TableConvertor
+}
+
+var (
+	_ restStorage = (*WorkspaceStorage)(nil)
+	_ restStorage = (*TemplateStorage)(nil)
+	_ restStorage = (*TemplateVersionStorage)(nil)
+)
+
 // strategy is what a kind tells the shared verbs.
 type strategy[N objectName, T object] interface {
 	objectStore[N, T]
@@ -251,6 +275,36 @@ func deleteObject[N objectName, T object](ctx context.Context, s strategy[N, T],
 	return s.deleteInCoder(ctx, w, n, name, cur)
 }
 
+// deletedAtOnce is the delete of a kind that Coder deletes (or archives)
+// at once: nothing is left under way, and a dry run shows the object gone.
+type deletedAtOnce[T object] struct{}
+
+func (deletedAtOnce[T]) deleteUnderWay(T) bool { return false }
+
+func (deletedAtOnce[T]) deletePreview(cur T) (runtime.Object, bool) { return cur, true }
+
+// releaseAtOnce is releaseDelete of such a kind: del deletes cur in Coder
+// once the last finalizer holding it is gone (not on a dry run), and its
+// record goes with it.
+func releaseAtOnce[T object](ctx context.Context, w *write, cur, next T, dryRun bool, del func(context.Context) error) (runtime.Object, error) {
+	out := w.preview(next, cur.DeepCopyObject().(object), nil)
+	if dryRun {
+		return out, nil
+	}
+	if err := del(ctx); err != nil {
+		return nil, err
+	}
+	return out, w.forget(ctx)
+}
+
+// deleteAtOnce is deleteInCoder of such a kind.
+func deleteAtOnce[T object](ctx context.Context, w *write, cur T, del func(context.Context) error) (runtime.Object, bool, error) {
+	if err := del(ctx); err != nil {
+		return nil, false, err
+	}
+	return cur, true, w.forget(ctx)
+}
+
 // noun names one object of the resource in messages: "workspace".
 func (r *genericStore) noun() string {
 	switch r.kind {
@@ -258,6 +312,8 @@ func (r *genericStore) noun() string {
 		return "workspace"
 	case "CoderTemplate":
 		return "template"
+	case "CoderTemplateVersion":
+		return "template version"
 	}
 	return r.kind
 }
@@ -274,6 +330,8 @@ func withSpecOf[T object](cur, next T) T {
 		kept := o.Spec
 		o.Spec = *any(next).(*aggv1.CoderTemplate).Spec.DeepCopy()
 		keepSettings(&o.Spec, &kept)
+	case *aggv1.CoderTemplateVersion:
+		o.Spec = *any(next).(*aggv1.CoderTemplateVersion).Spec.DeepCopy()
 	}
 	return out
 }

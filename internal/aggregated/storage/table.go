@@ -40,6 +40,17 @@ var (
 		{Name: "Users", Type: "integer", Priority: 1, Description: "Active users"},
 		{Name: "Files", Type: "integer", Priority: 1, Description: "Files in the template source"},
 	}
+	templateVersionColumns = []metav1.TableColumnDefinition{
+		{Name: "Name", Type: "string", Format: "name", Description: "<organization>.<template>.<version>"},
+		{Name: "Template", Type: "string", Description: "Template the version belongs to"},
+		{Name: "Active", Type: "boolean", Description: "The template's active version"},
+		{Name: "Build Status", Type: "string", Description: "Status of the version's build"},
+		{Name: "Created By", Type: "string", Description: "Coder username of the author"},
+		{Name: "Age", Type: "string", Description: "Time since the version was created"},
+		{Name: "Organization", Type: "string", Priority: 1, Description: "Coder organization"},
+		{Name: "Message", Type: "string", Priority: 1, Description: "The version's message"},
+		{Name: "Files", Type: "integer", Priority: 1, Description: "Files in the version's source"},
+	}
 )
 
 // ConvertToTable renders workspaces for kubectl get.
@@ -73,6 +84,18 @@ func (s *TemplateStorage) ConvertToTable(_ context.Context, obj runtime.Object, 
 		}
 		return []any{t.Name, t.Spec.Organization, orNone(t.Status.ActiveVersionName), orNone(t.Status.BuildStatus),
 			age(t.CreationTimestamp), t.Spec.DisplayName, t.Status.Deprecated, int64(t.Status.ActiveUserCount), int64(len(t.Spec.Files))}, nil
+	})
+}
+
+// ConvertToTable renders template versions for kubectl get.
+func (s *TemplateVersionStorage) ConvertToTable(_ context.Context, obj runtime.Object, opts runtime.Object) (*metav1.Table, error) {
+	return toTable(obj, opts, templateVersionColumns, func(o runtime.Object) ([]any, error) {
+		v, ok := o.(*aggv1.CoderTemplateVersion)
+		if !ok {
+			return nil, fmt.Errorf("expected a CoderTemplateVersion, got %T", o)
+		}
+		return []any{v.Name, v.Spec.Template, v.Status.Active, orNone(v.Status.BuildStatus), orNone(v.Status.CreatedBy),
+			age(v.CreationTimestamp), v.Spec.Organization, v.Spec.Message, int64(len(v.Spec.Files))}, nil
 	})
 }
 

@@ -43,6 +43,8 @@ type TemplateOptions struct {
 // TemplateStorage serves codertemplates.
 type TemplateStorage struct {
 	genericStore
+	// coderd deletes a template at once.
+	deletedAtOnce[*aggv1.CoderTemplate]
 	opts     TemplateOptions
 	sources  *templatesource.SourceCache
 	versions versionCache
@@ -54,22 +56,6 @@ type TemplateStorage struct {
 	features   featureCache
 	acls       templateACLs
 }
-
-var (
-	_ rest.Storage              = (*TemplateStorage)(nil)
-	_ rest.Scoper               = (*TemplateStorage)(nil)
-	_ rest.KindProvider         = (*TemplateStorage)(nil)
-	_ rest.SingularNameProvider = (*TemplateStorage)(nil)
-	_ rest.ShortNamesProvider   = (*TemplateStorage)(nil)
-	_ rest.CategoriesProvider   = (*TemplateStorage)(nil)
-	_ rest.Getter               = (*TemplateStorage)(nil)
-	_ rest.Lister               = (*TemplateStorage)(nil)
-	_ rest.Watcher              = (*TemplateStorage)(nil)
-	_ rest.Creater              = (*TemplateStorage)(nil)
-	_ rest.Updater              = (*TemplateStorage)(nil)
-	_ rest.GracefulDeleter      = (*TemplateStorage)(nil)
-	_ rest.TableConvertor       = (*TemplateStorage)(nil)
-)
 
 // NewTemplates returns the codertemplates storage. Run must run for
 // watches to see changes.
@@ -157,16 +143,9 @@ func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *coders
 	if err != nil {
 		return nil, fmt.Errorf("active version of template %s: %w", tpl.Name, err)
 	}
-	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, v.Job.FileID, s.opts.Limits)
+	files, err := s.shownFiles(ctx, t, v.Job.FileID, "template", tpl.Name)
 	if err != nil {
-		var fe *templatesource.FileError
-		if !errors.As(err, &fe) {
-			return nil, fmt.Errorf("source of template %s: %w", tpl.Name, err)
-		}
-		// A source made outside Kubernetes may exceed spec.files' limits;
-		// the template is still listed, without files.
-		s.log.V(1).Info("template source not shown in spec.files", "template", tpl.Name, "reason", err.Error())
-		files = nil
+		return nil, err
 	}
 	if rec == nil {
 		if rec, err = s.templateRecord(ctx, t, tpl.ID); err != nil {
@@ -189,6 +168,23 @@ func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *coders
 		return nil, fmt.Errorf("template %s: %w", tpl.Name, err)
 	}
 	return obj, nil
+}
+
+// shownFiles reads the source a version was built from (file fileID),
+// as spec.files shows it, for the object called name of kind what.
+func (s *TemplateStorage) shownFiles(ctx context.Context, t target, fileID uuid.UUID, what, name string) (map[string]string, error) {
+	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, fileID, s.opts.Limits)
+	if err != nil {
+		var fe *templatesource.FileError
+		if !errors.As(err, &fe) {
+			return nil, fmt.Errorf("source of %s %s: %w", what, name, err)
+		}
+		// A source made outside Kubernetes may exceed spec.files' limits;
+		// the object is still listed, without files.
+		s.log.V(1).Info("source not shown in spec.files", what, name, "reason", err.Error())
+		return nil, nil
+	}
+	return files, nil
 }
 
 func (s *TemplateStorage) lookup(ctx context.Context, name string) (target, templateObjectName, error) {
@@ -460,14 +456,7 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 // releaseDelete deletes the template in Coder: the last finalizer
 // holding its deletion is gone.
 func (s *TemplateStorage) releaseDelete(ctx context.Context, w *write, _ templateObjectName, _ string, cur, next *aggv1.CoderTemplate, dryRun bool) (runtime.Object, error) {
-	out := w.preview(next, cur.DeepCopy(), nil)
-	if dryRun {
-		return out, nil
-	}
-	if err := s.deleteTemplate(ctx, w.t, cur, cur.Name); err != nil {
-		return nil, err
-	}
-	return out, w.forget(ctx)
+	return releaseAtOnce(ctx, w, cur, next, dryRun, func(ctx context.Context) error { return s.deleteTemplate(ctx, w.t, cur, cur.Name) })
 }
 
 // Delete deletes the template in coderd; coderd refuses while workspaces
@@ -476,19 +465,8 @@ func (s *TemplateStorage) Delete(ctx context.Context, name string, deleteValidat
 	return deleteObject(ctx, s, name, deleteValidation, opts)
 }
 
-// deleteUnderWay: coderd deletes a template at once, so a delete is never
-// left under way.
-func (s *TemplateStorage) deleteUnderWay(*aggv1.CoderTemplate) bool { return false }
-
-func (s *TemplateStorage) deletePreview(cur *aggv1.CoderTemplate) (runtime.Object, bool) {
-	return cur, true
-}
-
 func (s *TemplateStorage) deleteInCoder(ctx context.Context, w *write, _ templateObjectName, name string, cur *aggv1.CoderTemplate) (runtime.Object, bool, error) {
-	if err := s.deleteTemplate(ctx, w.t, cur, name); err != nil {
-		return nil, false, err
-	}
-	return cur, true, w.forget(ctx)
+	return deleteAtOnce(ctx, w, cur, func(ctx context.Context) error { return s.deleteTemplate(ctx, w.t, cur, name) })
 }
 
 // deleteTemplate deletes cur in Coder and from the watch cache: what a

@@ -37,13 +37,9 @@ import (
 // templateID, or of no template yet) without waiting for its import. It
 // returns the version and the build record describing it.
 func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templateID uuid.UUID, files map[string]string, vars appliedVariables, spec *aggv1.CoderTemplateSpec, name string) (codersdk.TemplateVersion, *coderv1alpha1.TemplateBuildRecord, error) {
-	fileID, err := templatesource.Upload(ctx, t.Client, files, s.opts.Limits)
+	fileID, err := s.uploadFiles(ctx, &s.genericStore, t, files, name)
 	if err != nil {
-		var fe *templatesource.FileError
-		if errors.As(err, &fe) {
-			return codersdk.TemplateVersion{}, nil, s.invalid(name, field.ErrorList{field.Invalid(specPath.Child("files").Key(fe.Path), "", fe.Reason)})
-		}
-		return codersdk.TemplateVersion{}, nil, s.requestErr(ctx, t, err, name, "coderd to store the template files")
+		return codersdk.TemplateVersion{}, nil, err
 	}
 	v, err := t.Client.CreateTemplateVersion(ctx, orgID, codersdk.CreateTemplateVersionRequest{
 		TemplateID:    templateID,
@@ -75,6 +71,20 @@ func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templ
 		StartedAt:     metav1.NewTime(time.Now().Truncate(time.Second)),
 	}
 	return v, b, nil
+}
+
+// uploadFiles stores files in coderd for the object called name of r's
+// kind: a file the limits refuse is a 422 naming its path.
+func (s *TemplateStorage) uploadFiles(ctx context.Context, r *genericStore, t target, files map[string]string, name string) (uuid.UUID, error) {
+	fileID, err := templatesource.Upload(ctx, t.Client, files, s.opts.Limits)
+	if err != nil {
+		var fe *templatesource.FileError
+		if errors.As(err, &fe) {
+			return uuid.Nil, r.invalid(name, field.ErrorList{field.Invalid(specPath.Child("files").Key(fe.Path), "", fe.Reason)})
+		}
+		return uuid.Nil, r.requestErr(ctx, t, err, name, "coderd to store the template files")
+	}
+	return fileID, nil
 }
 
 // previewCreate shows on dry, the object a dry-run create answers, the
@@ -133,12 +143,12 @@ func (s *TemplateStorage) previewCreate(ctx context.Context, t target, dry *aggv
 // that a request whose own context ended (kube-apiserver's or
 // k8s.io/apiserver's request timeout, or the client going away) gets a 504
 // Timeout saying what it waited for: coderd was not necessarily at fault.
-func (s *TemplateStorage) requestErr(ctx context.Context, t target, err error, name, waitedFor string) error {
+func (r *genericStore) requestErr(ctx context.Context, t target, err error, name, waitedFor string) error {
 	if ctx.Err() != nil {
 		return apierrors.NewTimeoutError(fmt.Sprintf("the request for %s %s ended (%v) while it waited for %s; retry it",
-			s.kind, name, context.Cause(ctx), waitedFor), 0)
+			r.kind, name, context.Cause(ctx), waitedFor), 0)
 	}
-	return s.coderErr(t, err, name)
+	return r.coderErr(t, err, name)
 }
 
 // abandonVersion cancels the import of a version nothing will use (its

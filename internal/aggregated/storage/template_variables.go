@@ -157,7 +157,14 @@ type SecretReader interface {
 // not parse, spec's values are given as they are and coderd's import
 // reports the error.
 func (s *TemplateStorage) resolveVariables(ctx context.Context, t target, spec *aggv1.CoderTemplateSpec, name string) (appliedVariables, error) {
-	declared, parseErr := templatesource.Variables(spec.Files)
+	return s.resolveVariablesOf(ctx, &s.genericStore, t, spec.Files, spec.Variables, name)
+}
+
+// resolveVariablesOf is resolveVariables for files and vars of any kind's
+// object (a template or a template version), whose store r names it in
+// the errors.
+func (s *TemplateStorage) resolveVariablesOf(ctx context.Context, r *genericStore, t target, files map[string]string, vars []aggv1.TemplateVariable, name string) (appliedVariables, error) {
+	declared, parseErr := templatesource.Variables(files)
 	byName := map[string]templatesource.Variable{}
 	for _, d := range declared {
 		byName[d.Name] = d
@@ -165,7 +172,7 @@ func (s *TemplateStorage) resolveVariables(ctx context.Context, t target, spec *
 	var out appliedVariables
 	var errs field.ErrorList
 	listed := map[string]bool{}
-	for i, v := range spec.Variables {
+	for i, v := range vars {
 		p := variablesPath.Index(i)
 		listed[v.Name] = true
 		d, ok := byName[v.Name]
@@ -176,7 +183,7 @@ func (s *TemplateStorage) resolveVariables(ctx context.Context, t target, spec *
 		rec := coderv1alpha1.TemplateVariableRecord{Name: v.Name}
 		value := v.Value
 		if ref := secretRefOf(v); ref.Name != "" {
-			val, rv, err := s.readSecretKey(ctx, t.Namespace, ref, p.Child("valueFrom", "secretKeyRef"), name)
+			val, rv, err := s.readSecretKey(ctx, r, t.Namespace, ref, p.Child("valueFrom", "secretKeyRef"), name)
 			if err != nil {
 				return appliedVariables{}, err
 			}
@@ -192,7 +199,7 @@ func (s *TemplateStorage) resolveVariables(ctx context.Context, t target, spec *
 		out.record = append(out.record, rec)
 	}
 	if len(errs) > 0 {
-		return appliedVariables{}, s.invalid(name, errs)
+		return appliedVariables{}, r.invalid(name, errs)
 	}
 	for _, d := range declared {
 		if !listed[d.Name] {
@@ -208,23 +215,23 @@ func (s *TemplateStorage) resolveVariables(ctx context.Context, t target, spec *
 // caller: only when kube-apiserver says they may get that Secret, so that
 // a CoderTemplate never reveals to Coder a Secret its writer could not
 // read. It returns the value and the Secret's resourceVersion.
-func (s *TemplateStorage) readSecretKey(ctx context.Context, namespace string, ref aggv1.SecretKeySelector, p *field.Path, name string) (string, string, error) {
+func (s *TemplateStorage) readSecretKey(ctx context.Context, r *genericStore, namespace string, ref aggv1.SecretKeySelector, p *field.Path, name string) (string, string, error) {
 	if s.opts.Kube == nil {
 		return "", "", apierrors.NewInternalError(fmt.Errorf("%s: this server reads no Secrets (no Kubernetes client)", p))
 	}
-	if err := s.mayGetSecret(ctx, namespace, ref.Name, p, name); err != nil {
+	if err := s.mayGetSecret(ctx, r, namespace, ref.Name, p, name); err != nil {
 		return "", "", err
 	}
 	var sec corev1.Secret
 	if err := s.opts.Kube.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, &sec); err != nil {
 		if apierrors.IsNotFound(err) {
-			return "", "", s.invalid(name, field.ErrorList{field.NotFound(p.Child("name"), ref.Name+" (no such Secret in namespace "+namespace+")")})
+			return "", "", r.invalid(name, field.ErrorList{field.NotFound(p.Child("name"), ref.Name+" (no such Secret in namespace "+namespace+")")})
 		}
 		return "", "", apierrors.NewInternalError(fmt.Errorf("read Secret %s/%s for %s: %w", namespace, ref.Name, p, err))
 	}
 	val, ok := sec.Data[ref.Key]
 	if !ok {
-		return "", "", s.invalid(name, field.ErrorList{field.NotFound(p.Child("key"), ref.Key+" (Secret "+ref.Name+" has no such key)")})
+		return "", "", r.invalid(name, field.ErrorList{field.NotFound(p.Child("key"), ref.Key+" (Secret "+ref.Name+" has no such key)")})
 	}
 	s.secretRevs.forget(namespace, ref.Name)
 	return string(val), sec.ResourceVersion, nil
@@ -232,7 +239,7 @@ func (s *TemplateStorage) readSecretKey(ctx context.Context, namespace string, r
 
 // mayGetSecret asks kube-apiserver whether the request's user may get
 // Secret secret of namespace, and refuses (403) when they may not.
-func (s *TemplateStorage) mayGetSecret(ctx context.Context, namespace, secret string, p *field.Path, name string) error {
+func (s *TemplateStorage) mayGetSecret(ctx context.Context, r *genericStore, namespace, secret string, p *field.Path, name string) error {
 	u, ok := genericapirequest.UserFrom(ctx)
 	if !ok {
 		return apierrors.NewInternalError(fmt.Errorf("%s: the request has no user", p))
@@ -249,7 +256,7 @@ func (s *TemplateStorage) mayGetSecret(ctx context.Context, namespace, secret st
 		return apierrors.NewInternalError(fmt.Errorf("ask kube-apiserver whether %s may get Secret %s/%s: %w", u.GetName(), namespace, secret, err))
 	}
 	if !sar.Status.Allowed {
-		return apierrors.NewForbidden(s.gr, name, fmt.Errorf("%s: coder-k8s would read Secret %q for you, and you may not get it in namespace %s", p, secret, namespace))
+		return apierrors.NewForbidden(r.gr, name, fmt.Errorf("%s: coder-k8s would read Secret %q for you, and you may not get it in namespace %s", p, secret, namespace))
 	}
 	return nil
 }
@@ -477,7 +484,7 @@ func withApplied(rec *records.Record, id string, vars []coderv1alpha1.TemplateVa
 func (s *TemplateStorage) mayReadSecretsOf(ctx context.Context, t target, obj *aggv1.CoderTemplate) bool {
 	for i, v := range obj.Spec.Variables {
 		if ref := secretRefOf(v); ref.Name != "" {
-			if err := s.mayGetSecret(ctx, t.Namespace, ref.Name, variablesPath.Index(i), obj.Name); err != nil {
+			if err := s.mayGetSecret(ctx, &s.genericStore, t.Namespace, ref.Name, variablesPath.Index(i), obj.Name); err != nil {
 				s.log.V(1).Info("a Secret of the template's variables changed; this caller may not read it, so the write builds no new version",
 					"template", obj.Name, "secret", ref.Name, "reason", err.Error())
 				return false

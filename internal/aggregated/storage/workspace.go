@@ -33,22 +33,6 @@ type WorkspaceStorage struct {
 	pageSize int
 }
 
-var (
-	_ rest.Storage              = (*WorkspaceStorage)(nil)
-	_ rest.Scoper               = (*WorkspaceStorage)(nil)
-	_ rest.KindProvider         = (*WorkspaceStorage)(nil)
-	_ rest.SingularNameProvider = (*WorkspaceStorage)(nil)
-	_ rest.ShortNamesProvider   = (*WorkspaceStorage)(nil)
-	_ rest.CategoriesProvider   = (*WorkspaceStorage)(nil)
-	_ rest.Getter               = (*WorkspaceStorage)(nil)
-	_ rest.Lister               = (*WorkspaceStorage)(nil)
-	_ rest.Watcher              = (*WorkspaceStorage)(nil)
-	_ rest.Creater              = (*WorkspaceStorage)(nil)
-	_ rest.Updater              = (*WorkspaceStorage)(nil)
-	_ rest.GracefulDeleter      = (*WorkspaceStorage)(nil)
-	_ rest.TableConvertor       = (*WorkspaceStorage)(nil)
-)
-
 // NewWorkspaces returns the coderworkspaces storage. Run must run for
 // watches to see changes.
 func NewWorkspaces(o Options) (*WorkspaceStorage, error) {

@@ -103,7 +103,7 @@ func setIdentity(ctx context.Context, ccp *coderv1alpha1.CoderControlPlane) {
 	if ccp.Spec.Identity.Mode == "Operator" {
 		prev := apimeta.FindStatusCondition(ccp.Status.Conditions, coderv1alpha1.ConditionIdentityMapped)
 		if prev == nil || prev.Reason != coderv1alpha1.ReasonOperatorIdentity {
-			logf.FromContext(ctx).Info("WARNING: spec.identity.mode is Operator: every caller of coderworkspaces and codertemplates in this namespace acts in Coder as the operator's owner user, so whoever Kubernetes RBAC lets read or change them may read and change anything in this coderd",
+			logf.FromContext(ctx).Info("WARNING: spec.identity.mode is Operator: every caller of coderworkspaces, codertemplates and codertemplateversions in this namespace acts in Coder as the operator's owner user, so whoever Kubernetes RBAC lets read or change them may read and change anything in this coderd",
 				"controlPlane", ccp.Namespace+"/"+ccp.Name)
 		}
 		reconcile.SetCondition(ccp, coderv1alpha1.ConditionIdentityMapped, metav1.ConditionFalse, coderv1alpha1.ReasonOperatorIdentity,
