@@ -59,10 +59,19 @@ func validateVersionIdentity(spec *aggv1.CoderTemplateSpec) field.ErrorList {
 	if len(spec.VersionMessage) > 1<<20 {
 		errs = append(errs, field.TooLong(versionMessagePath, "", 1<<20))
 	}
-	for _, k := range slices.Sorted(maps.Keys(spec.ProvisionerTags)) {
-		v := spec.ProvisionerTags[k]
+	return append(errs, validateProvisionerTags(spec.ProvisionerTags)...)
+}
+
+// validateProvisionerTags refuses the tags coderd would not keep as
+// given, so that they read back as written.
+func validateProvisionerTags(tags map[string]string) field.ErrorList {
+	var errs field.ErrorList
+	for _, k := range slices.Sorted(maps.Keys(tags)) {
+		v := tags[k]
 		fp := provisionerTagPath.Key(k)
 		switch {
+		case k == "":
+			errs = append(errs, field.Invalid(fp, k, "a tag needs a key"))
 		case k == tagOwner:
 			errs = append(errs, field.Forbidden(fp, "coderd sets the owner tag itself (from scope)"))
 		case k == tagScope && v != scopeUser:

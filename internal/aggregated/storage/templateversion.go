@@ -219,24 +219,9 @@ func (s *TemplateVersionStorage) convert(ctx context.Context, t target, tpl *cod
 	return obj, nil
 }
 
-// defaultTags are the provisioner tags coderd adds to a request that
-// gives no scope (provisionersdk.MutateTags): not shown, so that a
-// version created without tags reads back without them.
-var defaultTags = map[string]string{"scope": "organization", "owner": ""}
-
 // toTemplateVersion builds the Kubernetes view of version v of tpl.
 // Deterministic, like toTemplate.
 func toTemplateVersion(t target, n templateVersionName, tpl *codersdk.Template, v *codersdk.TemplateVersion, files map[string]string) *aggv1.CoderTemplateVersion {
-	var tags map[string]string
-	for k, val := range v.Job.Tags {
-		if d, ok := defaultTags[k]; ok && d == val && v.Job.Tags["scope"] == "organization" {
-			continue
-		}
-		if tags == nil {
-			tags = map[string]string{}
-		}
-		tags[k] = val
-	}
 	obj := &aggv1.CoderTemplateVersion{
 		TypeMeta: metav1.TypeMeta{APIVersion: aggv1.SchemeGroupVersion.String(), Kind: "CoderTemplateVersion"},
 		ObjectMeta: coderObjectMeta(t, n.String(t.prefixed), v.ID.String(), v.CreatedAt,
@@ -246,7 +231,7 @@ func toTemplateVersion(t target, n templateVersionName, tpl *codersdk.Template, 
 			Template:        tpl.Name,
 			Message:         v.Message,
 			Files:           files,
-			ProvisionerTags: tags,
+			ProvisionerTags: givenTags(v.Job.Tags),
 		},
 		Status: aggv1.CoderTemplateVersionStatus{
 			ID:             v.ID.String(),

@@ -81,11 +81,7 @@ func (s *TemplateVersionStorage) validateNew(v *aggv1.CoderTemplateVersion, pref
 		errs = append(errs, templatesource.Validate(v.Spec.Files, s.tpls.opts.Limits, specPath.Child("files"))...)
 	}
 	errs = append(errs, validateVariables(v.Spec.Variables)...)
-	for k := range v.Spec.ProvisionerTags {
-		if k == "" {
-			errs = append(errs, field.Invalid(specPath.Child("provisionerTags"), k, "a tag needs a key"))
-		}
-	}
+	errs = append(errs, validateProvisionerTags(v.Spec.ProvisionerTags)...)
 	return n, errs
 }
 
