@@ -70,23 +70,25 @@ type GetTemplateInput struct {
 
 // TemplateDetail is one template.
 type TemplateDetail struct {
-	Namespace         string             `json:"namespace"`
-	Name              string             `json:"name"`
-	Organization      string             `json:"organization"`
-	DisplayName       string             `json:"displayName,omitempty"`
-	Description       string             `json:"description,omitempty"`
-	ActiveVersionID   string             `json:"activeVersionID,omitempty"`
-	ActiveVersionName string             `json:"activeVersionName,omitempty"`
-	BuildStatus       string             `json:"buildStatus,omitempty"`
-	BuildError        string             `json:"buildError,omitempty"`
-	Deprecated        bool               `json:"deprecated,omitempty"`
-	ActiveUsers       int32              `json:"activeUsers"`
-	UpdatedAt         string             `json:"updatedAt,omitempty"`
-	Settings          map[string]any     `json:"settings,omitempty" jsonschema:"the template's settings in Coder as CoderTemplate.spec names them (defaultTTL, activityBump, requireActiveVersion, access: who may use and administer it, ...)"`
-	Variables         []TemplateVariable `json:"variables,omitempty" jsonschema:"the Terraform variables of the version the files show; a sensitive one's value is never shown"`
-	FileNames         []string           `json:"fileNames,omitempty" jsonschema:"paths of the source files"`
-	Files             map[string]string  `json:"files,omitempty" jsonschema:"source files (with includeFiles), cut to maxFileBytes"`
-	TruncatedFiles    []string           `json:"truncatedFiles,omitempty" jsonschema:"files that were cut or left out to stay within the size caps"`
+	Namespace         string               `json:"namespace"`
+	Name              string               `json:"name"`
+	Organization      string               `json:"organization"`
+	DisplayName       string               `json:"displayName,omitempty"`
+	Description       string               `json:"description,omitempty"`
+	ActiveVersionID   string               `json:"activeVersionID,omitempty"`
+	ActiveVersionName string               `json:"activeVersionName,omitempty"`
+	BuildStatus       string               `json:"buildStatus,omitempty"`
+	BuildError        string               `json:"buildError,omitempty"`
+	Deprecated        bool                 `json:"deprecated,omitempty"`
+	ActiveUsers       int32                `json:"activeUsers"`
+	UpdatedAt         string               `json:"updatedAt,omitempty"`
+	Settings          map[string]any       `json:"settings,omitempty" jsonschema:"the template's settings in Coder as CoderTemplate.spec names them (defaultTTL, activityBump, requireActiveVersion, access: who may use and administer it, ...)"`
+	Variables         []TemplateVariable   `json:"variables,omitempty" jsonschema:"the Terraform variables of the version the files show; a sensitive one's value is never shown"`
+	FileNames         []string             `json:"fileNames,omitempty" jsonschema:"paths of the source files"`
+	Files             map[string]string    `json:"files,omitempty" jsonschema:"source files (with includeFiles), cut to maxFileBytes"`
+	TruncatedFiles    []string             `json:"truncatedFiles,omitempty" jsonschema:"files that were cut or left out to stay within the size caps"`
+	Versions          []TemplateVersionRow `json:"versions,omitempty" jsonschema:"the template's newest versions, newest first (list_template_versions lists them all)"`
+	VersionsError     string               `json:"versionsError,omitempty" jsonschema:"why the versions could not be listed (the rest of the answer stands)"`
 }
 
 // TemplateVariable is one Terraform variable of a template.
@@ -303,6 +305,9 @@ func getTemplate(ctx context.Context, c *call, in GetTemplateInput) (TemplateDet
 	sort.Strings(d.FileNames)
 	if in.IncludeFiles {
 		d.Files, d.TruncatedFiles = capFiles(t.Spec.Files, d.FileNames, in.MaxFileBytes)
+	}
+	if d.Versions, err = newestVersions(ctx, c, &t); err != nil {
+		d.VersionsError = err.Error()
 	}
 	return d, nil
 }

@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,16 +56,9 @@ func (s *Server) templateVersionTools() []tool {
 }
 
 func listTemplateVersions(ctx context.Context, c *call, in TemplateVersionListInput) (TemplateVersionList, error) {
-	q := listQuery(in.Continue)
-	if in.Template != "" {
-		if errs := validation.IsValidLabelValue(in.Template); len(errs) > 0 {
-			return TemplateVersionList{}, fmt.Errorf("template %q is not a Coder template name: %s", truncate.String(in.Template, 64), strings.Join(errs, "; "))
-		}
-		q.Set("labelSelector", k8slabels.SelectorFromSet(map[string]string{aggv1.LabelTemplate: in.Template}).String())
-	}
-	var list partialList[templateVersionRowSource]
-	if err := c.listPartial(ctx, templateVersionsResource, in.Namespace, q, &list); err != nil {
-		return TemplateVersionList{}, fmt.Errorf("list codertemplateversions: %w", err)
+	list, err := templateVersionsOf(ctx, c, in.Namespace, in.Template, in.Continue)
+	if err != nil {
+		return TemplateVersionList{}, err
 	}
 	if err := sortListed(ctx, c, in.Namespace, list.Items, errNoNamespace); err != nil {
 		return TemplateVersionList{}, err
@@ -78,6 +72,23 @@ func listTemplateVersions(ctx context.Context, c *call, in TemplateVersionListIn
 		out.Items[i] = items[i].row()
 	}
 	return out, nil
+}
+
+// templateVersionsOf lists the versions in namespace (every one when
+// empty) of Coder templates named template (every one when empty).
+func templateVersionsOf(ctx context.Context, c *call, namespace, template, cont string) (*partialList[templateVersionRowSource], error) {
+	q := listQuery(cont)
+	if template != "" {
+		if errs := validation.IsValidLabelValue(template); len(errs) > 0 {
+			return nil, fmt.Errorf("template %q is not a Coder template name: %s", truncate.String(template, 64), strings.Join(errs, "; "))
+		}
+		q.Set("labelSelector", k8slabels.SelectorFromSet(map[string]string{aggv1.LabelTemplate: template}).String())
+	}
+	var list partialList[templateVersionRowSource]
+	if err := c.listPartial(ctx, templateVersionsResource, namespace, q, &list); err != nil {
+		return nil, fmt.Errorf("list codertemplateversions: %w", err)
+	}
+	return &list, nil
 }
 
 // templateVersionRowSource is what a TemplateVersionRow shows of a
@@ -106,4 +117,26 @@ func (v *templateVersionRowSource) row() TemplateVersionRow {
 		r.CreatedAt = rfc3339(*v.Status.CreatedAt)
 	}
 	return r
+}
+
+// templateVersionsShown is how many versions get_template shows.
+const templateVersionsShown = 10
+
+// newestVersions lists the versions of template t, newest first, at most
+// templateVersionsShown. Its template label names the Coder template; the
+// object name prefix keeps out a same-named template of another
+// organization or control plane in the namespace.
+func newestVersions(ctx context.Context, c *call, t *aggv1.CoderTemplate) ([]TemplateVersionRow, error) {
+	list, err := templateVersionsOf(ctx, c, t.Namespace, t.Labels[aggv1.LabelTemplate], "")
+	if err != nil {
+		return nil, err
+	}
+	var out []TemplateVersionRow
+	for i := range list.Items {
+		if strings.HasPrefix(list.Items[i].Name, t.Name+".") {
+			out = append(out, list.Items[i].row())
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt > out[j].CreatedAt })
+	return out[:min(len(out), templateVersionsShown)], nil
 }

@@ -398,6 +398,19 @@ func testMCPTemplates(t *testing.T, env *mcpEnv) {
 		!slices.Equal(d.FileNames, []string{"main.tf"}) || d.Files != nil {
 		t.Errorf("get_template coder.base: %+v; coderd active version %s", d, tpl.ActiveVersionID)
 	}
+	// Its versions, newest first: coderd's list for the template.
+	vs, err := s.coder.Client.TemplateVersionsByTemplate(ctx, codersdk.TemplateVersionsByTemplateRequest{TemplateID: tpl.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Versions) != len(vs) || d.VersionsError != "" {
+		t.Errorf("get_template coder.base versions %+v (%s), coderd has %d", d.Versions, d.VersionsError, len(vs))
+	}
+	for _, v := range d.Versions {
+		if v.Active != (v.Name == "coder.base."+d.ActiveVersionName) || v.BuildStatus != "succeeded" || v.Template != "base" {
+			t.Errorf("get_template coder.base version %+v; active version %s", v, d.ActiveVersionName)
+		}
+	}
 	e2eMCPMust(t, agent.call(t, "get_template", map[string]any{"namespace": s.ns, "name": "coder.base", "includeFiles": true}, &d))
 	if d.Files["main.tf"] != testenv.ProviderFreeTemplate()["main.tf"] || len(d.TruncatedFiles) != 0 {
 		t.Errorf("get_template coder.base includeFiles: files %v truncated %v", d.Files, d.TruncatedFiles)
