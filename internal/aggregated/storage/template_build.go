@@ -36,23 +36,39 @@ import (
 // startBuild uploads files and creates a template version from them (of
 // templateID, or of no template yet) without waiting for its import. It
 // returns the version and the build record describing it.
-func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templateID uuid.UUID, files map[string]string, vars appliedVariables, spec *aggv1.CoderTemplateSpec, name string) (codersdk.TemplateVersion, *coderv1alpha1.TemplateBuildRecord, error) {
-	fileID, err := s.uploadFiles(ctx, &s.genericStore, t, files, name)
-	if err != nil {
-		return codersdk.TemplateVersion{}, nil, err
+//
+// reuse, when not nil, is a file coderd already has with these files (a
+// version of the same files with other variables or tags): it is used
+// rather than uploading the files again, since coderd lets a user upload
+// only 12 files a minute. Should the caller not be allowed that file, the
+// files are uploaded after all.
+func (s *TemplateStorage) startBuild(ctx context.Context, t target, orgID, templateID uuid.UUID, files map[string]string, vars appliedVariables, spec *aggv1.CoderTemplateSpec, name string, reuse uuid.UUID) (codersdk.TemplateVersion, *coderv1alpha1.TemplateBuildRecord, error) {
+	create := func(fileID uuid.UUID) (codersdk.TemplateVersion, error) {
+		return t.Client.CreateTemplateVersion(ctx, orgID, codersdk.CreateTemplateVersionRequest{
+			TemplateID:    templateID,
+			StorageMethod: codersdk.ProvisionerStorageMethodFile,
+			FileID:        fileID,
+			Provisioner:   codersdk.ProvisionerTypeTerraform,
+			// Every variable the files declare, so that none is inherited
+			// from the active version (template_variables.go).
+			UserVariableValues: vars.values,
+			Name:               spec.VersionName,
+			Message:            spec.VersionMessage,
+			ProvisionerTags:    spec.ProvisionerTags,
+		})
 	}
-	v, err := t.Client.CreateTemplateVersion(ctx, orgID, codersdk.CreateTemplateVersionRequest{
-		TemplateID:    templateID,
-		StorageMethod: codersdk.ProvisionerStorageMethodFile,
-		FileID:        fileID,
-		Provisioner:   codersdk.ProvisionerTypeTerraform,
-		// Every variable the files declare, so that none is inherited
-		// from the active version (template_variables.go).
-		UserVariableValues: vars.values,
-		Name:               spec.VersionName,
-		Message:            spec.VersionMessage,
-		ProvisionerTags:    spec.ProvisionerTags,
-	})
+	var v codersdk.TemplateVersion
+	var err error
+	if reuse != uuid.Nil {
+		v, err = create(reuse)
+	}
+	if code := coderapi.StatusCode(err); reuse == uuid.Nil || code == http.StatusNotFound || code == http.StatusForbidden {
+		fileID, uerr := s.uploadFiles(ctx, &s.genericStore, t, files, name)
+		if uerr != nil {
+			return codersdk.TemplateVersion{}, nil, uerr
+		}
+		v, err = create(fileID)
+	}
 	if err != nil {
 		if coderapi.StatusCode(err) == http.StatusConflict {
 			// The name is taken (check refuses most such writes first).
@@ -272,7 +288,7 @@ func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk
 			return s.planDrop(ctx, t, prev), nil
 		}
 	}
-	_, b, err := s.startBuild(ctx, t, tpl.OrganizationID, tpl.ID, spec.Files, vars, spec, name)
+	_, b, err := s.startBuild(ctx, t, tpl.OrganizationID, tpl.ID, spec.Files, vars, spec, name, s.fileOfSame(ctx, t, tpl, pending, hash, activeHash))
 	if err != nil {
 		return buildPlan{}, err
 	}
@@ -280,6 +296,26 @@ func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk
 		s.abandonVersion(ctx, t, uuid.MustParse(pending.VersionID))
 	}
 	return buildPlan{set: true, build: b, vars: vars.record, keep: tpl.ActiveVersionID}, nil
+}
+
+// fileOfSame is the coderd file of the active or pending version when it
+// has the files whose FilesHash is hash (uuid.Nil: none, or unknown).
+func (s *TemplateStorage) fileOfSame(ctx context.Context, t target, tpl *codersdk.Template, pending *coderv1alpha1.TemplateBuildRecord, hash, activeHash string) uuid.UUID {
+	id := uuid.Nil
+	switch {
+	case activeHash == hash:
+		id = tpl.ActiveVersionID
+	case pending != nil && pending.FilesHash == hash:
+		id, _ = uuid.Parse(pending.VersionID)
+	}
+	if id == uuid.Nil {
+		return uuid.Nil
+	}
+	v, err := s.versions.get(ctx, t, id)
+	if err != nil {
+		return uuid.Nil // uploaded instead
+	}
+	return v.Job.FileID
 }
 
 // hasTags reports whether template version id has spec's provisioner

@@ -154,7 +154,7 @@ func (s *TemplateStorage) planCreate(ctx context.Context, t target, n templateOb
 		var versionID uuid.UUID
 		var build *coderv1alpha1.TemplateBuildRecord
 		if len(tpl.Spec.Files) > 0 {
-			v, b, err := s.startBuild(ctx, t, orgID, uuid.Nil, tpl.Spec.Files, vars, &tpl.Spec, tpl.Name)
+			v, b, err := s.startBuild(ctx, t, orgID, uuid.Nil, tpl.Spec.Files, vars, &tpl.Spec, tpl.Name, uuid.Nil)
 			if err != nil {
 				return nil, nil, err
 			}
