@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net/http"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
@@ -318,23 +315,6 @@ func (s *TemplateStorage) fileOfSame(ctx context.Context, t target, tpl *codersd
 	return v.Job.FileID
 }
 
-// hasTags reports whether template version id has spec's provisioner
-// tags.
-func (s *TemplateStorage) hasTags(ctx context.Context, t target, id string, spec *aggv1.CoderTemplateSpec) (bool, error) {
-	vid, err := uuid.Parse(id)
-	if err != nil {
-		return false, nil // not a record this server wrote
-	}
-	v, err := s.versions.get(ctx, t, vid)
-	if err != nil {
-		if coderapi.IsNotFound(err) {
-			return false, nil // deleted in Coder: build anew
-		}
-		return false, err
-	}
-	return sameTags(&v, spec), nil
-}
-
 // activeHasVariables reports whether the active version of tpl has the
 // variables whose variablesHash is varsHash: those applied to it through
 // Kubernetes (rec's), or, for a version made in Coder, none listed and
@@ -499,26 +479,6 @@ func buildCondition(b *coderv1alpha1.TemplateBuildRecord, v *codersdk.TemplateVe
 		c.Message = fmt.Sprintf("template version %s (%s) is building (job %s)%s%s", v.Name, v.ID, v.Job.Status, waitingFor(v), stays)
 	}
 	return c, true
-}
-
-// waitingFor says why a pending import waits, when coderd knows: no
-// provisioner daemon has its tags, or none of those is available.
-func waitingFor(v *codersdk.TemplateVersion) string {
-	m := v.MatchedProvisioners
-	if v.Job.Status != codersdk.ProvisionerJobPending || m == nil {
-		return ""
-	}
-	tags := make([]string, 0, len(v.Job.Tags))
-	for _, k := range slices.Sorted(maps.Keys(v.Job.Tags)) {
-		tags = append(tags, k+"="+v.Job.Tags[k])
-	}
-	switch {
-	case m.Count == 0:
-		return fmt.Sprintf(": no provisioner daemon has its tags (%s), so the import waits until one does", strings.Join(tags, " "))
-	case m.Available == 0:
-		return fmt.Sprintf(": the %d provisioner daemons with its tags (%s) are busy or have not been seen lately", m.Count, strings.Join(tags, " "))
-	}
-	return ""
 }
 
 // readyCondition returns obj's Ready condition (toTemplate always sets

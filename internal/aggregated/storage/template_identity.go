@@ -108,6 +108,43 @@ func sameTags(v *codersdk.TemplateVersion, spec *aggv1.CoderTemplateSpec) bool {
 	return maps.Equal(givenTags(v.Job.Tags), spec.ProvisionerTags)
 }
 
+// hasTags reports whether template version id has spec's provisioner
+// tags.
+func (s *TemplateStorage) hasTags(ctx context.Context, t target, id string, spec *aggv1.CoderTemplateSpec) (bool, error) {
+	vid, err := uuid.Parse(id)
+	if err != nil {
+		return false, nil // not a record this server wrote
+	}
+	v, err := s.versions.get(ctx, t, vid)
+	if err != nil {
+		if coderapi.IsNotFound(err) {
+			return false, nil // deleted in Coder: build anew
+		}
+		return false, err
+	}
+	return sameTags(&v, spec), nil
+}
+
+// waitingFor says why a pending import waits, when coderd knows: no
+// provisioner daemon has its tags, or none of those is available.
+func waitingFor(v *codersdk.TemplateVersion) string {
+	m := v.MatchedProvisioners
+	if v.Job.Status != codersdk.ProvisionerJobPending || m == nil {
+		return ""
+	}
+	tags := make([]string, 0, len(v.Job.Tags))
+	for _, k := range slices.Sorted(maps.Keys(v.Job.Tags)) {
+		tags = append(tags, k+"="+v.Job.Tags[k])
+	}
+	switch {
+	case m.Count == 0:
+		return fmt.Sprintf(": no provisioner daemon has its tags (%s), so the import waits until one does", strings.Join(tags, " "))
+	case m.Available == 0:
+		return fmt.Sprintf(": the %d provisioner daemons with its tags (%s) are busy or have not been seen lately", m.Count, strings.Join(tags, " "))
+	}
+	return ""
+}
+
 // givenTo is what rec says the spec gave version id (nil: nothing).
 func givenTo(rec *records.Record, id uuid.UUID) *coderv1alpha1.TemplateVersionGiven {
 	if rec == nil {
