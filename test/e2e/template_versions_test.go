@@ -204,10 +204,21 @@ spec:
 		}
 	})
 
-	t.Run("promoted in Coder, the version reads as active; deleting it is refused with 409", func(t *testing.T) {
+	t.Run("promoted by name through the template's spec.versionName, the version reads as active; deleting it is refused with 409", func(t *testing.T) {
 		needV2(t)
-		if err := s.coder.Client.UpdateActiveTemplateVersion(ctx, tpl.ID, codersdk.UpdateActiveTemplateVersion{ID: uuid.MustParse(v2.Status.ID)}); err != nil {
-			t.Fatal(err)
+		// The same field manager as the template's create, without
+		// spec.files: the template shows the promoted version's.
+		s.must(t, "apply", "--server-side", "-f", writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
+kind: CoderTemplate
+metadata: {name: %s.%s, namespace: %s}
+spec:
+  versionName: v2`, s.org, tplName, s.ns)))
+		if active := s.coderTemplate(t, tplName).ActiveVersionID.String(); active != v2.Status.ID {
+			t.Errorf("coderd's active version %s, want v2 (%s)", active, v2.Status.ID)
+		}
+		shown := s.getTemplate(t, s.org+"."+tplName)
+		if shown.Spec.VersionName != "v2" || shown.Spec.VersionID != v2.Status.ID || shown.Spec.Files["main.tf"] != stagedTF {
+			t.Errorf("the template shows version %q (%s) with files %q; want v2's", shown.Spec.VersionName, shown.Spec.VersionID, shown.Spec.Files["main.tf"])
 		}
 		if !get(t, objName("v2")).Status.Active || get(t, objName(first.Name)).Status.Active {
 			t.Error("after the promotion v2 is not the only active version")
