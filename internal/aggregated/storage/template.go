@@ -367,7 +367,7 @@ func (s *TemplateStorage) planUpdate(n templateObjectName, name string, cur, nex
 				// differ after all.
 				same := false
 				if taken.ID.String() == cur.Status.ActiveVersionID || taken.ID.String() == cur.Status.BuildingVersionID {
-					hash, err := s.versionFilesHash(ctx, w.t, taken.ID)
+					hash, err := s.filesHashOf(ctx, w.t, taken)
 					if err != nil {
 						return false, s.requestErr(ctx, w.t, err, name, "coderd to return the named version's source")
 					}

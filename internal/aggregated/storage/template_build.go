@@ -255,27 +255,35 @@ func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk
 	if prev != nil {
 		pending = prev.Spec.Build
 	}
-	if pending != nil && pending.FilesHash == hash && pending.VariablesHash == varsHash {
-		same, err := s.hasTags(ctx, t, pending.VersionID, spec)
-		if err != nil {
-			return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the building version")
-		}
-		if same {
-			// The same files, variables and tags again (a failed build
-			// too: its files are what the object shows, so GitOps tools
-			// see no drift to re-apply).
-			return buildPlan{}, nil
+	// The pending version, when it has these files: reused as it is
+	// with the same variables and tags, else its coderd file is.
+	var building *codersdk.TemplateVersion
+	if pending != nil && pending.FilesHash == hash {
+		if id, err := uuid.Parse(pending.VersionID); err == nil {
+			v, err := s.versions.get(ctx, t, id)
+			switch {
+			case err == nil:
+				building = &v
+			case !coderapi.IsNotFound(err): // deleted in Coder: build anew
+				return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the building version")
+			}
 		}
 	}
-	activeHash, err := s.activeFilesHash(ctx, t, tpl)
-	if err != nil {
-		return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the active version's source")
+	if building != nil && pending.VariablesHash == varsHash && sameTags(building, spec) {
+		// The same files, variables and tags again (a failed build
+		// too: its files are what the object shows, so GitOps tools
+		// see no drift to re-apply).
+		return buildPlan{}, nil
 	}
-	sameTags, err := s.hasTags(ctx, t, tpl.ActiveVersionID.String(), spec)
+	active, err := s.versions.get(ctx, t, tpl.ActiveVersionID)
 	if err != nil {
 		return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the active version")
 	}
-	if activeHash == hash && sameTags {
+	activeHash, err := s.filesHashOf(ctx, t, &active)
+	if err != nil {
+		return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the active version's source")
+	}
+	if activeHash == hash && sameTags(&active, spec) {
 		same, err := s.activeHasVariables(ctx, t, tpl, prev, varsHash)
 		if err != nil {
 			return buildPlan{}, s.requestErr(ctx, t, err, name, "coderd to return the active version's variables")
@@ -285,7 +293,16 @@ func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk
 			return s.planDrop(ctx, t, prev), nil
 		}
 	}
-	_, b, err := s.startBuild(ctx, t, tpl.OrganizationID, tpl.ID, spec.Files, vars, spec, name, s.fileOfSame(ctx, t, tpl, pending, hash, activeHash))
+	// A version of the same files (other variables or tags) lends its
+	// coderd file.
+	reuse := uuid.Nil
+	switch {
+	case activeHash == hash:
+		reuse = active.Job.FileID
+	case building != nil:
+		reuse = building.Job.FileID
+	}
+	_, b, err := s.startBuild(ctx, t, tpl.OrganizationID, tpl.ID, spec.Files, vars, spec, name, reuse)
 	if err != nil {
 		return buildPlan{}, err
 	}
@@ -293,26 +310,6 @@ func (s *TemplateStorage) planFiles(ctx context.Context, t target, tpl *codersdk
 		s.abandonVersion(ctx, t, uuid.MustParse(pending.VersionID))
 	}
 	return buildPlan{set: true, build: b, vars: vars.record, keep: tpl.ActiveVersionID}, nil
-}
-
-// fileOfSame is the coderd file of the active or pending version when it
-// has the files whose FilesHash is hash (uuid.Nil: none, or unknown).
-func (s *TemplateStorage) fileOfSame(ctx context.Context, t target, tpl *codersdk.Template, pending *coderv1alpha1.TemplateBuildRecord, hash, activeHash string) uuid.UUID {
-	id := uuid.Nil
-	switch {
-	case activeHash == hash:
-		id = tpl.ActiveVersionID
-	case pending != nil && pending.FilesHash == hash:
-		id, _ = uuid.Parse(pending.VersionID)
-	}
-	if id == uuid.Nil {
-		return uuid.Nil
-	}
-	v, err := s.versions.get(ctx, t, id)
-	if err != nil {
-		return uuid.Nil // uploaded instead
-	}
-	return v.Job.FileID
 }
 
 // activeHasVariables reports whether the active version of tpl has the
@@ -357,19 +354,9 @@ func (s *TemplateStorage) planDrop(ctx context.Context, t target, prev *records.
 	return buildPlan{set: true}
 }
 
-// activeFilesHash is the FilesHash of the template's active version's
-// source, "" when it cannot be shown as spec.files.
-func (s *TemplateStorage) activeFilesHash(ctx context.Context, t target, tpl *codersdk.Template) (string, error) {
-	return s.versionFilesHash(ctx, t, tpl.ActiveVersionID)
-}
-
-// versionFilesHash is the FilesHash of version id's source, "" when it
-// cannot be shown as spec.files.
-func (s *TemplateStorage) versionFilesHash(ctx context.Context, t target, id uuid.UUID) (string, error) {
-	v, err := s.versions.get(ctx, t, id)
-	if err != nil {
-		return "", err
-	}
+// filesHashOf is the FilesHash of version v's source, "" when it cannot
+// be shown as spec.files.
+func (s *TemplateStorage) filesHashOf(ctx context.Context, t target, v *codersdk.TemplateVersion) (string, error) {
 	files, err := s.sources.Files(ctx, t.coderdKey(), t.Client, v.Job.FileID, s.opts.Limits)
 	if err != nil {
 		var fe *templatesource.FileError

@@ -108,23 +108,6 @@ func sameTags(v *codersdk.TemplateVersion, spec *aggv1.CoderTemplateSpec) bool {
 	return maps.Equal(givenTags(v.Job.Tags), spec.ProvisionerTags)
 }
 
-// hasTags reports whether template version id has spec's provisioner
-// tags.
-func (s *TemplateStorage) hasTags(ctx context.Context, t target, id string, spec *aggv1.CoderTemplateSpec) (bool, error) {
-	vid, err := uuid.Parse(id)
-	if err != nil {
-		return false, nil // not a record this server wrote
-	}
-	v, err := s.versions.get(ctx, t, vid)
-	if err != nil {
-		if coderapi.IsNotFound(err) {
-			return false, nil // deleted in Coder: build anew
-		}
-		return false, err
-	}
-	return sameTags(&v, spec), nil
-}
-
 // waitingFor says why a pending import waits, when coderd knows: no
 // provisioner daemon has its tags, or none of those is available.
 func waitingFor(v *codersdk.TemplateVersion) string {
