@@ -309,6 +309,66 @@ spec:
 			t.Errorf("coderd has %d versions after the member's refused creates, want %d", n, before)
 		}
 	})
+
+	t.Run("a template made in Coder is listed within the poll interval; its promotion and deletion in Coder show at once", func(t *testing.T) {
+		// Built in Coder from the first version's file, as the UI or the
+		// coder CLI would.
+		build := func(t *testing.T, templateID uuid.UUID, name string) codersdk.TemplateVersion {
+			t.Helper()
+			v, err := s.coder.Client.CreateTemplateVersion(ctx, tpl.OrganizationID, codersdk.CreateTemplateVersionRequest{
+				Name: name, TemplateID: templateID, StorageMethod: codersdk.ProvisionerStorageMethodFile,
+				FileID: first.Job.FileID, Provisioner: codersdk.ProvisionerTypeTerraform,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(3 * time.Minute)
+			for v.Job.Status != codersdk.ProvisionerJobSucceeded {
+				if v.Job.Status == codersdk.ProvisionerJobFailed || time.Now().After(deadline) {
+					t.Fatalf("version %s: %s %s", name, v.Job.Status, v.Job.Error)
+				}
+				time.Sleep(200 * time.Millisecond)
+				if v, err = s.coder.Client.TemplateVersion(ctx, v.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return v
+		}
+		const other = "made-in-coder"
+		listed := func(t *testing.T) string {
+			t.Helper()
+			return strings.TrimSpace(s.must(t, "get", "ctv", "-n", s.ns, "-l", aggv1.LabelTemplate+"="+other,
+				"-o", "jsonpath={range .items[*]}{.metadata.name}={.status.active} {end}"))
+		}
+		one := build(t, uuid.Nil, "one")
+		made, err := s.coder.Client.CreateTemplate(ctx, tpl.OrganizationID, codersdk.CreateTemplateRequest{Name: other, VersionID: one.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		want := s.org + "." + other + ".one=true"
+		for got := listed(t); got != want; got = listed(t) {
+			if time.Since(start) > 2*s.watchPollInterval()+5*time.Second {
+				t.Fatalf("%s after %s: listed %q, want %q", other, time.Since(start).Round(time.Millisecond), got, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("a template made in Coder listed after %s (poll interval %s)", time.Since(start).Round(time.Millisecond), s.watchPollInterval())
+
+		two := build(t, made.ID, "two")
+		if err := s.coder.Client.UpdateActiveTemplateVersion(ctx, made.ID, codersdk.UpdateActiveTemplateVersion{ID: two.ID}); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := listed(t), s.org+"."+other+".one= "+s.org+"."+other+".two=true"; got != want { // status.active is omitted when false
+			t.Errorf("after the promotion in Coder, the next list shows %q, want %q", got, want)
+		}
+		if err := s.coder.Client.DeleteTemplate(ctx, made.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got := listed(t); got != "" {
+			t.Errorf("after the template's deletion in Coder, the next list shows %q, want nothing", got)
+		}
+	})
 }
 
 func slicesOf(m map[string]bool) []string {

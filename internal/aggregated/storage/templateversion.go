@@ -2,7 +2,9 @@ package storage
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 	"github.com/coder/coder-k8s/internal/coderapi"
+	"github.com/coder/coder-k8s/internal/jsonskim"
 )
 
 // codertemplateversions: every non-archived version of every template,
@@ -38,7 +41,9 @@ type TemplateVersionStorage struct {
 	// templateIDs holds, per coderd (target.coderdKey), the IDs of the
 	// templates its last list found ([]uuid.UUID).
 	templateIDs sync.Map
-	tpls        *TemplateStorage
+	// memo holds the versions the last list of each backend decoded.
+	memo listMemo[codersdk.TemplateVersion]
+	tpls *TemplateStorage
 }
 
 // NewTemplateVersions returns the codertemplateversions storage, sharing
@@ -65,6 +70,7 @@ func NewTemplateVersions(o Options, tpls *TemplateStorage) (*TemplateVersionStor
 	if err := startCache(&s.genericStore, o, s.listVersions, aggv1.TemplateVersionFields); err != nil {
 		return nil, err
 	}
+	s.sourcesListed = s.memo.retain
 	return s, nil
 }
 
@@ -74,71 +80,40 @@ func (s *TemplateVersionStorage) GetSingularName() string { return "codertemplat
 func (s *TemplateVersionStorage) ShortNames() []string    { return []string{"ctv"} }
 
 // listVersions reads every non-archived version of every template of one
-// coderd: the templates, and each template's versions (one request each:
-// coderd's versions list is unpaginated without a limit). coderd's
-// templates list is as slow as the versions lists together (it computes
-// each template's statistics), so the versions of the templates the last
-// list found are read while it runs; a template it finds that is new is
-// read after it. What is served is as of the templates list: a template
-// gone since has no versions. Sources and ended versions' variables come
-// from the caches templates share.
+// coderd: each template and its versions (one request each: coderd's
+// versions list is unpaginated without a limit), as coderd holds them
+// now. Which templates there are comes from coderd's templates list, which
+// costs coderd as much as all the versions lists of a few templates (it
+// prepares an authorization filter on every call, where reading one
+// template is an authorization coderd caches): it is read when the known
+// templates are older than the poll interval or a template changed
+// through coder-k8s (the templates' cache moved), and otherwise each known
+// template is read by ID. So a template created in Coder outside
+// coder-k8s has its versions listed within the poll interval, as soon as
+// a watch would see them; a template deleted or renamed shows at once.
+// Sources and ended versions' variables come from the caches templates
+// share.
 func (s *TemplateVersionStorage) listVersions(ctx context.Context, t target) ([]watchcache.Object, error) {
 	started := time.Now()
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(coderapi.MaxParallel + 1)
-	var mu sync.Mutex
-	read := map[uuid.UUID][]codersdk.TemplateVersion{}
-	listOf := func(id uuid.UUID) func() error {
-		return func() error {
-			vs, err := t.Client.TemplateVersionsByTemplate(gctx, codersdk.TemplateVersionsByTemplateRequest{TemplateID: id})
-			if coderapi.IsNotFound(err) {
-				// Deleted meanwhile.
-				err, vs = nil, nil
-			}
-			if err != nil {
-				return fmt.Errorf("list versions of template %s: %w", id, err)
-			}
-			mu.Lock()
-			read[id] = vs
-			mu.Unlock()
-			return nil
-		}
+	known, current := s.knownTemplates(t)
+	d := &versionDecoder{prev: s.memo.get(t), next: map[uint64]codersdk.TemplateVersion{}}
+	var (
+		tpls []codersdk.Template
+		read map[uuid.UUID][]codersdk.TemplateVersion
+		err  error
+	)
+	if current {
+		tpls, read, err = s.readKnown(ctx, t, known.ids, d)
+	} else {
+		tpls, read, err = s.discover(ctx, t, known.ids, d)
 	}
-	var tpls []codersdk.Template
-	g.Go(func() error {
-		var err error
-		if tpls, err = t.Client.Templates(gctx, codersdk.TemplateFilter{}); err != nil {
-			return fmt.Errorf("list templates: %w", err)
-		}
-		return nil
-	})
-	for _, id := range s.knownTemplates(t) {
-		g.Go(listOf(id))
-	}
-	if err := g.Wait(); err != nil {
+	if err != nil {
 		return nil, err
 	}
-	ids := make([]uuid.UUID, len(tpls))
-	var missing []uuid.UUID
-	for i, tpl := range tpls {
-		ids[i] = tpl.ID
-		if _, ok := read[tpl.ID]; !ok {
-			missing = append(missing, tpl.ID)
-		}
-	}
-	g, gctx = errgroup.WithContext(ctx)
-	g.SetLimit(coderapi.MaxParallel)
-	for _, id := range missing {
-		g.Go(listOf(id))
-	}
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
-	s.templateIDs.Store(t.coderdKey(), ids)
 	// Converted per template at once: a version seen for the first time
 	// costs a request for its variables.
 	perTemplate := make([][]watchcache.Object, len(tpls))
-	g, gctx = errgroup.WithContext(ctx)
+	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(coderapi.MaxParallel)
 	for i := range tpls {
 		g.Go(func() error {
@@ -165,15 +140,177 @@ func (s *TemplateVersionStorage) listVersions(ctx context.Context, t target) ([]
 	if err := s.mergeListed(ctx, t, out, started, true, nil); err != nil {
 		return nil, err
 	}
+	s.memo.set(t, d.next)
 	return out, nil
 }
 
-// knownTemplates are the IDs of the templates the last list of t's
-// coderd found.
-func (s *TemplateVersionStorage) knownTemplates(t target) []uuid.UUID {
-	ids, _ := s.templateIDs.Load(t.coderdKey())
-	l, _ := ids.([]uuid.UUID)
-	return l
+// discover reads coderd's templates list and the versions of every
+// template it finds, recording the templates as known. The versions of
+// the templates known before are read while the list runs; a template it
+// finds that is new is read after it. What is served is as of the
+// templates list: a template gone since has no versions.
+func (s *TemplateVersionStorage) discover(ctx context.Context, t target, known []uuid.UUID, d *versionDecoder) ([]codersdk.Template, map[uuid.UUID][]codersdk.TemplateVersion, error) {
+	tplRV := s.tpls.cache.ResourceVersion()
+	at := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(coderapi.MaxParallel + 1)
+	var mu sync.Mutex
+	read := map[uuid.UUID][]codersdk.TemplateVersion{}
+	listOf := func(id uuid.UUID) func() error {
+		return func() error {
+			vs, err := s.versionsOf(gctx, t, id, d)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			read[id] = vs
+			mu.Unlock()
+			return nil
+		}
+	}
+	var tpls []codersdk.Template
+	g.Go(func() error {
+		var err error
+		if tpls, err = t.Client.Templates(gctx, codersdk.TemplateFilter{}); err != nil {
+			return fmt.Errorf("list templates: %w", err)
+		}
+		return nil
+	})
+	for _, id := range known {
+		g.Go(listOf(id))
+	}
+	if err := g.Wait(); err != nil {
+		return nil, nil, err
+	}
+	ids := make([]uuid.UUID, len(tpls))
+	var missing []uuid.UUID
+	for i, tpl := range tpls {
+		ids[i] = tpl.ID
+		if _, ok := read[tpl.ID]; !ok {
+			missing = append(missing, tpl.ID)
+		}
+	}
+	g, gctx = errgroup.WithContext(ctx)
+	g.SetLimit(coderapi.MaxParallel)
+	for _, id := range missing {
+		g.Go(listOf(id))
+	}
+	if err := g.Wait(); err != nil {
+		return nil, nil, err
+	}
+	s.templateIDs.Store(t.coderdKey(), knownSet{ids: ids, at: at, tplRV: tplRV})
+	return tpls, read, nil
+}
+
+// readKnown reads each of the known templates and its versions by ID. A
+// template coderd no longer has is left out.
+func (s *TemplateVersionStorage) readKnown(ctx context.Context, t target, known []uuid.UUID, d *versionDecoder) ([]codersdk.Template, map[uuid.UUID][]codersdk.TemplateVersion, error) {
+	tpls := make([]*codersdk.Template, len(known))
+	vss := make([][]codersdk.TemplateVersion, len(known))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(coderapi.MaxParallel)
+	for i, id := range known {
+		g.Go(func() error {
+			tpl, err := t.Client.Template(gctx, id)
+			if coderapi.IsNotFound(err) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("read template %s: %w", id, err)
+			}
+			tpls[i] = &tpl
+			return nil
+		})
+		g.Go(func() error {
+			vs, err := s.versionsOf(gctx, t, id, d)
+			vss[i] = vs
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, nil, err
+	}
+	out := make([]codersdk.Template, 0, len(known))
+	read := make(map[uuid.UUID][]codersdk.TemplateVersion, len(known))
+	for i, tpl := range tpls {
+		if tpl == nil {
+			continue
+		}
+		out = append(out, *tpl)
+		read[tpl.ID] = vss[i]
+	}
+	return out, read, nil
+}
+
+// versionsOf lists template id's versions; none for a template deleted
+// meanwhile. Each version is decoded only if its JSON is not one the last
+// list decoded (d): coderd's versions rarely change, and decoding them
+// was most of a list's work.
+func (s *TemplateVersionStorage) versionsOf(ctx context.Context, t target, id uuid.UUID, d *versionDecoder) ([]codersdk.TemplateVersion, error) {
+	res, err := t.Client.Request(ctx, http.MethodGet, fmt.Sprintf("/api/v2/templates/%s/versions", id), nil)
+	if err != nil {
+		return nil, fmt.Errorf("list versions of template %s: %w", id, err)
+	}
+	defer func() { _ = res.Body.Close() }()
+	if res.StatusCode == http.StatusNotFound {
+		return nil, nil
+	}
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("list versions of template %s: %w", id, codersdk.ReadBodyAsError(res))
+	}
+	var vs []codersdk.TemplateVersion
+	if err := elements(jsonskim.NewReader(res.Body), func(raw []byte) error {
+		v, err := d.decode(raw)
+		vs = append(vs, v)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("list versions of template %s: %w", id, err)
+	}
+	return vs, nil
+}
+
+// versionDecoder decodes the versions of one list, reusing what the last
+// list decoded from the same JSON (prev) and keeping what this one
+// decodes (next). Decoded versions are shared between lists: only read.
+type versionDecoder struct {
+	prev map[uint64]codersdk.TemplateVersion
+	mu   sync.Mutex
+	next map[uint64]codersdk.TemplateVersion
+}
+
+func (d *versionDecoder) decode(raw []byte) (codersdk.TemplateVersion, error) {
+	h := hashBytes(raw)
+	v, ok := d.prev[h]
+	if !ok {
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return v, fmt.Errorf("decode coderd's answer: %w", err)
+		}
+	}
+	d.mu.Lock()
+	d.next[h] = v
+	d.mu.Unlock()
+	return v, nil
+}
+
+// knownSet is what the last templates list of one coderd found: the
+// templates' IDs, when it started, and the templates' cache's resource
+// version then.
+type knownSet struct {
+	ids   []uuid.UUID
+	at    time.Time
+	tplRV string
+}
+
+// knownTemplates returns the templates the last list of t's coderd found,
+// and whether they may be used instead of listing again: read within the
+// poll interval, with no template changed through coder-k8s since.
+func (s *TemplateVersionStorage) knownTemplates(t target) (knownSet, bool) {
+	v, _ := s.templateIDs.Load(t.coderdKey())
+	k, ok := v.(knownSet)
+	if !ok {
+		return knownSet{}, false
+	}
+	return k, time.Since(k.at) < s.interval && k.tplRV == s.tpls.cache.ResourceVersion()
 }
 
 // convert is the view of version v of tpl, showing the variables applied

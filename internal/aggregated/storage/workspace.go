@@ -27,7 +27,7 @@ type WorkspaceStorage struct {
 	genericStore
 	params *buildParams
 	orgs   orgIDs
-	memo   listMemo
+	memo   listMemo[*memoEntry]
 	// pageSize is how many workspaces a list asks coderd for at once
 	// (Options.WorkspacePageSize).
 	pageSize int

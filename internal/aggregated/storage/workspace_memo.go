@@ -10,21 +10,23 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 )
 
-// listMemo remembers, per backend, what the last list of its coderd built
-// from each workspace's JSON, by a hash of that JSON. It keeps one memo
-// per backend: a memo of another coderd URL (or naming) is dropped when
-// the backend's next list is kept, and the memo of a backend that is gone
-// when the sources are listed (see retain), since each memo holds every
-// workspace of its coderd.
-type listMemo struct {
+// listMemo remembers, per backend, what the last list of its coderd made
+// of each item's JSON (E: a workspace's memoEntry, a decoded template
+// version), by a hash of that JSON. It keeps one memo per backend: a memo
+// of another coderd URL (or naming) is dropped when the backend's next
+// list is kept, and the memo of a backend that is gone when the sources
+// are listed (see retain), since each memo holds every item of its
+// coderd. A memo that is kept is never changed: lists running at once
+// read it while the next is built.
+type listMemo[E any] struct {
 	mu   sync.Mutex
-	byBE map[string]backendMemo
+	byBE map[string]backendMemo[E]
 }
 
 // backendMemo is one backend's memo, for the coderd and naming tag says.
-type backendMemo struct {
+type backendMemo[E any] struct {
 	tag     string
-	entries map[uint64]*memoEntry
+	entries map[uint64]E
 }
 
 // memoEntry is what a list built from one workspace's JSON. Lists running
@@ -72,7 +74,7 @@ func memoTag(t target) string {
 
 // get returns t's memo, or nil when the last list kept was of another
 // coderd or naming.
-func (m *listMemo) get(t target) map[uint64]*memoEntry {
+func (m *listMemo[E]) get(t target) map[uint64]E {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if bm, ok := m.byBE[t.Key()]; ok && bm.tag == memoTag(t) {
@@ -82,17 +84,17 @@ func (m *listMemo) get(t target) map[uint64]*memoEntry {
 }
 
 // set keeps entries as t's memo, replacing whatever the backend had.
-func (m *listMemo) set(t target, entries map[uint64]*memoEntry) {
+func (m *listMemo[E]) set(t target, entries map[uint64]E) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.byBE == nil {
-		m.byBE = map[string]backendMemo{}
+		m.byBE = map[string]backendMemo[E]{}
 	}
-	m.byBE[t.Key()] = backendMemo{tag: memoTag(t), entries: entries}
+	m.byBE[t.Key()] = backendMemo[E]{tag: memoTag(t), entries: entries}
 }
 
 // retain drops the memos of backends other than ts.
-func (m *listMemo) retain(ts []target) {
+func (m *listMemo[E]) retain(ts []target) {
 	keep := make(map[string]bool, len(ts))
 	for _, t := range ts {
 		keep[t.Key()] = true

@@ -27,7 +27,7 @@ func TestListMemoPerBackend(t *testing.T) {
 		return map[uint64]*memoEntry{hash: newMemoEntry(&aggv1.CoderWorkspace{})}
 	}
 
-	var m listMemo
+	var m listMemo[*memoEntry]
 	m.set(a, entries(1))
 	m.set(b, entries(2))
 	if got := m.get(a); got[1] == nil {
