@@ -210,7 +210,7 @@ func (s *UserStorage) mayAssign(ctx context.Context, t target, site []string, si
 			case j < 0:
 				errs = append(errs, field.NotFound(p.Index(i), r))
 			case !have[j].Assignable:
-				return apierrors.NewForbidden(s.gr, name, &identity.Refused{Reason: fmt.Sprintf("coderd of %s refused Coder user %q: %s: role %q is not assignable by them (coderd: only an owner may grant owner, template-admin, user-admin or auditor; a user admin grants member roles)",
+				return apierrors.NewForbidden(s.gr, name, &identity.Refused{Reason: fmt.Sprintf("coderd of %s refused Coder user %q: %s: role %q is not assignable by them (coderd's list of roles says so: only an owner may grant owner, template-admin, user-admin or auditor)",
 					t.describe(), t.caller.Username, p.Index(i), r)})
 			}
 		}
@@ -427,7 +427,7 @@ func diffUser(cur, next *aggv1.CoderUserSpec) userChange {
 // reserved refuses a change of the Coder users coder-k8s made for itself.
 func (s *UserStorage) reserved(t target, cur *aggv1.CoderUser, what string) error {
 	if slices.Contains(t.ReservedUsers, cur.Status.ID) || slices.Contains(t.ReservedUsers, userNameOf(cur)) {
-		return apierrors.NewForbidden(s.gr, cur.Name, fmt.Errorf("Coder user %s is coder-k8s' own access to %s; coder-k8s does not %s it", userNameOf(cur), t.describe(), what))
+		return apierrors.NewForbidden(s.gr, cur.Name, fmt.Errorf("the Coder user %s is coder-k8s' own access to %s; coder-k8s does not %s it", userNameOf(cur), t.describe(), what))
 	}
 	return nil
 }
