@@ -9,6 +9,7 @@ const (
 	RecordResourceWorkspaces       = "coderworkspaces"
 	RecordResourceTemplates        = "codertemplates"
 	RecordResourceTemplateVersions = "codertemplateversions"
+	RecordResourceUsers            = "coderusers"
 )
 
 // CoderObjectRecordSpec is what Kubernetes knows about one aggregated
@@ -18,8 +19,8 @@ const (
 // do not edit them.
 type CoderObjectRecordSpec struct {
 	// Resource is the aggregated resource: coderworkspaces,
-	// codertemplates or codertemplateversions.
-	// +kubebuilder:validation:Enum=coderworkspaces;codertemplates;codertemplateversions
+	// codertemplates, codertemplateversions or coderusers.
+	// +kubebuilder:validation:Enum=coderworkspaces;codertemplates;codertemplateversions;coderusers
 	Resource string `json:"resource"`
 	// ControlPlane is the CoderControlPlane (in the record's namespace)
 	// whose coderd holds the object; empty for the static backend.
@@ -90,6 +91,23 @@ type CoderObjectRecordSpec struct {
 	// as written while Coder keeps their value (Coder keeps milliseconds).
 	// +optional
 	Durations map[string]string `json:"durations,omitempty"`
+	// Password is where a user's password was last set from: the
+	// Secret key and the Secret's resourceVersion then, never the
+	// password.
+	// +optional
+	Password *UserPasswordRecord `json:"password,omitempty"`
+}
+
+// UserPasswordRecord is the Secret a user's password was last set from.
+type UserPasswordRecord struct {
+	// SecretName is the Secret's name (in the record's namespace).
+	SecretName string `json:"secretName"`
+	// SecretKey is the key of its data.
+	SecretKey string `json:"secretKey"`
+	// SecretResourceVersion is the Secret's resourceVersion when the
+	// password was read.
+	// +optional
+	SecretResourceVersion string `json:"secretResourceVersion,omitempty"`
 }
 
 // TemplateVersionVariables are the variables applied to one template

@@ -364,9 +364,9 @@ func (r *rendered) checkUserRoles(t *testing.T) {
 		forPeople[role.Name] = true
 		for _, rule := range role.Rules {
 			if !slices.Equal(rule.APIGroups, []string{"aggregation.coder.com"}) || slices.ContainsFunc(rule.Resources, func(res string) bool {
-				return res != "coderworkspaces" && res != "codertemplates" && res != "codertemplateversions"
+				return res != "coderworkspaces" && res != "codertemplates" && res != "codertemplateversions" && res != "coderusers"
 			}) || len(rule.ResourceNames) > 0 || len(rule.NonResourceURLs) > 0 {
-				t.Errorf("ClusterRole %s, meant for people, has rule %+v beyond coderworkspaces, codertemplates and codertemplateversions", role.Name, rule)
+				t.Errorf("ClusterRole %s, meant for people, has rule %+v beyond coderworkspaces, codertemplates, codertemplateversions and coderusers", role.Name, rule)
 			}
 		}
 	}
@@ -510,7 +510,7 @@ func (r *rendered) checkComponentRoles(t *testing.T) {
 	// what only they needed.
 	forbidden := []grant{{group: "authorization.k8s.io", resource: "subjectaccessreviews"},
 		{group: "aggregation.coder.com", resource: "coderworkspaces"}, {group: "aggregation.coder.com", resource: "codertemplates"},
-		{group: "aggregation.coder.com", resource: "codertemplateversions"},
+		{group: "aggregation.coder.com", resource: "codertemplateversions"}, {group: "aggregation.coder.com", resource: "coderusers"},
 		{resource: "pods/log"}, {resource: "events", verbs: []string{"get", "list", "watch"}}}
 	if !r.runsMCP() {
 		forbidden = append(forbidden, grant{group: "authentication.k8s.io", resource: "tokenreviews"})

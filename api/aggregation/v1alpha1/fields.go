@@ -92,11 +92,26 @@ func TemplateVersionFields(v *CoderTemplateVersion) fields.Set {
 	}
 }
 
+// UserFields returns the fields a CoderUser can be selected by with
+// --field-selector.
+func UserFields(u *CoderUser) fields.Set {
+	return fields.Set{
+		"metadata.name":      u.Name,
+		"metadata.namespace": u.Namespace,
+		"spec.email":         u.Spec.Email,
+		"spec.loginType":     u.Spec.LoginType,
+		"spec.suspended":     strconv.FormatBool(u.Spec.Suspended),
+		"status.status":      u.Status.Status,
+		"status.id":          u.Status.ID,
+	}
+}
+
 func addFieldLabelConversions(scheme *runtime.Scheme) error {
 	for kind, set := range map[string]fields.Set{
 		"CoderWorkspace":       WorkspaceFields(&CoderWorkspace{}),
 		"CoderTemplate":        TemplateFields(&CoderTemplate{}),
 		"CoderTemplateVersion": TemplateVersionFields(&CoderTemplateVersion{}),
+		"CoderUser":            UserFields(&CoderUser{}),
 	} {
 		if err := scheme.AddFieldLabelConversionFunc(SchemeGroupVersion.WithKind(kind), fieldLabelConversion(kind, set)); err != nil {
 			return err

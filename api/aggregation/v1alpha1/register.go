@@ -31,6 +31,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&CoderWorkspace{}, &CoderWorkspaceList{},
 		&CoderTemplate{}, &CoderTemplateList{},
 		&CoderTemplateVersion{}, &CoderTemplateVersionList{},
+		&CoderUser{}, &CoderUserList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

@@ -56,6 +56,31 @@ func (in CoderTemplateVersionStatus) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderUser) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderUser"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderUserList) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderUserList"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderUserOrganization) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderUserOrganization"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderUserSpec) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderUserSpec"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderUserStatus) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderUserStatus"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in CoderWorkspace) OpenAPIModelName() string {
 	return "com.coder.aggregation.v1alpha1.CoderWorkspace"
 }

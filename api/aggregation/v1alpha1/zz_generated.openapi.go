@@ -25,6 +25,11 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		CoderTemplateVersionList{}.OpenAPIModelName():     schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionList(ref),
 		CoderTemplateVersionSpec{}.OpenAPIModelName():     schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionSpec(ref),
 		CoderTemplateVersionStatus{}.OpenAPIModelName():   schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionStatus(ref),
+		CoderUser{}.OpenAPIModelName():                    schema_coder_k8s_api_aggregation_v1alpha1_CoderUser(ref),
+		CoderUserList{}.OpenAPIModelName():                schema_coder_k8s_api_aggregation_v1alpha1_CoderUserList(ref),
+		CoderUserOrganization{}.OpenAPIModelName():        schema_coder_k8s_api_aggregation_v1alpha1_CoderUserOrganization(ref),
+		CoderUserSpec{}.OpenAPIModelName():                schema_coder_k8s_api_aggregation_v1alpha1_CoderUserSpec(ref),
+		CoderUserStatus{}.OpenAPIModelName():              schema_coder_k8s_api_aggregation_v1alpha1_CoderUserStatus(ref),
 		CoderWorkspace{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspace(ref),
 		CoderWorkspaceList{}.OpenAPIModelName():           schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceList(ref),
 		CoderWorkspaceSpec{}.OpenAPIModelName():           schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceSpec(ref),
@@ -937,6 +942,320 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionStatus(ref co
 		},
 		Dependencies: []string{
 			TemplateVariableStatus{}.OpenAPIModelName(), v1.Condition{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderUser(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderUser is a Coder user seen through Kubernetes. Its name is the Coder username, or <control plane>.<username> when the namespace has more than one control plane. Creating one creates the user in Coder; deleting one deletes it (coderd refuses while the user owns workspaces).",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ObjectMeta{}.OpenAPIModelName()),
+						},
+					},
+					"spec": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Spec is the user as declared.",
+							Default:     map[string]interface{}{},
+							Ref:         ref(CoderUserSpec{}.OpenAPIModelName()),
+						},
+					},
+					"status": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Status is the user as coderd reports it.",
+							Default:     map[string]interface{}{},
+							Ref:         ref(CoderUserStatus{}.OpenAPIModelName()),
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			CoderUserSpec{}.OpenAPIModelName(), CoderUserStatus{}.OpenAPIModelName(), v1.ObjectMeta{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderUserList(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderUserList is a list of users.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ListMeta{}.OpenAPIModelName()),
+						},
+					},
+					"items": {
+						SchemaProps: spec.SchemaProps{
+							Type: []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(CoderUser{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"items"},
+			},
+		},
+		Dependencies: []string{
+			CoderUser{}.OpenAPIModelName(), v1.ListMeta{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderUserOrganization(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderUserOrganization is one organization membership of a user.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Name is the organization's name.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"roles": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "set",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Roles are the user's organization roles (organization-admin, organization-user-admin, organization-template-admin, organization-auditor, or custom ones), applied as a whole; every member is also organization-member, which is not listed.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Type:   []string{"string"},
+										Format: "",
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"name"},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderUserSpec(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderUserSpec is what a user sets on a Coder user.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"email": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Email is the user's email address. Required on create; it cannot change (coderd has no API to change it).",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Name is the user's full name (Coder's profile name).",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"loginType": {
+						SchemaProps: spec.SchemaProps{
+							Description: "LoginType is how the user logs in: password, none (a machine account: only tokens an owner mints), github or oidc. Unset on create is coderd's default, password. It cannot change.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"suspended": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Suspended says the user is suspended: they cannot log in or use their tokens. False activates a suspended user; a dormant user (never logged in, or inactive) reads as not suspended.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"roles": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "set",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Roles are the user's site roles (owner, template-admin, user-admin, auditor), applied as a whole. Unset keeps Coder's; every user is also a member, which is not listed.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Type:   []string{"string"},
+										Format: "",
+									},
+								},
+							},
+						},
+					},
+					"organizations": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"name",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Organizations are the user's organization memberships with their organization roles, applied as a whole: organizations Coder has that the list lacks are left. Unset keeps Coder's (on create: the default organization).",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(CoderUserOrganization{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+					"passwordSecretRef": {
+						SchemaProps: spec.SchemaProps{
+							Description: "PasswordSecretRef names the key of a Secret in the object's namespace that holds the user's password (login type password only). coder-k8s reads it only when the writer may get that Secret, and the value goes nowhere but coderd. The password is set on create, when the reference changes and when the Secret changed since it was last read (on the next write).",
+							Ref:         ref(SecretKeySelector{}.OpenAPIModelName()),
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			CoderUserOrganization{}.OpenAPIModelName(), SecretKeySelector{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderUserStatus(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderUserStatus is the user as coderd reports it.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"id": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ID is the Coder user ID.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"status": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Status is Coder's user status: active, dormant or suspended.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"loginType": {
+						SchemaProps: spec.SchemaProps{
+							Description: "LoginType is how the user logs in.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"createdAt": {
+						SchemaProps: spec.SchemaProps{
+							Description: "CreatedAt is when coderd created the user.",
+							Ref:         ref(v1.Time{}.OpenAPIModelName()),
+						},
+					},
+					"updatedAt": {
+						SchemaProps: spec.SchemaProps{
+							Description: "UpdatedAt is when coderd last changed the user.",
+							Ref:         ref(v1.Time{}.OpenAPIModelName()),
+						},
+					},
+					"lastSeenAt": {
+						SchemaProps: spec.SchemaProps{
+							Description: "LastSeenAt is when the user last used Coder.",
+							Ref:         ref(v1.Time{}.OpenAPIModelName()),
+						},
+					},
+					"organizationIDs": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "set",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "OrganizationIDs are the IDs of the user's organizations.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Type:   []string{"string"},
+										Format: "",
+									},
+								},
+							},
+						},
+					},
+					"passwordSecretResourceVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "PasswordSecretResourceVersion is the resourceVersion of the Secret the password was last read from (never the password).",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"observedGeneration": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ObservedGeneration is the metadata.generation this status describes.",
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			v1.Time{}.OpenAPIModelName()},
 	}
 }
 

@@ -59,6 +59,7 @@ type Server struct {
 	workspaces *storage.WorkspaceStorage
 	templates  *storage.TemplateStorage
 	versions   *storage.TemplateVersionStorage
+	users      *storage.UserStorage
 	records    *records.Store
 	identity   *identity.Service
 	admission  *admission.Options
@@ -126,7 +127,7 @@ func New(o Options) (*Server, error) {
 	// convert, and the scheme maps between the two kinds without copying.
 	scheme.AddKnownTypes(schema.GroupVersion{Group: aggv1.GroupName, Version: runtime.APIVersionInternal},
 		&aggv1.CoderWorkspace{}, &aggv1.CoderWorkspaceList{}, &aggv1.CoderTemplate{}, &aggv1.CoderTemplateList{},
-		&aggv1.CoderTemplateVersion{}, &aggv1.CoderTemplateVersionList{})
+		&aggv1.CoderTemplateVersion{}, &aggv1.CoderTemplateVersionList{}, &aggv1.CoderUser{}, &aggv1.CoderUserList{})
 	// The meta types every API server serves (Status, discovery documents,
 	// list and watch options) regardless of its own groups.
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
@@ -155,6 +156,10 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("codertemplateversions storage: %w", err)
 	}
+	users, err := storage.NewUsers(so, templates)
+	if err != nil {
+		return nil, fmt.Errorf("coderusers storage: %w", err)
+	}
 	return &Server{
 		bindAddress:    o.BindAddress,
 		securePort:     o.SecurePort,
@@ -169,6 +174,7 @@ func New(o Options) (*Server, error) {
 		workspaces:     workspaces,
 		templates:      templates,
 		versions:       versions,
+		users:          users,
 		records:        o.Records,
 		identity:       ident,
 		admission:      o.Admission,
@@ -220,6 +226,7 @@ func (s *Server) Start(ctx context.Context) error {
 	pollers.Go(func() { s.workspaces.Run(pollCtx) })
 	pollers.Go(func() { s.templates.Run(pollCtx) })
 	pollers.Go(func() { s.versions.Run(pollCtx) })
+	pollers.Go(func() { s.users.Run(pollCtx) })
 	// The callers' tokens outlive the requests that use them: they are
 	// revoked once the server has drained (RunWithContext returned).
 	var tokens sync.WaitGroup
@@ -330,6 +337,7 @@ func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer,
 		"coderworkspaces":       s.workspaces,
 		"codertemplates":        s.templates,
 		"codertemplateversions": s.versions,
+		"coderusers":            s.users,
 	}
 	if err := gs.InstallAPIGroup(&group); err != nil {
 		return nil, fmt.Errorf("install %s: %w", aggv1.GroupName, err)

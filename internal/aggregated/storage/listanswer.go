@@ -88,6 +88,28 @@ func (s *TemplateVersionStorage) listOf(objs []watchcache.Listed, rv string) run
 	}
 }
 
+// userList is a LIST answer of coderusers.
+type userList struct {
+	aggv1.CoderUserList
+	listed []watchcache.Listed
+}
+
+var _ runtime.CacheableObject = (*userList)(nil)
+
+func (l *userList) CacheEncode(id runtime.Identifier, encode func(runtime.Object, io.Writer) error, w io.Writer) error {
+	empty := &aggv1.CoderUserList{TypeMeta: l.TypeMeta, ListMeta: l.ListMeta, Items: []aggv1.CoderUser{}}
+	return encodeListed(id, encode, w, &l.CoderUserList, len(l.Items), empty, l.listed)
+}
+
+func (l *userList) GetObject() runtime.Object { return l.CoderUserList.DeepCopy() }
+
+func (s *UserStorage) listOf(objs []watchcache.Listed, rv string) runtime.Object {
+	return &userList{
+		CoderUserList: aggv1.CoderUserList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderUser](objs)},
+		listed:        objs,
+	}
+}
+
 // listItems turns a list's objects (each a *T) into a typed list's
 // items: shallow copies, which share the cache's maps and slices, as
 // kube-apiserver's own watch cache answers lists; the API server only

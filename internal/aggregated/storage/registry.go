@@ -314,6 +314,8 @@ func (r *genericStore) noun() string {
 		return "template"
 	case "CoderTemplateVersion":
 		return "template version"
+	case "CoderUser":
+		return "user"
 	}
 	return r.kind
 }
@@ -332,6 +334,20 @@ func withSpecOf[T object](cur, next T) T {
 		keepSettings(&o.Spec, &kept)
 	case *aggv1.CoderTemplateVersion:
 		o.Spec = *any(next).(*aggv1.CoderTemplateVersion).Spec.DeepCopy()
+	case *aggv1.CoderUser:
+		// Unset roles, organizations and login type keep Coder's.
+		kept := o.Spec
+		o.Spec = *any(next).(*aggv1.CoderUser).Spec.DeepCopy()
+		if o.Spec.Roles == nil {
+			o.Spec.Roles = kept.Roles
+		}
+		if o.Spec.Organizations == nil {
+			o.Spec.Organizations = kept.Organizations
+		}
+		if o.Spec.LoginType == "" {
+			o.Spec.LoginType = kept.LoginType
+		}
+		sortedSpec(&o.Spec)
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -39,6 +40,17 @@ var (
 		{Name: "Deprecated", Type: "boolean", Priority: 1, Description: "The template is deprecated"},
 		{Name: "Users", Type: "integer", Priority: 1, Description: "Active users"},
 		{Name: "Files", Type: "integer", Priority: 1, Description: "Files in the template source"},
+	}
+	userColumns = []metav1.TableColumnDefinition{
+		{Name: "Name", Type: "string", Format: "name", Description: "Coder username"},
+		{Name: "Email", Type: "string", Description: "Email address"},
+		{Name: "Login Type", Type: "string", Description: "How the user logs in: password, none, github or oidc"},
+		{Name: "Roles", Type: "string", Description: "Site roles (every user is also a member)"},
+		{Name: "Status", Type: "string", Description: "Coder's user status: active, dormant or suspended"},
+		{Name: "Last Seen", Type: "string", Description: "Time since the user last used Coder"},
+		{Name: "Age", Type: "string", Description: "Time since the user was created"},
+		{Name: "Full Name", Type: "string", Priority: 1, Description: "Profile name"},
+		{Name: "Organizations", Type: "string", Priority: 1, Description: "Organizations the user belongs to"},
 	}
 	templateVersionColumns = []metav1.TableColumnDefinition{
 		{Name: "Name", Type: "string", Format: "name", Description: "<organization>.<template>.<version>"},
@@ -96,6 +108,26 @@ func (s *TemplateVersionStorage) ConvertToTable(_ context.Context, obj runtime.O
 		}
 		return []any{v.Name, v.Spec.Template, v.Status.Active, orNone(v.Status.BuildStatus), orNone(v.Status.CreatedBy),
 			age(v.CreationTimestamp), v.Spec.Organization, v.Spec.Message, int64(len(v.Spec.Files))}, nil
+	})
+}
+
+// ConvertToTable renders users for kubectl get.
+func (s *UserStorage) ConvertToTable(_ context.Context, obj runtime.Object, opts runtime.Object) (*metav1.Table, error) {
+	return toTable(obj, opts, userColumns, func(o runtime.Object) ([]any, error) {
+		u, ok := o.(*aggv1.CoderUser)
+		if !ok {
+			return nil, fmt.Errorf("expected a CoderUser, got %T", o)
+		}
+		orgs := make([]string, len(u.Spec.Organizations))
+		for i, org := range u.Spec.Organizations {
+			orgs[i] = org.Name
+		}
+		lastSeen := "<never>"
+		if u.Status.LastSeenAt != nil {
+			lastSeen = age(*u.Status.LastSeenAt)
+		}
+		return []any{u.Name, u.Spec.Email, orNone(u.Spec.LoginType), orNone(strings.Join(u.Spec.Roles, ",")), orNone(u.Status.Status),
+			lastSeen, age(u.CreationTimestamp), u.Spec.Name, orNone(strings.Join(orgs, ","))}, nil
 	})
 }
 
