@@ -53,7 +53,7 @@ func TestArgoCDWholeClusterCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	controller := applicationControllerConfig(ctx, t, admin)
+	controller := applicationControllerConfig(ctx, t, admin, controllerNamespace, controllerName)
 
 	// The second control plane adopts the stack's coderd through a proxy;
 	// once the test stops the proxy, that coderd refuses connections to
@@ -170,25 +170,26 @@ data:
 }
 
 // applicationControllerConfig creates Argo CD's application controller
-// ServiceAccount, bound to cluster-admin as a default installation binds
-// it, and returns a client configuration with a token of it.
-func applicationControllerConfig(ctx context.Context, t *testing.T, admin kubernetes.Interface) *rest.Config {
+// ServiceAccount (name in namespace ns), bound to cluster-admin as a
+// default installation binds it, and returns a client configuration with
+// a token of it.
+func applicationControllerConfig(ctx context.Context, t *testing.T, admin kubernetes.Interface, ns, name string) *rest.Config {
 	t.Helper()
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: controllerNamespace}}, metav1.CreateOptions{}); err != nil {
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.CoreV1().ServiceAccounts(controllerNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: controllerName}}, metav1.CreateOptions{}); err != nil {
+	if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: controllerName},
+		ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + name},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "cluster-admin"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: controllerName, Namespace: controllerNamespace}},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	expiry := int64(3600)
-	tr, err := admin.CoreV1().ServiceAccounts(controllerNamespace).CreateToken(ctx, controllerName, &authenticationv1.TokenRequest{
+	tr, err := admin.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry},
 	}, metav1.CreateOptions{})
 	if err != nil {

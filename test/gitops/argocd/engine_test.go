@@ -166,7 +166,9 @@ func (a application) isManaged(r *cache.Resource) bool {
 type luaHealth struct{ script string }
 
 func (h luaHealth) GetResourceHealth(u *unstructured.Unstructured) (*health.HealthStatus, error) {
-	if u.GetAPIVersion() != "aggregation.coder.com/v1alpha1" {
+	// The kinds docs/gitops.md registers the script for; the others (a
+	// CoderUser) have no health check.
+	if u.GetAPIVersion() != "aggregation.coder.com/v1alpha1" || (u.GetKind() != "CoderTemplate" && u.GetKind() != "CoderWorkspace") {
 		return nil, nil
 	}
 	l := lua.NewState()
