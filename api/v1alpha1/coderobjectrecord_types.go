@@ -9,6 +9,8 @@ const (
 	RecordResourceWorkspaces       = "coderworkspaces"
 	RecordResourceTemplates        = "codertemplates"
 	RecordResourceTemplateVersions = "codertemplateversions"
+	RecordResourceGroups           = "codergroups"
+	RecordResourceOrganizations    = "coderorganizations"
 )
 
 // CoderObjectRecordSpec is what Kubernetes knows about one aggregated
@@ -18,8 +20,9 @@ const (
 // do not edit them.
 type CoderObjectRecordSpec struct {
 	// Resource is the aggregated resource: coderworkspaces,
-	// codertemplates or codertemplateversions.
-	// +kubebuilder:validation:Enum=coderworkspaces;codertemplates;codertemplateversions
+	// codertemplates, codertemplateversions, codergroups or
+	// coderorganizations.
+	// +kubebuilder:validation:Enum=coderworkspaces;codertemplates;codertemplateversions;codergroups;coderorganizations
 	Resource string `json:"resource"`
 	// ControlPlane is the CoderControlPlane (in the record's namespace)
 	// whose coderd holds the object; empty for the static backend.

@@ -31,6 +31,8 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&CoderWorkspace{}, &CoderWorkspaceList{},
 		&CoderTemplate{}, &CoderTemplateList{},
 		&CoderTemplateVersion{}, &CoderTemplateVersionList{},
+		&CoderGroup{}, &CoderGroupList{},
+		&CoderOrganization{}, &CoderOrganizationList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil
