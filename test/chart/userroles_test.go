@@ -29,11 +29,14 @@ import (
 var shippedUserRoles = map[string][]rbacv1.PolicyRule{
 	"workspace-user": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
-		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions", "codergroups", "coderorganizations"}, Verbs: []string{"get", "list", "watch"}},
 	},
 	"template-author": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
-		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces", "codergroups", "coderorganizations"}, Verbs: []string{"get", "list", "watch"}},
+	},
+	"organization-admin": {
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codergroups", "coderorganizations"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 	},
 }
 

@@ -59,6 +59,8 @@ type Server struct {
 	workspaces *storage.WorkspaceStorage
 	templates  *storage.TemplateStorage
 	versions   *storage.TemplateVersionStorage
+	groups     *storage.GroupStorage
+	orgs       *storage.OrganizationStorage
 	records    *records.Store
 	identity   *identity.Service
 	admission  *admission.Options
@@ -126,7 +128,9 @@ func New(o Options) (*Server, error) {
 	// convert, and the scheme maps between the two kinds without copying.
 	scheme.AddKnownTypes(schema.GroupVersion{Group: aggv1.GroupName, Version: runtime.APIVersionInternal},
 		&aggv1.CoderWorkspace{}, &aggv1.CoderWorkspaceList{}, &aggv1.CoderTemplate{}, &aggv1.CoderTemplateList{},
-		&aggv1.CoderTemplateVersion{}, &aggv1.CoderTemplateVersionList{})
+		&aggv1.CoderTemplateVersion{}, &aggv1.CoderTemplateVersionList{},
+		&aggv1.CoderGroup{}, &aggv1.CoderGroupList{},
+		&aggv1.CoderOrganization{}, &aggv1.CoderOrganizationList{})
 	// The meta types every API server serves (Status, discovery documents,
 	// list and watch options) regardless of its own groups.
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
@@ -155,6 +159,14 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("codertemplateversions storage: %w", err)
 	}
+	groups, err := storage.NewGroups(so)
+	if err != nil {
+		return nil, fmt.Errorf("codergroups storage: %w", err)
+	}
+	orgs, err := storage.NewOrganizations(so)
+	if err != nil {
+		return nil, fmt.Errorf("coderorganizations storage: %w", err)
+	}
 	return &Server{
 		bindAddress:    o.BindAddress,
 		securePort:     o.SecurePort,
@@ -169,6 +181,8 @@ func New(o Options) (*Server, error) {
 		workspaces:     workspaces,
 		templates:      templates,
 		versions:       versions,
+		groups:         groups,
+		orgs:           orgs,
 		records:        o.Records,
 		identity:       ident,
 		admission:      o.Admission,
@@ -220,6 +234,8 @@ func (s *Server) Start(ctx context.Context) error {
 	pollers.Go(func() { s.workspaces.Run(pollCtx) })
 	pollers.Go(func() { s.templates.Run(pollCtx) })
 	pollers.Go(func() { s.versions.Run(pollCtx) })
+	pollers.Go(func() { s.groups.Run(pollCtx) })
+	pollers.Go(func() { s.orgs.Run(pollCtx) })
 	// The callers' tokens outlive the requests that use them: they are
 	// revoked once the server has drained (RunWithContext returned).
 	var tokens sync.WaitGroup
@@ -330,6 +346,8 @@ func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer,
 		"coderworkspaces":       s.workspaces,
 		"codertemplates":        s.templates,
 		"codertemplateversions": s.versions,
+		"codergroups":           s.groups,
+		"coderorganizations":    s.orgs,
 	}
 	if err := gs.InstallAPIGroup(&group); err != nil {
 		return nil, fmt.Errorf("install %s: %w", aggv1.GroupName, err)
