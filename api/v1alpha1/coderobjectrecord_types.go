@@ -10,6 +10,8 @@ const (
 	RecordResourceTemplates        = "codertemplates"
 	RecordResourceTemplateVersions = "codertemplateversions"
 	RecordResourceUsers            = "coderusers"
+	RecordResourceGroups           = "codergroups"
+	RecordResourceOrganizations    = "coderorganizations"
 )
 
 // CoderObjectRecordSpec is what Kubernetes knows about one aggregated
@@ -19,8 +21,9 @@ const (
 // do not edit them.
 type CoderObjectRecordSpec struct {
 	// Resource is the aggregated resource: coderworkspaces,
-	// codertemplates, codertemplateversions or coderusers.
-	// +kubebuilder:validation:Enum=coderworkspaces;codertemplates;codertemplateversions;coderusers
+	// codertemplates, codertemplateversions, coderusers, codergroups or
+	// coderorganizations.
+	// +kubebuilder:validation:Enum=coderworkspaces;codertemplates;codertemplateversions;coderusers;codergroups;coderorganizations
 	Resource string `json:"resource"`
 	// ControlPlane is the CoderControlPlane (in the record's namespace)
 	// whose coderd holds the object; empty for the static backend.

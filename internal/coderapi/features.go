@@ -1,9 +1,13 @@
 package coderapi
 
 import (
-	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
+	"errors"
 	"net/http"
 	"strings"
+
+	"github.com/coder/coder/v2/codersdk"
+
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 )
 
 // entitlementHints are fragments of the messages an Enterprise coderd
@@ -27,6 +31,11 @@ var entitlementHints = []string{
 // the open-source build):
 //   - open-source build: 404 {"message":"Route not found."} for every
 //     Enterprise route (provisioner keys, workspace proxies, entitlements);
+//   - open-source build, for a method the open-source build does not
+//     route on a path it has (POST /api/v2/organizations, PATCH and
+//     DELETE /api/v2/organizations/{organization}: the open-source router
+//     has only their GET): chi's 405 with an empty body, read as "not
+//     supported";
 //   - Enterprise build without the entitlement: 403 with a "... is a
 //     Premium feature. Contact sales!" message.
 //
@@ -38,6 +47,13 @@ func FeatureUnavailable(err error) (reason string, ok bool) {
 		return "", false
 	}
 	switch StatusCode(err) {
+	case http.StatusMethodNotAllowed:
+		// coderd answers 405 only from its router (no handler writes
+		// one): the build has the path but not this method. Coder's
+		// body is empty; a message would be a proxy's, not coderd's.
+		if emptyBody(err) {
+			return coderv1alpha1.ReasonNotSupported, true
+		}
 	case http.StatusNotFound:
 		if isRouteNotFound(err) {
 			return coderv1alpha1.ReasonNotSupported, true
@@ -65,4 +81,18 @@ func IsFeatureUnavailable(err error) bool {
 func isRouteNotFound(err error) bool {
 	msg := strings.ToLower(strings.TrimSpace(Message(err)))
 	return strings.HasPrefix(msg, "route not found")
+}
+
+// emptyBody reports a coderd answer without a body, as codersdk reads
+// one: with no Content-Type it is a non-JSON answer whose detail is "no
+// response body"; as JSON, an "empty response body".
+func emptyBody(err error) bool {
+	var sdkErr *codersdk.Error
+	if !errors.As(err, &sdkErr) {
+		return false
+	}
+	if sdkErr.Message == "empty response body" {
+		return true
+	}
+	return strings.HasPrefix(sdkErr.Message, "unexpected non-JSON response") && sdkErr.Detail == "no response body"
 }

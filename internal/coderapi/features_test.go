@@ -48,6 +48,14 @@ func TestFeatureUnavailableOnOpenSourceCoderd(t *testing.T) {
 			return err
 		},
 		"DeleteWorkspaceProxyByName": func() error { return cl.DeleteWorkspaceProxyByName(ctx, "p") },
+		"Groups": func() error {
+			_, err := cl.Groups(ctx, codersdk.GroupArguments{Organization: c.OrganizationID.String()})
+			return err
+		},
+		"CreateGroup": func() error {
+			_, err := cl.CreateGroup(ctx, c.OrganizationID, codersdk.CreateGroupRequest{Name: "g"})
+			return err
+		},
 	}
 	for name, call := range calls {
 		err := call()
@@ -58,6 +66,29 @@ func TestFeatureUnavailableOnOpenSourceCoderd(t *testing.T) {
 		}
 		if code, msg := coderapi.StatusCode(err), coderapi.Message(err); code != http.StatusNotFound || msg != "Route not found." {
 			t.Errorf("%s: coderd answered %d %q, want 404 \"Route not found.\"", name, code, msg)
+		}
+	}
+	// Organization writes: the open-source router has the paths (GET
+	// only), so chi answers 405 with no body.
+	orgWrites := map[string]func() error{
+		"CreateOrganization": func() error {
+			_, err := cl.CreateOrganization(ctx, codersdk.CreateOrganizationRequest{Name: "other"})
+			return err
+		},
+		"UpdateOrganization": func() error {
+			_, err := cl.UpdateOrganization(ctx, c.OrganizationID.String(), codersdk.UpdateOrganizationRequest{DisplayName: "x"})
+			return err
+		},
+		"DeleteOrganization": func() error { return cl.DeleteOrganization(ctx, c.OrganizationID.String()) },
+	}
+	for name, call := range orgWrites {
+		err := call()
+		reason, ok := coderapi.FeatureUnavailable(err)
+		if !ok || reason != coderv1alpha1.ReasonNotSupported {
+			t.Errorf("%s: FeatureUnavailable(%v) = %q, %v; want %s", name, err, reason, ok, coderv1alpha1.ReasonNotSupported)
+		}
+		if code := coderapi.StatusCode(err); code != http.StatusMethodNotAllowed {
+			t.Errorf("%s: coderd answered %d, want 405", name, code)
 		}
 	}
 
@@ -121,5 +152,42 @@ func TestFeatureUnavailableNotEntitled(t *testing.T) {
 	}
 	if coderapi.IsFeatureUnavailable(nil) {
 		t.Errorf("IsFeatureUnavailable(nil) = true")
+	}
+}
+
+// TestFeatureUnavailableMethodNotAllowed: the open-source coderd routes
+// only GET on /api/v2/organizations and /api/v2/organizations/{org}, so
+// an organization create, rename or delete gets chi's 405 with an empty
+// body (asked of the real coderd in
+// TestFeatureUnavailableOnOpenSourceCoderd's organization calls). That is
+// "not supported"; a 405 with a message (not coderd's) is not.
+func TestFeatureUnavailableMethodNotAllowed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/empty":
+			w.WriteHeader(http.StatusMethodNotAllowed)
+		case "/empty-json":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusMethodNotAllowed)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			_ = json.NewEncoder(w).Encode(codersdk.Response{Message: "Method not allowed by the proxy."})
+		}
+	}))
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+	cl := coderapi.NewClient(u, "token", 0, coderapi.Target{})
+	for path, want := range map[string]bool{"/empty": true, "/empty-json": true, "/message": false} {
+		res, err := cl.Request(t.Context(), http.MethodPost, path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		apiErr := codersdk.ReadBodyAsError(res)
+		_ = res.Body.Close()
+		reason, ok := coderapi.FeatureUnavailable(apiErr)
+		if ok != want || (ok && reason != coderv1alpha1.ReasonNotSupported) {
+			t.Errorf("405 at %s (%v): FeatureUnavailable = %q, %v; want %v", path, apiErr, reason, ok, want)
+		}
 	}
 }

@@ -364,9 +364,9 @@ func (r *rendered) checkUserRoles(t *testing.T) {
 		forPeople[role.Name] = true
 		for _, rule := range role.Rules {
 			if !slices.Equal(rule.APIGroups, []string{"aggregation.coder.com"}) || slices.ContainsFunc(rule.Resources, func(res string) bool {
-				return res != "coderworkspaces" && res != "codertemplates" && res != "codertemplateversions" && res != "coderusers"
+				return !slices.Contains([]string{"coderworkspaces", "codertemplates", "codertemplateversions", "coderusers", "codergroups", "coderorganizations"}, res)
 			}) || len(rule.ResourceNames) > 0 || len(rule.NonResourceURLs) > 0 {
-				t.Errorf("ClusterRole %s, meant for people, has rule %+v beyond coderworkspaces, codertemplates, codertemplateversions and coderusers", role.Name, rule)
+				t.Errorf("ClusterRole %s, meant for people, has rule %+v beyond the aggregated resources", role.Name, rule)
 			}
 		}
 	}
@@ -511,6 +511,7 @@ func (r *rendered) checkComponentRoles(t *testing.T) {
 	forbidden := []grant{{group: "authorization.k8s.io", resource: "subjectaccessreviews"},
 		{group: "aggregation.coder.com", resource: "coderworkspaces"}, {group: "aggregation.coder.com", resource: "codertemplates"},
 		{group: "aggregation.coder.com", resource: "codertemplateversions"}, {group: "aggregation.coder.com", resource: "coderusers"},
+		{group: "aggregation.coder.com", resource: "codergroups"}, {group: "aggregation.coder.com", resource: "coderorganizations"},
 		{resource: "pods/log"}, {resource: "events", verbs: []string{"get", "list", "watch"}}}
 	if !r.runsMCP() {
 		forbidden = append(forbidden, grant{group: "authentication.k8s.io", resource: "tokenreviews"})

@@ -29,15 +29,18 @@ import (
 var shippedUserRoles = map[string][]rbacv1.PolicyRule{
 	"workspace-user": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
-		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions", "coderusers"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions", "coderusers", "codergroups", "coderorganizations"}, Verbs: []string{"get", "list", "watch"}},
 	},
 	"template-author": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
-		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces", "coderusers"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces", "coderusers", "codergroups", "coderorganizations"}, Verbs: []string{"get", "list", "watch"}},
 	},
 	"user-admin": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderusers"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces", "codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "watch"}},
+	},
+	"organization-admin": {
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codergroups", "coderorganizations"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 	},
 }
 

@@ -109,6 +109,7 @@ func TestOperatorRunsWithTheChartRBAC(t *testing.T) {
 			"RoleBinding kube-system/" + release + "-auth-reader",
 			"ClusterRole " + release + "-workspace-user",
 			"ClusterRole " + release + "-template-author",
+			"ClusterRole " + release + "-organization-admin",
 			"ClusterRole " + release + "-aggregated-view",
 			"ClusterRole " + release + "-aggregated-edit",
 		}

@@ -106,12 +106,37 @@ func UserFields(u *CoderUser) fields.Set {
 	}
 }
 
+// GroupFields returns the fields a CoderGroup can be selected by with
+// --field-selector.
+func GroupFields(g *CoderGroup) fields.Set {
+	return fields.Set{
+		"metadata.name":      g.Name,
+		"metadata.namespace": g.Namespace,
+		"spec.organization":  g.Spec.Organization,
+		"status.source":      g.Status.Source,
+		"status.id":          g.Status.ID,
+	}
+}
+
+// OrganizationFields returns the fields a CoderOrganization can be
+// selected by with --field-selector.
+func OrganizationFields(o *CoderOrganization) fields.Set {
+	return fields.Set{
+		"metadata.name":      o.Name,
+		"metadata.namespace": o.Namespace,
+		"status.default":     strconv.FormatBool(o.Status.Default),
+		"status.id":          o.Status.ID,
+	}
+}
+
 func addFieldLabelConversions(scheme *runtime.Scheme) error {
 	for kind, set := range map[string]fields.Set{
 		"CoderWorkspace":       WorkspaceFields(&CoderWorkspace{}),
 		"CoderTemplate":        TemplateFields(&CoderTemplate{}),
 		"CoderTemplateVersion": TemplateVersionFields(&CoderTemplateVersion{}),
 		"CoderUser":            UserFields(&CoderUser{}),
+		"CoderGroup":           GroupFields(&CoderGroup{}),
+		"CoderOrganization":    OrganizationFields(&CoderOrganization{}),
 	} {
 		if err := scheme.AddFieldLabelConversionFunc(SchemeGroupVersion.WithKind(kind), fieldLabelConversion(kind, set)); err != nil {
 			return err

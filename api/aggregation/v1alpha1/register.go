@@ -32,6 +32,8 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&CoderTemplate{}, &CoderTemplateList{},
 		&CoderTemplateVersion{}, &CoderTemplateVersionList{},
 		&CoderUser{}, &CoderUserList{},
+		&CoderGroup{}, &CoderGroupList{},
+		&CoderOrganization{}, &CoderOrganizationList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

@@ -16,6 +16,46 @@ func (in AutostopRequirement) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderGroup) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderGroup"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderGroupList) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderGroupList"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderGroupSpec) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderGroupSpec"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderGroupStatus) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderGroupStatus"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderOrganization) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderOrganization"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderOrganizationList) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderOrganizationList"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderOrganizationSpec) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderOrganizationSpec"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderOrganizationStatus) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderOrganizationStatus"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in CoderTemplate) OpenAPIModelName() string {
 	return "com.coder.aggregation.v1alpha1.CoderTemplate"
 }

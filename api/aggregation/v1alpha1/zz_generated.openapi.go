@@ -17,6 +17,14 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 	return map[string]common.OpenAPIDefinition{
 		AutostartRequirement{}.OpenAPIModelName():         schema_coder_k8s_api_aggregation_v1alpha1_AutostartRequirement(ref),
 		AutostopRequirement{}.OpenAPIModelName():          schema_coder_k8s_api_aggregation_v1alpha1_AutostopRequirement(ref),
+		CoderGroup{}.OpenAPIModelName():                   schema_coder_k8s_api_aggregation_v1alpha1_CoderGroup(ref),
+		CoderGroupList{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_CoderGroupList(ref),
+		CoderGroupSpec{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_CoderGroupSpec(ref),
+		CoderGroupStatus{}.OpenAPIModelName():             schema_coder_k8s_api_aggregation_v1alpha1_CoderGroupStatus(ref),
+		CoderOrganization{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganization(ref),
+		CoderOrganizationList{}.OpenAPIModelName():        schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganizationList(ref),
+		CoderOrganizationSpec{}.OpenAPIModelName():        schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganizationSpec(ref),
+		CoderOrganizationStatus{}.OpenAPIModelName():      schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganizationStatus(ref),
 		CoderTemplate{}.OpenAPIModelName():                schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplate(ref),
 		CoderTemplateList{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateList(ref),
 		CoderTemplateSpec{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateSpec(ref),
@@ -167,6 +175,383 @@ func schema_coder_k8s_api_aggregation_v1alpha1_AutostopRequirement(ref common.Re
 					},
 				},
 				Required: []string{"weeks"},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderGroup(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderGroup is a Coder group of an organization seen through Kubernetes. Its name is <organization>.<group>, or <control plane>.<organization>.<group> when the namespace has more than one control plane. Groups need Coder's template_rbac feature: a coderd without it (the open-source build, or an Enterprise build whose license lacks it) has none to show, and refuses every write (422 naming the feature).",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ObjectMeta{}.OpenAPIModelName()),
+						},
+					},
+					"spec": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Spec is the group as declared.",
+							Default:     map[string]interface{}{},
+							Ref:         ref(CoderGroupSpec{}.OpenAPIModelName()),
+						},
+					},
+					"status": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Status is the group as coderd reports it.",
+							Default:     map[string]interface{}{},
+							Ref:         ref(CoderGroupStatus{}.OpenAPIModelName()),
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			CoderGroupSpec{}.OpenAPIModelName(), CoderGroupStatus{}.OpenAPIModelName(), v1.ObjectMeta{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderGroupList(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderGroupList is a list of groups.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ListMeta{}.OpenAPIModelName()),
+						},
+					},
+					"items": {
+						SchemaProps: spec.SchemaProps{
+							Type: []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(CoderGroup{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"items"},
+			},
+		},
+		Dependencies: []string{
+			CoderGroup{}.OpenAPIModelName(), v1.ListMeta{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderGroupSpec(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderGroupSpec is what a user sets on a group. A field left unset keeps Coder's value.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"organization": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Organization is the Coder organization name. It is part of the object name; when set it must agree with it.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"displayName": {
+						SchemaProps: spec.SchemaProps{
+							Description: "DisplayName is the name the Coder dashboard shows.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"avatarURL": {
+						SchemaProps: spec.SchemaProps{
+							Description: "AvatarURL is the group's avatar.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"members": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "set",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Members are the Coder usernames of the group's members: when set, the whole set (members Coder has that are not listed are removed, an empty list removes everyone); unset keeps Coder's members. A read shows Coder's members, sorted. The organization's Everyone group has every member of the organization and cannot be changed.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Type:   []string{"string"},
+										Format: "",
+									},
+								},
+							},
+						},
+					},
+					"quotaAllowance": {
+						SchemaProps: spec.SchemaProps{
+							Description: "QuotaAllowance is the workspace quota credits each member gets from this group.",
+							Type:        []string{"integer"},
+							Format:      "int32",
+						},
+					},
+				},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderGroupStatus(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderGroupStatus is the group as coderd reports it.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"id": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ID is the Coder group ID.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"organizationID": {
+						SchemaProps: spec.SchemaProps{
+							Description: "OrganizationID is the Coder organization ID.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"source": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Source is where the group comes from: user (made in Coder or here) or oidc (synced from the identity provider).",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"memberCount": {
+						SchemaProps: spec.SchemaProps{
+							Description: "MemberCount is how many members the group has.",
+							Type:        []string{"integer"},
+							Format:      "int32",
+						},
+					},
+					"observedGeneration": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ObservedGeneration is the metadata.generation this status describes.",
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
+				},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganization(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderOrganization is a Coder organization seen through Kubernetes. Its name is the organization's name, or <control plane>.<organization> when the namespace has more than one control plane. Every coderd shows its organizations; creating, changing and deleting one needs Coder's multiple_organizations feature (422 naming it on a coderd without). The object's name is the Coder name, so a rename in Coder is a new object, not an update.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ObjectMeta{}.OpenAPIModelName()),
+						},
+					},
+					"spec": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Spec is the organization as declared.",
+							Default:     map[string]interface{}{},
+							Ref:         ref(CoderOrganizationSpec{}.OpenAPIModelName()),
+						},
+					},
+					"status": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Status is the organization as coderd reports it.",
+							Default:     map[string]interface{}{},
+							Ref:         ref(CoderOrganizationStatus{}.OpenAPIModelName()),
+						},
+					},
+				},
+			},
+		},
+		Dependencies: []string{
+			CoderOrganizationSpec{}.OpenAPIModelName(), CoderOrganizationStatus{}.OpenAPIModelName(), v1.ObjectMeta{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganizationList(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderOrganizationList is a list of organizations.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"metadata": {
+						SchemaProps: spec.SchemaProps{
+							Default: map[string]interface{}{},
+							Ref:     ref(v1.ListMeta{}.OpenAPIModelName()),
+						},
+					},
+					"items": {
+						SchemaProps: spec.SchemaProps{
+							Type: []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(CoderOrganization{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"items"},
+			},
+		},
+		Dependencies: []string{
+			CoderOrganization{}.OpenAPIModelName(), v1.ListMeta{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganizationSpec(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderOrganizationSpec is what a user sets on an organization. A field left unset keeps Coder's value.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"displayName": {
+						SchemaProps: spec.SchemaProps{
+							Description: "DisplayName is the name the Coder dashboard shows.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"description": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Description describes the organization.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"icon": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Icon is the organization's icon (a URL or a path coderd serves).",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganizationStatus(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderOrganizationStatus is the organization as coderd reports it.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"id": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ID is the Coder organization ID.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"default": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Default says this is coderd's default organization (it cannot be deleted).",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"membersCount": {
+						SchemaProps: spec.SchemaProps{
+							Description: "MembersCount is how many members the organization has.",
+							Type:        []string{"integer"},
+							Format:      "int32",
+						},
+					},
+					"observedGeneration": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ObservedGeneration is the metadata.generation this status describes.",
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
+				},
 			},
 		},
 	}

@@ -60,6 +60,8 @@ type Server struct {
 	templates  *storage.TemplateStorage
 	versions   *storage.TemplateVersionStorage
 	users      *storage.UserStorage
+	groups     *storage.GroupStorage
+	orgs       *storage.OrganizationStorage
 	records    *records.Store
 	identity   *identity.Service
 	admission  *admission.Options
@@ -127,7 +129,9 @@ func New(o Options) (*Server, error) {
 	// convert, and the scheme maps between the two kinds without copying.
 	scheme.AddKnownTypes(schema.GroupVersion{Group: aggv1.GroupName, Version: runtime.APIVersionInternal},
 		&aggv1.CoderWorkspace{}, &aggv1.CoderWorkspaceList{}, &aggv1.CoderTemplate{}, &aggv1.CoderTemplateList{},
-		&aggv1.CoderTemplateVersion{}, &aggv1.CoderTemplateVersionList{}, &aggv1.CoderUser{}, &aggv1.CoderUserList{})
+		&aggv1.CoderTemplateVersion{}, &aggv1.CoderTemplateVersionList{}, &aggv1.CoderUser{}, &aggv1.CoderUserList{},
+		&aggv1.CoderGroup{}, &aggv1.CoderGroupList{},
+		&aggv1.CoderOrganization{}, &aggv1.CoderOrganizationList{})
 	// The meta types every API server serves (Status, discovery documents,
 	// list and watch options) regardless of its own groups.
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
@@ -160,6 +164,14 @@ func New(o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("coderusers storage: %w", err)
 	}
+	groups, err := storage.NewGroups(so)
+	if err != nil {
+		return nil, fmt.Errorf("codergroups storage: %w", err)
+	}
+	orgs, err := storage.NewOrganizations(so)
+	if err != nil {
+		return nil, fmt.Errorf("coderorganizations storage: %w", err)
+	}
 	return &Server{
 		bindAddress:    o.BindAddress,
 		securePort:     o.SecurePort,
@@ -175,6 +187,8 @@ func New(o Options) (*Server, error) {
 		templates:      templates,
 		versions:       versions,
 		users:          users,
+		groups:         groups,
+		orgs:           orgs,
 		records:        o.Records,
 		identity:       ident,
 		admission:      o.Admission,
@@ -227,6 +241,8 @@ func (s *Server) Start(ctx context.Context) error {
 	pollers.Go(func() { s.templates.Run(pollCtx) })
 	pollers.Go(func() { s.versions.Run(pollCtx) })
 	pollers.Go(func() { s.users.Run(pollCtx) })
+	pollers.Go(func() { s.groups.Run(pollCtx) })
+	pollers.Go(func() { s.orgs.Run(pollCtx) })
 	// The callers' tokens outlive the requests that use them: they are
 	// revoked once the server has drained (RunWithContext returned).
 	var tokens sync.WaitGroup
@@ -338,6 +354,8 @@ func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer,
 		"codertemplates":        s.templates,
 		"codertemplateversions": s.versions,
 		"coderusers":            s.users,
+		"codergroups":           s.groups,
+		"coderorganizations":    s.orgs,
 	}
 	if err := gs.InstallAPIGroup(&group); err != nil {
 		return nil, fmt.Errorf("install %s: %w", aggv1.GroupName, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
 	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
@@ -141,6 +142,39 @@ func (f coderdFeatures) lacking() string {
 		return "open-source build"
 	}
 	return "not entitled by its license"
+}
+
+// refusal is the 422 field error of a change at p that needs feature,
+// which this coderd lacks: one message for every kind and setting.
+func (f coderdFeatures) refusal(p *field.Path, feature codersdk.FeatureName) *field.Error {
+	return field.Forbidden(p, fmt.Sprintf("needs Coder's %q feature, which this coderd does not have (%s)", feature, f.lacking()))
+}
+
+// requireFeature refuses (422, naming the feature) a write of the object
+// called name that needs feature when t's coderd lacks it; p is what the
+// write changes. coderd's features are asked (and remembered for
+// featureTTL), so that nothing in Coder is asked to change.
+func (r *genericStore) requireFeature(ctx context.Context, fc *featureCache, t target, feature codersdk.FeatureName, name string, p *field.Path) error {
+	f, err := fc.get(ctx, t)
+	if err != nil {
+		return r.coderErr(t, err, name)
+	}
+	if !f.enabled[feature] {
+		return r.invalid(name, field.ErrorList{f.refusal(p, feature)})
+	}
+	return nil
+}
+
+// unlicensedErr is the same 422 for coderd's own answer to a write
+// (404 "Route not found.", 405 with no body, 403 "... is a Premium
+// feature"): the license changed since its features were asked.
+func (r *genericStore) unlicensedErr(t target, err error, feature codersdk.FeatureName, name string, p *field.Path) error {
+	reason, ok := coderapi.FeatureUnavailable(err)
+	if !ok {
+		return nil
+	}
+	f := coderdFeatures{openSource: reason == coderv1alpha1.ReasonNotSupported}
+	return r.invalid(name, field.ErrorList{f.refusal(p, feature)})
 }
 
 // featureCache remembers each coderd's features for featureTTL: a license

@@ -207,3 +207,47 @@ func spliceList(w io.Writer, encode func(runtime.Object, io.Writer) error, empty
 	_, err := w.Write([]byte("]}\n"))
 	return true, err
 }
+
+// groupList is a LIST answer of codergroups.
+type groupList struct {
+	aggv1.CoderGroupList
+	listed []watchcache.Listed
+}
+
+var _ runtime.CacheableObject = (*groupList)(nil)
+
+func (l *groupList) CacheEncode(id runtime.Identifier, encode func(runtime.Object, io.Writer) error, w io.Writer) error {
+	empty := &aggv1.CoderGroupList{TypeMeta: l.TypeMeta, ListMeta: l.ListMeta, Items: []aggv1.CoderGroup{}}
+	return encodeListed(id, encode, w, &l.CoderGroupList, len(l.Items), empty, l.listed)
+}
+
+func (l *groupList) GetObject() runtime.Object { return l.CoderGroupList.DeepCopy() }
+
+func (s *GroupStorage) listOf(objs []watchcache.Listed, rv string) runtime.Object {
+	return &groupList{
+		CoderGroupList: aggv1.CoderGroupList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderGroup](objs)},
+		listed:         objs,
+	}
+}
+
+// organizationList is a LIST answer of coderorganizations.
+type organizationList struct {
+	aggv1.CoderOrganizationList
+	listed []watchcache.Listed
+}
+
+var _ runtime.CacheableObject = (*organizationList)(nil)
+
+func (l *organizationList) CacheEncode(id runtime.Identifier, encode func(runtime.Object, io.Writer) error, w io.Writer) error {
+	empty := &aggv1.CoderOrganizationList{TypeMeta: l.TypeMeta, ListMeta: l.ListMeta, Items: []aggv1.CoderOrganization{}}
+	return encodeListed(id, encode, w, &l.CoderOrganizationList, len(l.Items), empty, l.listed)
+}
+
+func (l *organizationList) GetObject() runtime.Object { return l.CoderOrganizationList.DeepCopy() }
+
+func (s *OrganizationStorage) listOf(objs []watchcache.Listed, rv string) runtime.Object {
+	return &organizationList{
+		CoderOrganizationList: aggv1.CoderOrganizationList{ListMeta: metav1.ListMeta{ResourceVersion: rv}, Items: listItems[aggv1.CoderOrganization](objs)},
+		listed:                objs,
+	}
+}

@@ -60,6 +60,10 @@ func specHashOf(o object) string {
 		spec = &v.Spec
 	case *aggv1.CoderUser:
 		spec = &v.Spec
+	case *aggv1.CoderGroup:
+		spec = &v.Spec
+	case *aggv1.CoderOrganization:
+		spec = &v.Spec
 	}
 	data, _ := json.Marshal(spec) // plain structs of strings, maps and numbers
 	sum := sha256.Sum256(data)
@@ -95,6 +99,10 @@ func setObservedGeneration(o object, gen int64) {
 		v.Status.ObservedGeneration = gen
 		conds = v.Status.Conditions
 	case *aggv1.CoderUser:
+		v.Status.ObservedGeneration = gen
+	case *aggv1.CoderGroup:
+		v.Status.ObservedGeneration = gen
+	case *aggv1.CoderOrganization:
 		v.Status.ObservedGeneration = gen
 	}
 	for i := range conds {

@@ -173,3 +173,55 @@ func parseTemplateVersionName(s string, prefixed bool) (templateVersionName, err
 	}
 	return n, nil
 }
+
+// Group names follow usernames' rule but may be longer, to match an
+// identity provider's (codersdk.GroupNameValid).
+const maxGroupName = 255
+
+// groupObjectName identifies a group: [controlPlane.]org.group.
+type groupObjectName struct {
+	ControlPlane string
+	Org          string
+	Name         string
+}
+
+func (n groupObjectName) String(prefixed bool) string {
+	return joinName(prefixed, n.ControlPlane, n.Org, n.Name)
+}
+
+func parseGroupName(s string) (groupObjectName, error) {
+	cp, parts, err := splitName(s, 2, "a group name is <organization>.<group>, or <control plane>.<organization>.<group> when the namespace has several control planes")
+	var n groupObjectName
+	if parts != nil {
+		n = groupObjectName{ControlPlane: cp, Org: parts[0], Name: parts[1]}
+	}
+	if err != nil {
+		return n, err
+	}
+	if err := checkCoderName("organization", n.Org, coderName, maxCoderName, "letters, digits and single hyphens"); err != nil {
+		return n, err
+	}
+	return n, checkCoderName("group", n.Name, coderName, maxGroupName, "letters, digits and single hyphens")
+}
+
+// orgObjectName identifies an organization: [controlPlane.]org.
+type orgObjectName struct {
+	ControlPlane string
+	Org          string
+}
+
+func (n orgObjectName) String(prefixed bool) string {
+	return joinName(prefixed, n.ControlPlane, n.Org)
+}
+
+func parseOrgName(s string) (orgObjectName, error) {
+	cp, parts, err := splitName(s, 1, "an organization name is <organization>, or <control plane>.<organization> when the namespace has several control planes")
+	var n orgObjectName
+	if parts != nil {
+		n = orgObjectName{ControlPlane: cp, Org: parts[0]}
+	}
+	if err != nil {
+		return n, err
+	}
+	return n, checkCoderName("organization", n.Org, coderName, maxCoderName, "letters, digits and single hyphens")
+}

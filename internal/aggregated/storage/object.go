@@ -34,6 +34,8 @@ type objectName interface {
 func (n workspaceName) controlPlane() string       { return n.ControlPlane }
 func (n templateObjectName) controlPlane() string  { return n.ControlPlane }
 func (n templateVersionName) controlPlane() string { return n.ControlPlane }
+func (n groupObjectName) controlPlane() string     { return n.ControlPlane }
+func (n orgObjectName) controlPlane() string       { return n.ControlPlane }
 
 // objectStore is what a kind's storage tells the shared paths: how a name
 // is parsed and how the object it names is read from coderd.

@@ -46,6 +46,8 @@ var (
 	_ restStorage = (*WorkspaceStorage)(nil)
 	_ restStorage = (*TemplateStorage)(nil)
 	_ restStorage = (*TemplateVersionStorage)(nil)
+	_ restStorage = (*GroupStorage)(nil)
+	_ restStorage = (*OrganizationStorage)(nil)
 )
 
 // strategy is what a kind tells the shared verbs.
@@ -316,6 +318,10 @@ func (r *genericStore) noun() string {
 		return "template version"
 	case "CoderUser":
 		return "user"
+	case "CoderGroup":
+		return "group"
+	case "CoderOrganization":
+		return "organization"
 	}
 	return r.kind
 }
@@ -348,6 +354,34 @@ func withSpecOf[T object](cur, next T) T {
 			o.Spec.LoginType = kept.LoginType
 		}
 		sortedSpec(&o.Spec)
+	case *aggv1.CoderGroup:
+		// Fields next leaves unset keep Coder's values.
+		n := any(next).(*aggv1.CoderGroup).Spec.DeepCopy()
+		keepUnset(&n.DisplayName, o.Spec.DisplayName)
+		keepUnset(&n.AvatarURL, o.Spec.AvatarURL)
+		keepUnset(&n.QuotaAllowance, o.Spec.QuotaAllowance)
+		if n.Members == nil {
+			n.Members = o.Spec.Members
+		}
+		n.Members = sortedMembers(n.Members)
+		if n.Organization == "" {
+			n.Organization = o.Spec.Organization
+		}
+		o.Spec = *n
+		o.Status.MemberCount = int32(len(n.Members))
+	case *aggv1.CoderOrganization:
+		n := any(next).(*aggv1.CoderOrganization).Spec.DeepCopy()
+		keepUnset(&n.DisplayName, o.Spec.DisplayName)
+		keepUnset(&n.Description, o.Spec.Description)
+		keepUnset(&n.Icon, o.Spec.Icon)
+		o.Spec = *n
 	}
 	return out
+}
+
+// keepUnset sets *next to cur when next leaves the field unset.
+func keepUnset[V any](next **V, cur *V) {
+	if *next == nil {
+		*next = cur
+	}
 }

@@ -63,6 +63,22 @@ var (
 		{Name: "Message", Type: "string", Priority: 1, Description: "The version's message"},
 		{Name: "Files", Type: "integer", Priority: 1, Description: "Files in the version's source"},
 	}
+	groupColumns = []metav1.TableColumnDefinition{
+		{Name: "Name", Type: "string", Format: "name", Description: "<organization>.<group>"},
+		{Name: "Organization", Type: "string", Description: "Coder organization"},
+		{Name: "Display Name", Type: "string", Description: "Name shown in the Coder dashboard"},
+		{Name: "Members", Type: "integer", Description: "Number of members"},
+		{Name: "Quota", Type: "integer", Description: "Quota allowance each member gets from the group"},
+		{Name: "Source", Type: "string", Description: "user (made in Coder) or oidc (synced from the identity provider)"},
+	}
+	organizationColumns = []metav1.TableColumnDefinition{
+		{Name: "Name", Type: "string", Format: "name", Description: "Coder organization name"},
+		{Name: "Display Name", Type: "string", Description: "Name shown in the Coder dashboard"},
+		{Name: "Members", Type: "integer", Description: "Number of members"},
+		{Name: "Default", Type: "boolean", Description: "coderd's default organization"},
+		{Name: "Age", Type: "string", Description: "Time since the organization was created"},
+		{Name: "Description", Type: "string", Priority: 1, Description: "The organization's description"},
+	}
 )
 
 // ConvertToTable renders workspaces for kubectl get.
@@ -129,6 +145,40 @@ func (s *UserStorage) ConvertToTable(_ context.Context, obj runtime.Object, opts
 		return []any{u.Name, u.Spec.Email, orNone(u.Spec.LoginType), orNone(strings.Join(u.Spec.Roles, ",")), orNone(u.Status.Status),
 			lastSeen, age(u.CreationTimestamp), u.Spec.Name, orNone(strings.Join(orgs, ","))}, nil
 	})
+}
+
+// ConvertToTable renders groups for kubectl get.
+func (s *GroupStorage) ConvertToTable(_ context.Context, obj runtime.Object, opts runtime.Object) (*metav1.Table, error) {
+	return toTable(obj, opts, groupColumns, func(o runtime.Object) ([]any, error) {
+		g, ok := o.(*aggv1.CoderGroup)
+		if !ok {
+			return nil, fmt.Errorf("expected a CoderGroup, got %T", o)
+		}
+		var quota int64
+		if g.Spec.QuotaAllowance != nil {
+			quota = int64(*g.Spec.QuotaAllowance)
+		}
+		return []any{g.Name, g.Spec.Organization, orNone(derefString(g.Spec.DisplayName)), int64(g.Status.MemberCount), quota, orNone(g.Status.Source)}, nil
+	})
+}
+
+// ConvertToTable renders organizations for kubectl get.
+func (s *OrganizationStorage) ConvertToTable(_ context.Context, obj runtime.Object, opts runtime.Object) (*metav1.Table, error) {
+	return toTable(obj, opts, organizationColumns, func(o runtime.Object) ([]any, error) {
+		org, ok := o.(*aggv1.CoderOrganization)
+		if !ok {
+			return nil, fmt.Errorf("expected a CoderOrganization, got %T", o)
+		}
+		return []any{org.Name, orNone(derefString(org.Spec.DisplayName)), int64(org.Status.MembersCount), org.Status.Default,
+			age(org.CreationTimestamp), derefString(org.Spec.Description)}, nil
+	})
+}
+
+func derefString(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 func toTable(obj runtime.Object, opts runtime.Object, columns []metav1.TableColumnDefinition, cells func(runtime.Object) ([]any, error)) (*metav1.Table, error) {

@@ -118,8 +118,7 @@ func unlicensed(next, cur *aggv1.CoderTemplateSpec, f coderdFeatures) field.Erro
 	var errs field.ErrorList
 	for _, s := range licensedChanges(next, cur) {
 		if !f.enabled[s.feature] {
-			errs = append(errs, field.Forbidden(specPath.Child(s.name),
-				fmt.Sprintf("needs Coder's %q feature, which this coderd does not have (%s)", s.feature, f.lacking())))
+			errs = append(errs, f.refusal(specPath.Child(s.name), s.feature))
 		}
 	}
 	return errs
