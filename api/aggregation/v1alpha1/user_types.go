@@ -40,9 +40,11 @@ type CoderUserSpec struct {
 	LoginType string `json:"loginType,omitempty"`
 	// Suspended says the user is suspended: they cannot log in or use
 	// their tokens. False activates a suspended user; a dormant user
-	// (never logged in, or inactive) reads as not suspended.
+	// (never logged in, or inactive) reads as not suspended. Always
+	// read back, false too, so that a manifest saying suspended: false
+	// sees a suspension made in Coder as drift.
 	// +optional
-	Suspended bool `json:"suspended,omitempty"`
+	Suspended bool `json:"suspended"`
 	// Roles are the user's site roles (owner, template-admin,
 	// user-admin, auditor), applied as a whole. Unset keeps Coder's;
 	// every user is also a member, which is not listed.

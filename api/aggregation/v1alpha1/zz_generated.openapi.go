@@ -1498,7 +1498,8 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderUserSpec(ref common.Referenc
 					},
 					"suspended": {
 						SchemaProps: spec.SchemaProps{
-							Description: "Suspended says the user is suspended: they cannot log in or use their tokens. False activates a suspended user; a dormant user (never logged in, or inactive) reads as not suspended.",
+							Description: "Suspended says the user is suspended: they cannot log in or use their tokens. False activates a suspended user; a dormant user (never logged in, or inactive) reads as not suspended. Always read back, false too, so that a manifest saying suspended: false sees a suspension made in Coder as drift.",
+							Default:     false,
 							Type:        []string{"boolean"},
 							Format:      "",
 						},

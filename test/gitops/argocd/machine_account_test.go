@@ -63,6 +63,7 @@ spec:
   email: ada@example.com
   name: Ada Lovelace
   loginType: none
+  suspended: false
 ---
 apiVersion: aggregation.coder.com/v1alpha1
 kind: CoderTemplate
