@@ -38,9 +38,9 @@ type TemplateVersionStorage struct {
 	genericStore
 	// coderd archives a version at once.
 	deletedAtOnce[*aggv1.CoderTemplateVersion]
-	// templateIDs holds, per coderd (target.coderdKey), the IDs of the
-	// templates its last list found ([]uuid.UUID).
-	templateIDs sync.Map
+	// known holds, per coderd (target.coderdKey), what its last
+	// templates list found (knownSet).
+	known sync.Map
 	// memo holds the versions the last list of each backend decoded.
 	memo listMemo[codersdk.TemplateVersion]
 	tpls *TemplateStorage
@@ -80,19 +80,20 @@ func (s *TemplateVersionStorage) GetSingularName() string { return "codertemplat
 func (s *TemplateVersionStorage) ShortNames() []string    { return []string{"ctv"} }
 
 // listVersions reads every non-archived version of every template of one
-// coderd: each template and its versions (one request each: coderd's
-// versions list is unpaginated without a limit), as coderd holds them
-// now. Which templates there are comes from coderd's templates list, which
-// costs coderd as much as all the versions lists of a few templates (it
-// prepares an authorization filter on every call, where reading one
-// template is an authorization coderd caches): it is read when the known
-// templates are older than the poll interval or a template changed
-// through coder-k8s (the templates' cache moved), and otherwise each known
-// template is read by ID. So a template created in Coder outside
-// coder-k8s has its versions listed within the poll interval, as soon as
-// a watch would see them; a template deleted or renamed shows at once.
-// Sources and ended versions' variables come from the caches templates
-// share.
+// coderd: each template's versions (one request each: coderd's versions
+// list is unpaginated without a limit), as coderd holds them now. The
+// templates themselves (which there are, their names and active
+// versions) come from coderd's templates list, which costs coderd more
+// than the versions lists of a few templates together (it prepares an
+// authorization filter on every call; reading a template by ID costs
+// about as much again per template): it is read when the last read is
+// older than the poll interval or a template changed through coder-k8s
+// since (the templates' cache moved). So a template made, renamed or
+// promoted in Coder outside coder-k8s shows in a LIST within the poll
+// interval, when a watch would see it too; a version added, changed or
+// archived, and a template deleted, show at once; a GET reads everything
+// from coderd. Sources and ended versions' variables come from the
+// caches templates share.
 func (s *TemplateVersionStorage) listVersions(ctx context.Context, t target) ([]watchcache.Object, error) {
 	started := time.Now()
 	known, current := s.knownTemplates(t)
@@ -103,9 +104,9 @@ func (s *TemplateVersionStorage) listVersions(ctx context.Context, t target) ([]
 		err  error
 	)
 	if current {
-		tpls, read, err = s.readKnown(ctx, t, known.ids, d)
+		tpls, read, err = s.readKnown(ctx, t, known.templates, d)
 	} else {
-		tpls, read, err = s.discover(ctx, t, known.ids, d)
+		tpls, read, err = s.discover(ctx, t, known.templates, d)
 	}
 	if err != nil {
 		return nil, err
@@ -149,7 +150,7 @@ func (s *TemplateVersionStorage) listVersions(ctx context.Context, t target) ([]
 // the templates known before are read while the list runs; a template it
 // finds that is new is read after it. What is served is as of the
 // templates list: a template gone since has no versions.
-func (s *TemplateVersionStorage) discover(ctx context.Context, t target, known []uuid.UUID, d *versionDecoder) ([]codersdk.Template, map[uuid.UUID][]codersdk.TemplateVersion, error) {
+func (s *TemplateVersionStorage) discover(ctx context.Context, t target, known []codersdk.Template, d *versionDecoder) ([]codersdk.Template, map[uuid.UUID][]codersdk.TemplateVersion, error) {
 	tplRV := s.tpls.cache.ResourceVersion()
 	at := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
@@ -158,7 +159,7 @@ func (s *TemplateVersionStorage) discover(ctx context.Context, t target, known [
 	read := map[uuid.UUID][]codersdk.TemplateVersion{}
 	listOf := func(id uuid.UUID) func() error {
 		return func() error {
-			vs, err := s.versionsOf(gctx, t, id, d)
+			vs, _, err := s.versionsOf(gctx, t, id, d)
 			if err != nil {
 				return err
 			}
@@ -176,16 +177,14 @@ func (s *TemplateVersionStorage) discover(ctx context.Context, t target, known [
 		}
 		return nil
 	})
-	for _, id := range known {
-		g.Go(listOf(id))
+	for _, tpl := range known {
+		g.Go(listOf(tpl.ID))
 	}
 	if err := g.Wait(); err != nil {
 		return nil, nil, err
 	}
-	ids := make([]uuid.UUID, len(tpls))
 	var missing []uuid.UUID
-	for i, tpl := range tpls {
-		ids[i] = tpl.ID
+	for _, tpl := range tpls {
 		if _, ok := read[tpl.ID]; !ok {
 			missing = append(missing, tpl.ID)
 		}
@@ -198,32 +197,22 @@ func (s *TemplateVersionStorage) discover(ctx context.Context, t target, known [
 	if err := g.Wait(); err != nil {
 		return nil, nil, err
 	}
-	s.templateIDs.Store(t.coderdKey(), knownSet{ids: ids, at: at, tplRV: tplRV})
+	s.known.Store(t.coderdKey(), knownSet{templates: tpls, at: at, tplRV: tplRV})
 	return tpls, read, nil
 }
 
-// readKnown reads each of the known templates and its versions by ID. A
-// template coderd no longer has is left out.
-func (s *TemplateVersionStorage) readKnown(ctx context.Context, t target, known []uuid.UUID, d *versionDecoder) ([]codersdk.Template, map[uuid.UUID][]codersdk.TemplateVersion, error) {
-	tpls := make([]*codersdk.Template, len(known))
+// readKnown reads the versions of each known template, the templates as
+// the last templates list read them. A template coderd no longer has is
+// left out.
+func (s *TemplateVersionStorage) readKnown(ctx context.Context, t target, known []codersdk.Template, d *versionDecoder) ([]codersdk.Template, map[uuid.UUID][]codersdk.TemplateVersion, error) {
 	vss := make([][]codersdk.TemplateVersion, len(known))
+	found := make([]bool, len(known))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(coderapi.MaxParallel)
-	for i, id := range known {
+	for i := range known {
 		g.Go(func() error {
-			tpl, err := t.Client.Template(gctx, id)
-			if coderapi.IsNotFound(err) {
-				return nil
-			}
-			if err != nil {
-				return fmt.Errorf("read template %s: %w", id, err)
-			}
-			tpls[i] = &tpl
-			return nil
-		})
-		g.Go(func() error {
-			vs, err := s.versionsOf(gctx, t, id, d)
-			vss[i] = vs
+			var err error
+			vss[i], found[i], err = s.versionsOf(gctx, t, known[i].ID, d)
 			return err
 		})
 	}
@@ -232,41 +221,39 @@ func (s *TemplateVersionStorage) readKnown(ctx context.Context, t target, known 
 	}
 	out := make([]codersdk.Template, 0, len(known))
 	read := make(map[uuid.UUID][]codersdk.TemplateVersion, len(known))
-	for i, tpl := range tpls {
-		if tpl == nil {
-			continue
+	for i, tpl := range known {
+		if found[i] {
+			out = append(out, tpl)
+			read[tpl.ID] = vss[i]
 		}
-		out = append(out, *tpl)
-		read[tpl.ID] = vss[i]
 	}
 	return out, read, nil
 }
 
-// versionsOf lists template id's versions; none for a template deleted
-// meanwhile. Each version is decoded only if its JSON is not one the last
+// versionsOf lists template id's versions; found is false for a template
+// deleted meanwhile. Each version is decoded only if its JSON is not one the last
 // list decoded (d): coderd's versions rarely change, and decoding them
 // was most of a list's work.
-func (s *TemplateVersionStorage) versionsOf(ctx context.Context, t target, id uuid.UUID, d *versionDecoder) ([]codersdk.TemplateVersion, error) {
+func (s *TemplateVersionStorage) versionsOf(ctx context.Context, t target, id uuid.UUID, d *versionDecoder) (vs []codersdk.TemplateVersion, found bool, err error) {
 	res, err := t.Client.Request(ctx, http.MethodGet, fmt.Sprintf("/api/v2/templates/%s/versions", id), nil)
 	if err != nil {
-		return nil, fmt.Errorf("list versions of template %s: %w", id, err)
+		return nil, false, fmt.Errorf("list versions of template %s: %w", id, err)
 	}
 	defer func() { _ = res.Body.Close() }()
 	if res.StatusCode == http.StatusNotFound {
-		return nil, nil
+		return nil, false, nil
 	}
 	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("list versions of template %s: %w", id, codersdk.ReadBodyAsError(res))
+		return nil, false, fmt.Errorf("list versions of template %s: %w", id, codersdk.ReadBodyAsError(res))
 	}
-	var vs []codersdk.TemplateVersion
 	if err := elements(jsonskim.NewReader(res.Body), func(raw []byte) error {
 		v, err := d.decode(raw)
 		vs = append(vs, v)
 		return err
 	}); err != nil {
-		return nil, fmt.Errorf("list versions of template %s: %w", id, err)
+		return nil, false, fmt.Errorf("list versions of template %s: %w", id, err)
 	}
-	return vs, nil
+	return vs, true, nil
 }
 
 // versionDecoder decodes the versions of one list, reusing what the last
@@ -293,19 +280,19 @@ func (d *versionDecoder) decode(raw []byte) (codersdk.TemplateVersion, error) {
 }
 
 // knownSet is what the last templates list of one coderd found: the
-// templates' IDs, when it started, and the templates' cache's resource
-// version then.
+// templates, when it started, and the templates' cache's resource version
+// then.
 type knownSet struct {
-	ids   []uuid.UUID
-	at    time.Time
-	tplRV string
+	templates []codersdk.Template
+	at        time.Time
+	tplRV     string
 }
 
 // knownTemplates returns the templates the last list of t's coderd found,
 // and whether they may be used instead of listing again: read within the
 // poll interval, with no template changed through coder-k8s since.
 func (s *TemplateVersionStorage) knownTemplates(t target) (knownSet, bool) {
-	v, _ := s.templateIDs.Load(t.coderdKey())
+	v, _ := s.known.Load(t.coderdKey())
 	k, ok := v.(knownSet)
 	if !ok {
 		return knownSet{}, false

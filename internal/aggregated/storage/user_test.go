@@ -9,8 +9,8 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 
-	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	coderv1alpha1 "github.com/coder/coder-k8s/api/v1alpha1"
 	"github.com/coder/coder-k8s/internal/aggregated/backend"
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 )
@@ -107,7 +107,7 @@ func TestValidateUserSpec(t *testing.T) {
 
 func TestDiffUser(t *testing.T) {
 	cur := aggv1.CoderUserSpec{Name: "A", Roles: []string{"auditor", "template-admin"},
-		Organizations: []aggv1.CoderUserOrganization{{Name: "a", Roles: []string{"organization-auditor"}}, {Name: "b"}},
+		Organizations:     []aggv1.CoderUserOrganization{{Name: "a", Roles: []string{"organization-auditor"}}, {Name: "b"}},
 		PasswordSecretRef: &aggv1.SecretKeySelector{Name: "s", Key: "k"}}
 	// Unset roles and organizations keep Coder's; the same sets in
 	// another order change nothing.
