@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -365,9 +366,49 @@ func (s *UserStorage) read(ctx context.Context, t target, n userName, name strin
 	return out.(*aggv1.CoderUser), nil
 }
 
-// Get reads the user from coderd.
+// Get reads the user from coderd. The name me ([controlPlane.]me, as in
+// coderd's /users/me) is the caller's own Coder user.
 func (s *UserStorage) Get(ctx context.Context, name string, _ *metav1.GetOptions) (runtime.Object, error) {
+	if n, err := parseUserName(name); err == nil && n.Username == codersdk.Me {
+		return s.getMe(ctx, n, name)
+	}
 	return getObject(ctx, s, name)
+}
+
+// getMe reads the Coder user the caller acts as in the coderd n names:
+// their mapped user, or in Operator mode coder-k8s's own. A caller who
+// maps to no Coder user there gets the 403 that says why (reads of other
+// names answer such a caller with a plain 404: here the question is about
+// the caller, not about what exists).
+func (s *UserStorage) getMe(ctx context.Context, n userName, name string) (runtime.Object, error) {
+	t, err := s.resolve(ctx, namespaceOf(ctx), n.ControlPlane, name)
+	if err != nil {
+		return nil, err
+	}
+	t, err = s.caller(ctx, t, name)
+	var refused *callerRefused
+	if errors.As(err, &refused) {
+		return nil, refused.StatusError
+	}
+	if err != nil {
+		return nil, err
+	}
+	var username string
+	switch {
+	case t.caller != nil:
+		username = t.caller.Username
+	case t.controller != nil:
+		return nil, apierrors.NewForbidden(s.gr, name, &identity.Refused{Reason: fmt.Sprintf("Kubernetes user %q is one of the cluster's controllers (aggregatedAPIServer.identity.clusterControllers), which have no Coder user of their own in %s",
+			t.controller.KubernetesUser, t.describe())})
+	default:
+		// Operator mode: every caller acts as the operator's user.
+		u, err := t.operatorClient().User(ctx, codersdk.Me)
+		if err != nil {
+			return nil, s.coderErr(t, err, name)
+		}
+		username = u.Username
+	}
+	return getObject(ctx, s, userName{ControlPlane: n.ControlPlane, Username: username}.String(t.prefixed))
 }
 
 // List reads the users of the namespace (or every namespace).
