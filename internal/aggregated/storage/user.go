@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
@@ -39,6 +38,12 @@ type UserStorage struct {
 	// tpls reads Secrets for the caller (its SubjectAccessReview and
 	// Secret reader are shared with spec.variables).
 	tpls *TemplateStorage
+	// memo keeps what the last list of each coderd made of each user's
+	// JSON and memberships (user_list.go).
+	memo listMemo[*userMemo]
+	// members keeps each organization member's roles by the hash of the
+	// member's JSON in the last list.
+	members listMemo[memberEntry]
 }
 
 // NewUsers returns the coderusers storage; it reads passwords' Secrets
@@ -64,6 +69,7 @@ func NewUsers(o Options, tpls *TemplateStorage) (*UserStorage, error) {
 		},
 		tpls: tpls,
 	}
+	s.sourcesListed = func(ts []target) { s.memo.retain(ts); s.members.retain(ts) }
 	if err := startCache(&s.genericStore, o, s.listUsers, aggv1.UserFields); err != nil {
 		return nil, err
 	}
@@ -185,60 +191,6 @@ func compareStrings(a, b string) int {
 		return 1
 	}
 	return 0
-}
-
-// userPageSize is how many users one list request asks coderd for.
-const userPageSize = 5000
-
-// listUsers reads every user of one coderd, the organizations and their
-// members (one request per organization).
-func (s *UserStorage) listUsers(ctx context.Context, t target) ([]watchcache.Object, error) {
-	started := time.Now()
-	var users []codersdk.User
-	var ms memberships
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		for offset := 0; ; offset += userPageSize {
-			page, err := t.Client.Users(gctx, codersdk.UsersRequest{Pagination: codersdk.Pagination{Limit: userPageSize, Offset: offset}})
-			if err != nil {
-				return fmt.Errorf("list users: %w", err)
-			}
-			users = append(users, page.Users...)
-			if len(page.Users) < userPageSize || len(users) >= page.Count {
-				return nil
-			}
-		}
-	})
-	g.Go(func() error {
-		orgs, err := t.Client.Organizations(gctx)
-		if err != nil {
-			return fmt.Errorf("list organizations: %w", err)
-		}
-		ms, err = membersOf(gctx, t.Client, orgs, uuid.Nil)
-		return err
-	})
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
-	seen := map[uuid.UUID]bool{}
-	out := make([]watchcache.Object, 0, len(users))
-	for i := range users {
-		if seen[users[i].ID] {
-			continue // moved between pages
-		}
-		seen[users[i].ID] = true
-		obj, err := s.convert(ctx, t, &users[i], ms[users[i].ID], nil)
-		if err != nil {
-			return nil, err
-		}
-		if obj != nil {
-			out = append(out, obj)
-		}
-	}
-	if err := s.mergeListed(ctx, t, out, started, true, nil); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // convert is the view of user u with its organizations, showing the
