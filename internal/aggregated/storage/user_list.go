@@ -220,8 +220,12 @@ func userIDOf(raw []byte) (uuid.UUID, error) {
 			return uuid.Nil, malformed(err)
 		}
 		if key == "id" {
-			var id uuid.UUID
-			if err := json.Unmarshal(v, &id); err != nil {
+			// A UUID needs no unescaping: parsed between its quotes.
+			if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+				return uuid.Nil, malformed(fmt.Errorf("user id %.40s is not a string", v))
+			}
+			id, err := uuid.ParseBytes(v[1 : len(v)-1])
+			if err != nil {
 				return uuid.Nil, fmt.Errorf("decode coderd's answer: user id: %w", err)
 			}
 			return id, nil
