@@ -211,6 +211,7 @@ const (
 	shared     = "BenchmarkSharedCluster"
 	scale      = "BenchmarkScale"
 	versions   = "BenchmarkTemplateVersions"
+	users      = "BenchmarkUsers"
 )
 
 // rows are the table, in order. Targets are those the benchmarks print
@@ -281,6 +282,8 @@ var rows = []row{
 		target: atMostBeyondNoise(1.10, "rss-noise", "≤ 1.10 beyond noise")},
 	{label: "LIST of 300 codertemplateversions ratio", bench: versions, unit: "list-ratio", shown: "×", digits: 2,
 		ref: "coderd's versions lists of the same templates %.1f ms", refUnits: []string{"coderd-list-ms"}, target: atMost(1.2, "≤ 1.2")},
+	{label: "LIST of 1,000 coderusers ratio", bench: users, unit: "list-ratio", shown: "×", digits: 2,
+		ref: "coderd GET /api/v2/users of the same users %.1f ms", refUnits: []string{"coderd-list-ms"}, target: atMost(1.2, "≤ 1.2")},
 	{label: "member's list of 10 workspaces among 310 (Mapped mode)", bench: identity, unit: "member-list-ratio", shown: "×", digits: 2,
 		ref: "coderd GET /api/v2/workspaces with the member's token %.1f ms", refUnits: []string{"coderd-member-list-ms"}, target: atMost(1.2, "≤ 1.2")},
 	{label: "coderd list requests per poll, 50 users watching (Mapped mode)", bench: identity, unit: "lists-per-poll-50-users", shown: "/poll", digits: 2,

@@ -41,7 +41,7 @@ func TestParseRealOutput(t *testing.T) {
 	for n := range res {
 		names = append(names, n)
 	}
-	want := []string{"BenchmarkController", "BenchmarkMemory", "BenchmarkPromoter", "BenchmarkSharedCluster", "BenchmarkStartup", "BenchmarkTemplateVersions", "BenchmarkTokensPerHour", "BenchmarkWorkspaces/Admission", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/Identity", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Metadata", "BenchmarkWorkspaces/Startup"}
+	want := []string{"BenchmarkController", "BenchmarkMemory", "BenchmarkPromoter", "BenchmarkSharedCluster", "BenchmarkStartup", "BenchmarkTemplateVersions", "BenchmarkTokensPerHour", "BenchmarkUsers", "BenchmarkWorkspaces/Admission", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/Identity", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Metadata", "BenchmarkWorkspaces/Startup"}
 	if len(names) != len(want) {
 		t.Fatalf("parsed benchmarks %v, want %v", names, want)
 	}
@@ -169,6 +169,7 @@ func TestRenderRealOutput(t *testing.T) {
 		{"workspaces missing from that list (Coder owner, Mapped mode)", "0", "yes", "of 300; target 0"},
 		{"authorization checks for a member's new watch of 300 templates (Mapped mode)", "31", "yes", "ceil(300/10) = 30; target ≤ 31"},
 		{"LIST of 300 codertemplateversions ratio", "1.91", "NO", "coderd's versions lists of the same templates 42.0 ms; target ≤ 1.2"},
+		{"LIST of 1,000 coderusers ratio", "1.44", "NO", "coderd GET /api/v2/users of the same users 41.7 ms; target ≤ 1.2"},
 	} {
 		cells := rowCells(t, lines, c.label)
 		if cells[1] != c.value || cells[4] != c.met || !strings.Contains(cells[3], c.ref) {

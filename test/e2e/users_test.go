@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/testenv"
 )
 
 // TestUsers drives coderusers with kubectl through kube-apiserver against
@@ -203,6 +204,13 @@ func TestUsers(t *testing.T) {
 		}
 		if r, err := member.Run(ctx, "", "get", "cu", "alice", "-n", s.ns); err == nil || !strings.Contains(r.Combined, "NotFound") {
 			t.Errorf("member's get of alice: %v %s, want 404", err, r.Combined)
+		}
+		// me is the caller's own user, as in coderd's /users/me.
+		for who, k := range map[string]testenv.Kubectl{"member": member, "uadmin": uadmin} {
+			r, err := k.Run(ctx, "", "get", "cu", "me", "-n", s.ns, "-o", "jsonpath={.metadata.name}")
+			if err != nil || strings.TrimSpace(r.Stdout) != who {
+				t.Errorf("%s's get of cu me: %v %q, want their own user", who, err, r.Combined)
+			}
 		}
 		r, err = uadmin.Run(ctx, "", "get", "cu", "-n", s.ns, "-o", "json")
 		if err != nil {

@@ -2,10 +2,10 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
@@ -38,6 +38,12 @@ type UserStorage struct {
 	// tpls reads Secrets for the caller (its SubjectAccessReview and
 	// Secret reader are shared with spec.variables).
 	tpls *TemplateStorage
+	// memo keeps what the last list of each coderd made of each user's
+	// JSON and memberships (user_list.go).
+	memo listMemo[*userMemo]
+	// members keeps each organization member's roles by the hash of the
+	// member's JSON in the last list.
+	members listMemo[memberEntry]
 }
 
 // NewUsers returns the coderusers storage; it reads passwords' Secrets
@@ -63,6 +69,7 @@ func NewUsers(o Options, tpls *TemplateStorage) (*UserStorage, error) {
 		},
 		tpls: tpls,
 	}
+	s.sourcesListed = func(ts []target) { s.memo.retain(ts); s.members.retain(ts) }
 	if err := startCache(&s.genericStore, o, s.listUsers, aggv1.UserFields); err != nil {
 		return nil, err
 	}
@@ -184,60 +191,6 @@ func compareStrings(a, b string) int {
 		return 1
 	}
 	return 0
-}
-
-// userPageSize is how many users one list request asks coderd for.
-const userPageSize = 5000
-
-// listUsers reads every user of one coderd, the organizations and their
-// members (one request per organization).
-func (s *UserStorage) listUsers(ctx context.Context, t target) ([]watchcache.Object, error) {
-	started := time.Now()
-	var users []codersdk.User
-	var ms memberships
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		for offset := 0; ; offset += userPageSize {
-			page, err := t.Client.Users(gctx, codersdk.UsersRequest{Pagination: codersdk.Pagination{Limit: userPageSize, Offset: offset}})
-			if err != nil {
-				return fmt.Errorf("list users: %w", err)
-			}
-			users = append(users, page.Users...)
-			if len(page.Users) < userPageSize || len(users) >= page.Count {
-				return nil
-			}
-		}
-	})
-	g.Go(func() error {
-		orgs, err := t.Client.Organizations(gctx)
-		if err != nil {
-			return fmt.Errorf("list organizations: %w", err)
-		}
-		ms, err = membersOf(gctx, t.Client, orgs, uuid.Nil)
-		return err
-	})
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
-	seen := map[uuid.UUID]bool{}
-	out := make([]watchcache.Object, 0, len(users))
-	for i := range users {
-		if seen[users[i].ID] {
-			continue // moved between pages
-		}
-		seen[users[i].ID] = true
-		obj, err := s.convert(ctx, t, &users[i], ms[users[i].ID], nil)
-		if err != nil {
-			return nil, err
-		}
-		if obj != nil {
-			out = append(out, obj)
-		}
-	}
-	if err := s.mergeListed(ctx, t, out, started, true, nil); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // convert is the view of user u with its organizations, showing the
@@ -365,9 +318,49 @@ func (s *UserStorage) read(ctx context.Context, t target, n userName, name strin
 	return out.(*aggv1.CoderUser), nil
 }
 
-// Get reads the user from coderd.
+// Get reads the user from coderd. The name me ([controlPlane.]me, as in
+// coderd's /users/me) is the caller's own Coder user.
 func (s *UserStorage) Get(ctx context.Context, name string, _ *metav1.GetOptions) (runtime.Object, error) {
+	if n, err := parseUserName(name); err == nil && n.Username == codersdk.Me {
+		return s.getMe(ctx, n, name)
+	}
 	return getObject(ctx, s, name)
+}
+
+// getMe reads the Coder user the caller acts as in the coderd n names:
+// their mapped user, or in Operator mode coder-k8s's own. A caller who
+// maps to no Coder user there gets the 403 that says why (reads of other
+// names answer such a caller with a plain 404: here the question is about
+// the caller, not about what exists).
+func (s *UserStorage) getMe(ctx context.Context, n userName, name string) (runtime.Object, error) {
+	t, err := s.resolve(ctx, namespaceOf(ctx), n.ControlPlane, name)
+	if err != nil {
+		return nil, err
+	}
+	t, err = s.caller(ctx, t, name)
+	var refused *callerRefused
+	if errors.As(err, &refused) {
+		return nil, refused.StatusError
+	}
+	if err != nil {
+		return nil, err
+	}
+	var username string
+	switch {
+	case t.caller != nil:
+		username = t.caller.Username
+	case t.controller != nil:
+		return nil, apierrors.NewForbidden(s.gr, name, &identity.Refused{Reason: fmt.Sprintf("Kubernetes user %q is one of the cluster's controllers (aggregatedAPIServer.identity.clusterControllers), which have no Coder user of their own in %s",
+			t.controller.KubernetesUser, t.describe())})
+	default:
+		// Operator mode: every caller acts as the operator's user.
+		u, err := t.operatorClient().User(ctx, codersdk.Me)
+		if err != nil {
+			return nil, s.coderErr(t, err, name)
+		}
+		username = u.Username
+	}
+	return getObject(ctx, s, userName{ControlPlane: n.ControlPlane, Username: username}.String(t.prefixed))
 }
 
 // List reads the users of the namespace (or every namespace).

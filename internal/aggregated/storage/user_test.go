@@ -154,3 +154,29 @@ func TestWithSpecOfUserKeepsUnset(t *testing.T) {
 		t.Errorf("dry-run view %+v", out.Spec)
 	}
 }
+
+// TestScanUsersList reads coderd's users answer element by element: each
+// user's JSON as sent, the count, and each user's ID without decoding the
+// rest; a malformed answer is an error.
+func TestScanUsersList(t *testing.T) {
+	a, b := uuid.New(), uuid.New()
+	body := `{"users":[{"username":"a","id":"` + a.String() + `","roles":[]},{"id":"` + b.String() + `"}],"count":7}`
+	var raws []string
+	count, err := scanObjectList(strings.NewReader(body), "users", func(raw []byte) error { raws = append(raws, string(raw)); return nil })
+	if err != nil || count != 7 || len(raws) != 2 {
+		t.Fatalf("count %d, %d users, %v; want 7, 2", count, len(raws), err)
+	}
+	for i, want := range []uuid.UUID{a, b} {
+		if id, err := userIDOf([]byte(raws[i])); err != nil || id != want {
+			t.Errorf("user %d: id %s, %v; want %s", i, id, err, want)
+		}
+	}
+	for _, bad := range []string{`{"users":[}`, `{"users":[],"count":1`, `[]`, `{"users":[]} x`} {
+		if _, err := scanObjectList(strings.NewReader(bad), "users", func([]byte) error { return nil }); err == nil {
+			t.Errorf("scanObjectList(%q) succeeded", bad)
+		}
+	}
+	if _, err := userIDOf([]byte(`{"username":"x"}`)); err == nil {
+		t.Error("userIDOf of a user without an id succeeded")
+	}
+}

@@ -1,0 +1,190 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/coder/v2/codersdk"
+	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/coder/coder-k8s/internal/testenv"
+)
+
+// benchUsers is how many Coder users BenchmarkUsers seeds;
+// BENCH_USERS overrides it (for a quick look; the figure is meant for
+// 1,000).
+const benchUsers = 1000
+
+// BenchmarkUsers measures a LIST of every coderuser through
+// kube-apiserver's aggregation layer against coderd's own GET
+// /api/v2/users of the same users, with the same HTTP client and the same
+// Coder user (the admin's certificate maps to the first user, whose token
+// the coderd requests carry): medians of alternating requests after
+// warm-ups. coderd v2.30 (coderd/users.go users, ParsePagination) takes a
+// limit of 0, the default, as no limit: one GET without limit or offset
+// returns every user, which is how the reference reads them; coder-k8s
+// asks with a limit of 5000 per page, so one page here as well. The users
+// are made with login type none, in parallel, with coderd's rate limits
+// off.
+func BenchmarkUsers(b *testing.B) {
+	n := benchUsers
+	if v := os.Getenv("BENCH_USERS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("BENCH_USERS=%q: want a positive number", v)
+		}
+	}
+	st := newBenchStack(b, 0, withCoder(testenv.CoderOptions{DisableRateLimits: true}))
+	ctx := context.Background()
+	st.seedUsers(b, ctx, n)
+	agg := strings.TrimRight(st.k.Config.Host, "/") + "/apis/aggregation.coder.com/v1alpha1/namespaces/" + st.ns + "/coderusers"
+	ref := st.coder.URL.String() + "/api/v2/users"
+
+	// Every user coderd lists, the seeded ones and those the stack made
+	// (the first user, coder-k8s's own).
+	_, body, _, err := st.fetch(ref)
+	if err != nil {
+		b.Fatal(err)
+	}
+	total, err := usersCount(body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if total < n {
+		b.Fatalf("coderd lists %d users, want at least %d", total, n)
+	}
+
+	b.ResetTimer()
+	cold, body, _, err := st.fetch(agg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st.checkItems(b, "aggregated LIST", body, "items", total)
+	fmt.Printf("users list: first aggregated LIST %s\n", cold.Round(time.Millisecond))
+	var aggs, coders []time.Duration
+	for i := range benchListWarmup + benchListPairs {
+		first, second := true, false
+		if i%2 == 1 {
+			first, second = false, true
+		}
+		for _, aggTurn := range []bool{first, second} {
+			u := ref
+			if aggTurn {
+				u = agg
+			}
+			d, body, _, err := st.fetch(u)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if i == 0 && aggTurn {
+				st.checkItems(b, "aggregated LIST", body, "items", total)
+			}
+			if i == 0 && !aggTurn {
+				if got, err := usersCount(body); err != nil || got != total {
+					b.Fatalf("coderd lists %d users (%v), want %d", got, err, total)
+				}
+			}
+			if i < benchListWarmup {
+				continue
+			}
+			if aggTurn {
+				aggs = append(aggs, d)
+			} else {
+				coders = append(coders, d)
+			}
+		}
+	}
+	b.StopTimer()
+	aggMed, coderMed := percentile(aggs, 50), percentile(coders, 50)
+	ratio := aggMed.Seconds() / coderMed.Seconds()
+	b.ReportMetric(ratio, "list-ratio")
+	b.ReportMetric(float64(aggMed.Microseconds())/1000, "list-ms")
+	b.ReportMetric(float64(coderMed.Microseconds())/1000, "coderd-list-ms")
+	b.ReportMetric(float64(total), "users")
+	st.usersBreakdown(b, agg)
+	fmt.Printf("users list ratio=%.2f (target ≤ 1.2): aggregated LIST of %d coderusers median %s, coderd GET /api/v2/users (one request, no limit) median %s; %d alternating pairs\n",
+		ratio, total, aggMed.Round(100*time.Microsecond), coderMed.Round(100*time.Microsecond), benchListPairs)
+}
+
+// usersCount is how many users a GET /api/v2/users answer holds.
+func usersCount(body []byte) (int, error) {
+	var res codersdk.GetUsersResponse
+	if err := json.Unmarshal(body, &res); err != nil {
+		return 0, fmt.Errorf("decode coderd's users: %w", err)
+	}
+	return len(res.Users), nil
+}
+
+// seedUsers makes n Coder users with login type none in the default
+// organization, eight at a time.
+func (st *benchStack) seedUsers(b *testing.B, ctx context.Context, n int) {
+	b.Helper()
+	start := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i := range n {
+		g.Go(func() error {
+			name := fmt.Sprintf("bench-user-%04d", i)
+			_, err := st.coder.Client.CreateUserWithOrgs(gctx, codersdk.CreateUserRequestWithOrgs{
+				Email: name + "@example.com", Username: name, Name: fmt.Sprintf("Bench User %d", i),
+				UserLoginType: codersdk.LoginTypeNone, OrganizationIDs: []uuid.UUID{st.coder.OrganizationID}})
+			if err != nil {
+				return fmt.Errorf("create user %s: %w", name, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	fmt.Printf("users: %d users (login type none) seeded in %s\n", n, time.Since(start).Round(time.Millisecond))
+}
+
+// usersBreakdown shows where the aggregated LIST's time goes: through
+// kube-apiserver and straight to coder-k8s, next to what coder-k8s asks
+// coderd for (the users list and, at the same time, the organizations and
+// the default organization's members).
+func (st *benchStack) usersBreakdown(b *testing.B, agg string) {
+	b.Helper()
+	direct := st.op.Aggregated + "/apis/aggregation.coder.com/v1alpha1/namespaces/" + st.ns + "/coderusers"
+	base := st.coder.URL.String() + "/api/v2"
+	one := func(u string) func() (time.Duration, error) {
+		return func() (time.Duration, error) { d, _, _, err := timedGet(st.hc, u, ""); return d, err }
+	}
+	vs := []struct {
+		name  string
+		f     func() (time.Duration, error)
+		times []time.Duration
+	}{
+		{name: "through kube-apiserver", f: one(agg)},
+		{name: "coder-k8s directly", f: one(direct)},
+		{name: "coderd users list", f: one(base + "/users")},
+		{name: "coderd users list (limit 5000)", f: one(base + "/users?limit=5000")},
+		{name: "coderd organization members", f: one(base + "/organizations/" + st.coder.OrganizationID.String() + "/members")},
+		{name: "coderd organizations", f: one(base + "/organizations")},
+	}
+	for i := range 2 + 15 {
+		for j := range vs {
+			v := &vs[(i+j)%len(vs)]
+			d, err := v.f()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if i >= 2 {
+				v.times = append(v.times, d)
+			}
+		}
+	}
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = fmt.Sprintf("%s %s", v.name, percentile(v.times, 50).Round(100*time.Microsecond))
+	}
+	fmt.Printf("users list breakdown (medians of 15 rounds): %s\n", strings.Join(parts, ", "))
+}
