@@ -112,7 +112,7 @@ kind: CoderGroup
 metadata: {name: %s.devs, namespace: %s}
 spec:
   displayName: Developers
-  members: [grp-bob, grp-alice]
+  members: [grp-alice, grp-bob]
   quotaAllowance: 5
 `, s.org, ns)
 	groupManifest := writeManifest(t, groupYAML)

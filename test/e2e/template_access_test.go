@@ -96,7 +96,7 @@ func TestTemplateAccess(t *testing.T) {
 		t.Helper()
 		return strings.TrimSpace(s.must(t, "get", "ctpl", "coder.acl", "-n", "acl", "-o", shown))
 	}
-	first := "access:\n  everyone: use\n  users: [{name: bob, role: admin}, {name: alice, role: use}]\n  groups: [{name: devs, role: admin}]"
+	first := "access:\n  everyone: use\n  users: [{name: alice, role: use}, {name: bob, role: admin}]\n  groups: [{name: devs, role: admin}]"
 	firstShown := "use|alice=use bob=admin |devs=admin"
 
 	t.Run("licensed: created with a list, read back in name order", func(t *testing.T) {

@@ -153,10 +153,12 @@ func TestUsers(t *testing.T) {
 		}
 	})
 
-	t.Run("email and login type are immutable: 422 with the field path", func(t *testing.T) {
+	t.Run("email and login type are immutable, sets are in name order: 422 with the field path", func(t *testing.T) {
 		for patch, want := range map[string]string{
 			`{"spec":{"email":"other@example.com"}}`: "spec.email: Forbidden",
 			`{"spec":{"loginType":"none"}}`:          "spec.loginType: Forbidden",
+			// A set read back sorted is accepted only in that order.
+			`{"spec":{"roles":["user-admin","auditor"]}}`: `spec.roles: Invalid value: ["user-admin","auditor"]: list them in name order (auditor, user-admin)`,
 		} {
 			out, err := s.run("patch", "cu", "alice", "-n", s.ns, "--type", "merge", "-p", patch)
 			if err == nil || !strings.Contains(out, want) || !strings.Contains(out, "is invalid") {

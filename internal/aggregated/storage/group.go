@@ -264,6 +264,9 @@ func validateGroupSpec(spec *aggv1.CoderGroupSpec) field.ErrorList {
 		}
 		seen[m] = true
 	}
+	if err := checkInNameOrder(specPath.Child("members"), spec.Members); err != nil {
+		errs = append(errs, err)
+	}
 	return errs
 }
 

@@ -178,6 +178,13 @@ func validateAccess(a *aggv1.TemplateAccess) field.ErrorList {
 				errs = append(errs, field.NotSupported(lp.Key(e.Name).Child("role"), e.Role, roles))
 			}
 		}
+		names := make([]string, len(list))
+		for i, e := range list {
+			names[i] = e.Name
+		}
+		if err := checkInNameOrder(lp, names); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	check(a.Users, fp.Child("users"))
 	check(a.Groups, fp.Child("groups"))

@@ -126,7 +126,9 @@ func TestValidateAccess(t *testing.T) {
 	}}
 	got := fxErrs(validateSettings(&next, &cur))
 	want := []string{"FieldValueNotSupported spec.access.everyone", "FieldValueNotSupported spec.access.users[alice].role",
-		"FieldValueDuplicate spec.access.users[alice]", "FieldValueRequired spec.access.users[2].name", "FieldValueInvalid spec.access.groups[Everyone]"}
+		"FieldValueDuplicate spec.access.users[alice]", "FieldValueRequired spec.access.users[2].name", "FieldValueInvalid spec.access.groups[Everyone]",
+		// "" after "alice": not in name order.
+		"FieldValueInvalid spec.access.users"}
 	if !fxSameStrings(got, want) {
 		t.Errorf("errors %q, want %q", got, want)
 	}

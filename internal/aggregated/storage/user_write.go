@@ -61,6 +61,13 @@ func validateUserSpec(spec *aggv1.CoderUserSpec) field.ErrorList {
 		seen[o.Name] = true
 		errs = append(errs, validateRoles(o.Roles, p.Child("roles"), codersdk.RoleOrganizationMember)...)
 	}
+	orgNames := make([]string, len(spec.Organizations))
+	for i, o := range spec.Organizations {
+		orgNames[i] = o.Name
+	}
+	if err := checkInNameOrder(orgsPath, orgNames); err != nil {
+		errs = append(errs, err)
+	}
 	if ref := spec.PasswordSecretRef; ref != nil {
 		if ref.Name == "" {
 			errs = append(errs, field.Required(passwordPath.Child("name"), "the Secret holding the password"))
@@ -90,6 +97,9 @@ func validateRoles(roles []string, p *field.Path, implicit string) field.ErrorLi
 			errs = append(errs, field.Duplicate(p.Index(i), r))
 		}
 		seen[r] = true
+	}
+	if err := checkInNameOrder(p, roles); err != nil {
+		errs = append(errs, err)
 	}
 	return errs
 }

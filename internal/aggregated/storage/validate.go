@@ -1,6 +1,10 @@
 package storage
 
 import (
+	"fmt"
+	"slices"
+	"strings"
+
 	"github.com/google/uuid"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -95,4 +99,15 @@ func validateSameObject(what, name, nextName, curOrg, nextOrg string) field.Erro
 		errs = append(errs, field.Forbidden(specPath.Child("organization"), "a "+what+" cannot move to another organization"))
 	}
 	return errs
+}
+
+// checkInNameOrder refuses a set whose names are not in order. coderd
+// keeps no order for role sets, members and access entries, so a read
+// shows them sorted; a write in another order would read back changed,
+// and a GitOps tool comparing lists in order would see drift forever.
+func checkInNameOrder(p *field.Path, names []string) *field.Error {
+	if slices.IsSorted(names) {
+		return nil
+	}
+	return field.Invalid(p, names, fmt.Sprintf("list them in name order (%s): Coder keeps no order, so reads show them sorted", strings.Join(slices.Sorted(slices.Values(names)), ", ")))
 }

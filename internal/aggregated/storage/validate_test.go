@@ -370,3 +370,21 @@ func TestFxErrs(t *testing.T) {
 		t.Fatalf("fxErrs = %q", got)
 	}
 }
+
+// TestCheckInNameOrder: sets coderd keeps no order for are accepted only
+// in the order reads show them, with the order to use in the message.
+func TestCheckInNameOrder(t *testing.T) {
+	p := field.NewPath("spec", "roles")
+	for _, ok := range [][]string{nil, {}, {"a"}, {"auditor", "template-admin"}} {
+		if err := checkInNameOrder(p, ok); err != nil {
+			t.Errorf("%v: %v, want accepted", ok, err)
+		}
+	}
+	err := checkInNameOrder(p, []string{"user-admin", "template-admin"})
+	if err == nil {
+		t.Fatal("[user-admin template-admin] accepted, want refused")
+	}
+	if want := `spec.roles: Invalid value: ["user-admin","template-admin"]: list them in name order (template-admin, user-admin): Coder keeps no order, so reads show them sorted`; err.Error() != want {
+		t.Errorf("error %q, want %q", err.Error(), want)
+	}
+}
