@@ -160,7 +160,7 @@ spec:
 		if out, err := s.run("diff", "--server-side", "-f", groupManifest); err != nil {
 			t.Errorf("kubectl diff --server-side right after the apply shows a difference: %v\n%s", err, out)
 		}
-		out, err := s.run("apply", "--server-side", "-f", writeManifest(t, strings.Replace(groupYAML, "grp-alice]", "no-such-user]", 1)))
+		out, err := s.run("apply", "--server-side", "-f", writeManifest(t, strings.Replace(groupYAML, "grp-bob]", "no-such-user]", 1)))
 		if err == nil || !strings.Contains(out, "no-such-user") {
 			t.Errorf("a member Coder does not know: %v\n%s\nwant a 422 naming them", err, out)
 		}
