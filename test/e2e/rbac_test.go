@@ -110,6 +110,7 @@ func TestOperatorRunsWithTheChartRBAC(t *testing.T) {
 			"ClusterRole " + release + "-workspace-user",
 			"ClusterRole " + release + "-template-author",
 			"ClusterRole " + release + "-organization-admin",
+			"ClusterRole " + release + "-user-admin",
 			"ClusterRole " + release + "-aggregated-view",
 			"ClusterRole " + release + "-aggregated-edit",
 		}
