@@ -772,3 +772,39 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	i := int(float64(len(s))*p/100+0.999999) - 1
 	return s[min(max(i, 0), len(s)-1)]
 }
+
+// breakdownStep is one request of a breakdown: what it is and how to time
+// it once.
+type breakdownStep struct {
+	name string
+	f    func() (time.Duration, error)
+}
+
+// getStep times a GET of u with the bench's HTTP client.
+func (st *benchStack) getStep(name, u string) breakdownStep {
+	return breakdownStep{name: name, f: func() (time.Duration, error) { d, _, _, err := timedGet(st.hc, u, ""); return d, err }}
+}
+
+// printBreakdown times steps in rotating order, 2 warm-up rounds then 15
+// measured, and prints each one's median as "<what> breakdown".
+func printBreakdown(b *testing.B, what string, steps []breakdownStep) {
+	b.Helper()
+	times := make([][]time.Duration, len(steps))
+	for i := range 2 + 15 {
+		for j := range steps {
+			k := (i + j) % len(steps)
+			d, err := steps[k].f()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if i >= 2 {
+				times[k] = append(times[k], d)
+			}
+		}
+	}
+	parts := make([]string, len(steps))
+	for i, s := range steps {
+		parts[i] = fmt.Sprintf("%s %s", s.name, percentile(times[i], 50).Round(100*time.Microsecond))
+	}
+	fmt.Printf("%s breakdown (medians of 15 rounds): %s\n", what, strings.Join(parts, ", "))
+}

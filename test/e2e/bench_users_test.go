@@ -155,36 +155,12 @@ func (st *benchStack) usersBreakdown(b *testing.B, agg string) {
 	b.Helper()
 	direct := st.op.Aggregated + "/apis/aggregation.coder.com/v1alpha1/namespaces/" + st.ns + "/coderusers"
 	base := st.coder.URL.String() + "/api/v2"
-	one := func(u string) func() (time.Duration, error) {
-		return func() (time.Duration, error) { d, _, _, err := timedGet(st.hc, u, ""); return d, err }
-	}
-	vs := []struct {
-		name  string
-		f     func() (time.Duration, error)
-		times []time.Duration
-	}{
-		{name: "through kube-apiserver", f: one(agg)},
-		{name: "coder-k8s directly", f: one(direct)},
-		{name: "coderd users list", f: one(base + "/users")},
-		{name: "coderd users list (limit 5000)", f: one(base + "/users?limit=5000")},
-		{name: "coderd organization members", f: one(base + "/organizations/" + st.coder.OrganizationID.String() + "/members")},
-		{name: "coderd organizations", f: one(base + "/organizations")},
-	}
-	for i := range 2 + 15 {
-		for j := range vs {
-			v := &vs[(i+j)%len(vs)]
-			d, err := v.f()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if i >= 2 {
-				v.times = append(v.times, d)
-			}
-		}
-	}
-	parts := make([]string, len(vs))
-	for i, v := range vs {
-		parts[i] = fmt.Sprintf("%s %s", v.name, percentile(v.times, 50).Round(100*time.Microsecond))
-	}
-	fmt.Printf("users list breakdown (medians of 15 rounds): %s\n", strings.Join(parts, ", "))
+	printBreakdown(b, "users list", []breakdownStep{
+		st.getStep("through kube-apiserver", agg),
+		st.getStep("coder-k8s directly", direct),
+		st.getStep("coderd users list", base+"/users"),
+		st.getStep("coderd users list (limit 5000)", base+"/users?limit=5000"),
+		st.getStep("coderd organization members", base+"/organizations/"+st.coder.OrganizationID.String()+"/members"),
+		st.getStep("coderd organizations", base+"/organizations"),
+	})
 }

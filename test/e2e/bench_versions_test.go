@@ -185,34 +185,10 @@ func (st *benchStack) versionsBreakdown(b *testing.B, agg string, refs []string)
 		err := g.Wait()
 		return time.Since(start), err
 	}
-	one := func(u string) func() (time.Duration, error) {
-		return func() (time.Duration, error) { d, _, _, err := timedGet(st.hc, u, ""); return d, err }
-	}
-	vs := []struct {
-		name  string
-		f     func() (time.Duration, error)
-		times []time.Duration
-	}{
-		{name: "through kube-apiserver", f: one(agg)},
-		{name: "coder-k8s directly", f: one(direct)},
-		{name: "coderd templates list", f: one(templates)},
+	printBreakdown(b, "versions list", []breakdownStep{
+		st.getStep("through kube-apiserver", agg),
+		st.getStep("coder-k8s directly", direct),
+		st.getStep("coderd templates list", templates),
 		{name: "coderd versions lists at once", f: parallel},
-	}
-	for i := range 2 + 15 {
-		for j := range vs {
-			v := &vs[(i+j)%len(vs)]
-			d, err := v.f()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if i >= 2 {
-				v.times = append(v.times, d)
-			}
-		}
-	}
-	parts := make([]string, len(vs))
-	for i, v := range vs {
-		parts[i] = fmt.Sprintf("%s %s", v.name, percentile(v.times, 50).Round(100*time.Microsecond))
-	}
-	fmt.Printf("versions list breakdown (medians of 15 rounds): %s\n", strings.Join(parts, ", "))
+	})
 }
