@@ -310,9 +310,11 @@ KUBE_LDFLAGS  := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
                  -X k8s.io/client-go/pkg/version.gitMinor=$(KUBE_MINOR)
 
 CNI_PLUGINS := bridge host-local loopback portmap
+CODER_PROVIDER_VERSION := $(call modversion,coderprovider,github.com/coder/terraform-provider-coder/v2)
+CODER_PROVIDER := $(BIN)/tfproviders/registry.opentofu.org/coder/coder/$(CODER_PROVIDER_VERSION:v%=%)/linux_amd64/terraform-provider-coder_$(CODER_PROVIDER_VERSION)
 # What the suites start; the code generators and linters are built by the
 # targets that run them (make generate, make lint), not by make test.
-TEST_TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/kubectl-1.32 $(BIN)/etcd $(BIN)/coder $(BIN)/terraform \
+TEST_TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/kubectl-1.32 $(BIN)/etcd $(BIN)/coder $(BIN)/terraform $(CODER_PROVIDER) \
               $(BIN)/helm $(BIN)/ct $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy $(BIN)/coredns $(BIN)/pause $(CNI_PLUGINS:%=$(BIN)/cni/%)
 TOOLS := $(TEST_TOOLS) $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen $(BIN)/actionlint
 
@@ -344,6 +346,7 @@ comma := ,
 space := $(subst ,, )
 TOOL_MODULES = hack/tools/kube=$(subst $(space),$(comma),$(KUBE_CMDS:%=k8s.io/kubernetes/cmd/%)) \
                 hack/tools/coredns=. hack/tools/etcd=. hack/tools/coder=. hack/tools/tofu=github.com/opentofu/opentofu/cmd/tofu \
+                hack/tools/coderprovider=github.com/coder/terraform-provider-coder/v2 \
                 hack/tools/helm=helm.sh/helm/v3/cmd/helm hack/tools/ct=github.com/helm/chart-testing/v3/ct \
                 hack/tools/kubectl-old=. $(GITOPS_MODULES:%=%=./...)
 KUBE_LIBS := k8s.io/,sigs.k8s.io/,github.com/google/gnostic-models
@@ -399,6 +402,13 @@ $(BIN)/coder: hack/tools/coder/go.mod hack/tools/coder/go.sum hack/tools/coder/m
 # OpenTofu, installed under the name coderd's provisioner looks for.
 $(BIN)/terraform: hack/tools/tofu/go.mod hack/tools/tofu/go.sum
 	cd hack/tools/tofu && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS)" -o $@ github.com/opentofu/opentofu/cmd/tofu
+
+# Coder's Terraform provider (coder_agent, coder_parameter, coder_app, ...),
+# laid out as an unpacked filesystem mirror: testenv.Coder's CLI config
+# points OpenTofu's provider installation at bin/tfproviders, so templates
+# with `source = "coder/coder"` initialise offline.
+$(CODER_PROVIDER): hack/tools/coderprovider/go.mod hack/tools/coderprovider/go.sum
+	cd hack/tools/coderprovider && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS)" -o $@ github.com/coder/terraform-provider-coder/v2
 
 # Like helm's own release build: the Kubernetes version it assumes without a
 # cluster (helm template, lint) is the one of the client-go it is built with.

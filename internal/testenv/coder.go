@@ -217,11 +217,13 @@ func (c *Coder) environment(binDir string) ([]string, error) {
 			return nil, fmt.Errorf("start coderd: %w", err)
 		}
 	}
-	// An empty CLI config: without one tofu warns about the missing
+	// A CLI config of our own: without one tofu warns about the missing
 	// ~/.terraformrc before its version JSON, coderd fails to parse that
-	// and falls back to downloading Terraform.
+	// and falls back to downloading Terraform. It installs providers only
+	// from the mirror `make tools` fills (Coder's provider): nothing may
+	// come from a registry.
 	tfrc := filepath.Join(c.DataDir, "terraform.rc")
-	if err := os.WriteFile(tfrc, nil, 0o644); err != nil {
+	if err := os.WriteFile(tfrc, []byte(terraformCLIConfig(binDir)), 0o644); err != nil {
 		return nil, fmt.Errorf("start coderd: %w", err)
 	}
 	env := FilterEnv(os.Environ(), "CODER_", "TF_", "PATH=", "HOME=", "XDG_")
@@ -235,6 +237,16 @@ func (c *Coder) environment(binDir string) ([]string, error) {
 		"CODER_CACHE_DIRECTORY="+filepath.Join(c.DataDir, "cache"),
 		"CODER_CONFIG_DIR="+filepath.Join(c.DataDir, "config"),
 	), nil
+}
+
+// ProviderMirror is the directory of Terraform providers `make tools`
+// builds (an unpacked filesystem mirror), under binDir.
+func ProviderMirror(binDir string) string { return filepath.Join(binDir, "tfproviders") }
+
+// terraformCLIConfig is OpenTofu's CLI configuration for coderd's
+// provisioner: providers come from ProviderMirror only.
+func terraformCLIConfig(binDir string) string {
+	return fmt.Sprintf("provider_installation {\n  filesystem_mirror {\n    path    = %q\n    include = [\"*/*/*\"]\n  }\n}\n", ProviderMirror(binDir))
 }
 
 // startServer runs `coder server` on port and waits until it is the one
