@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -133,6 +134,49 @@ func TestCoder(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	t.Run("CoderProviderFromTheMirror", func(t *testing.T) {
+		// A template using Coder's Terraform provider imports offline:
+		// OpenTofu takes the provider from the mirror `make tools`
+		// fills, and coderd reads the parameters and presets it declares.
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+		defer cancel()
+		tpl, err := c.PushTemplate(ctx, "parameters", ParameterTemplate())
+		if err != nil {
+			t.Fatalf("push the parameter template (is bin/tfproviders built? run `make tools`): %v", err)
+		}
+		params, err := c.Client.TemplateVersionRichParameters(ctx, tpl.ActiveVersionID)
+		if err != nil {
+			t.Fatalf("rich parameters: %v", err)
+		}
+		var got []string
+		for _, p := range params {
+			got = append(got, fmt.Sprintf("%s:%s:mutable=%t:ephemeral=%t:options=%d", p.Name, p.Type, p.Mutable, p.Ephemeral, len(p.Options)))
+		}
+		want := []string{
+			"cpu:number:mutable=true:ephemeral=false:options=3",
+			"debug:bool:mutable=true:ephemeral=true:options=0",
+			"greeting:string:mutable=true:ephemeral=false:options=0",
+			"home_disk_size:number:mutable=false:ephemeral=false:options=0",
+			"memory:number:mutable=true:ephemeral=false:options=0",
+		}
+		sort.Strings(got)
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("parameters coderd read:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		presets, err := c.Client.TemplateVersionPresets(ctx, tpl.ActiveVersionID)
+		if err != nil {
+			t.Fatalf("presets: %v", err)
+		}
+		var names []string
+		for _, p := range presets {
+			names = append(names, p.Name)
+		}
+		sort.Strings(names)
+		if strings.Join(names, ",") != "large,small" {
+			t.Errorf("presets = %v, want [large small]", names)
+		}
 	})
 
 	t.Run("FailedTemplateImport", func(t *testing.T) {
