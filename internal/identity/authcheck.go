@@ -95,8 +95,17 @@ func (c *Caller) Allowed(ctx context.Context, checks []Check) ([]bool, error) {
 	out := make([]bool, len(checks))
 	now := s.now()
 	var ask []int
+	// A list asks the same check for many objects in a row (a user's read
+	// and update are one site-wide check): looked up once.
+	var last Check
+	var lastEntry checkEntry
+	var lastOK bool
 	for i, ch := range checks {
-		if e, ok := c.cachedCheck(ch); ok && now.Before(e.expires) {
+		if i == 0 || ch != last {
+			last = ch
+			lastEntry, lastOK = c.cachedCheck(ch)
+		}
+		if e, ok := lastEntry, lastOK; ok && now.Before(e.expires) {
 			out[i] = e.allowed
 			continue
 		}

@@ -131,6 +131,43 @@ func TestUsers(t *testing.T) {
 		}
 	})
 
+	t.Run("a LIST shows a membership changed in Coder at once, an organization role changed in Coder within the poll interval", func(t *testing.T) {
+		// robot's organizations as a LIST (which may reuse the last read of
+		// the organizations' members) shows them.
+		listed := func(t *testing.T) string {
+			t.Helper()
+			return strings.TrimSpace(s.must(t, "get", "cu", "-n", s.ns, "--field-selector", "metadata.name=robot",
+				"-o", "jsonpath={range .items[*].spec.organizations[*]}{.name}={.roles} {end}"))
+		}
+		if got := listed(t); got != s.org+"=" {
+			t.Fatalf("robot's organizations listed %q, want %s= (the default organization, no roles)", got, s.org)
+		}
+		if err := s.coder.Client.DeleteOrganizationMember(ctx, s.coder.OrganizationID, "robot"); err != nil {
+			t.Fatal(err)
+		}
+		if got := listed(t); got != "" {
+			t.Errorf("the first LIST after robot left %s in Coder shows %q, want no organizations", s.org, got)
+		}
+		if _, err := s.coder.Client.PostOrganizationMember(ctx, s.coder.OrganizationID, "robot"); err != nil {
+			t.Fatal(err)
+		}
+		if got := listed(t); got != s.org+"=" {
+			t.Errorf("the first LIST after robot joined %s again in Coder shows %q, want %s=", s.org, got, s.org)
+		}
+		if _, err := s.coder.Client.UpdateOrganizationMemberRoles(ctx, s.coder.OrganizationID, "robot", codersdk.UpdateRoles{Roles: []string{"organization-auditor"}}); err != nil {
+			t.Fatal(err)
+		}
+		want := s.org + `=["organization-auditor"]`
+		start := time.Now()
+		for got := listed(t); got != want; got = listed(t) {
+			if time.Since(start) > s.watchPollInterval()+5*time.Second {
+				t.Fatalf("an organization role given in Coder: after %s listed %q, want %q", time.Since(start).Round(time.Millisecond), got, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("an organization role given in Coder: listed after %s (poll interval %s)", time.Since(start).Round(time.Millisecond), s.watchPollInterval())
+	})
+
 	t.Run("roles and organization roles replaced, profile name changed, suspended and activated", func(t *testing.T) {
 		s.must(t, "apply", "--server-side", "-f", manifest("alice", "  email: alice@example.com\n  name: Alice B\n  passwordSecretRef: {name: alice-password, key: password}\n"+
 			fmt.Sprintf("  roles: [auditor]\n  suspended: true\n  organizations: [{name: %s, roles: [organization-template-admin]}]\n", s.org)))

@@ -304,7 +304,7 @@ func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer,
 	rc.OpenAPIV3Config.Info.Title = rc.OpenAPIConfig.Info.Title
 	rc.OpenAPIV3Config.Info.Version = rc.OpenAPIConfig.Info.Version
 	rc.BuildHandlerChainFunc = func(api http.Handler, c *genericapiserver.Config) http.Handler {
-		return genericapiserver.DefaultBuildHandlerChain(withRequestLog(withBodyErrorsAsBadRequest(api), s.log), c)
+		return genericapiserver.DefaultBuildHandlerChain(withRequestLog(withListCompression(withBodyErrorsAsBadRequest(api)), s.log), c)
 	}
 	rc.RequestTimeout = s.requestTimeout
 	// Watches may stay open up to the request timeout too.

@@ -147,7 +147,19 @@ type backendSource struct {
 
 func (b backendSource) Key() string { return b.t.Key() }
 func (b backendSource) List(ctx context.Context) ([]watchcache.Object, error) {
-	return b.r.listBackend(ctx, b.t)
+	return b.r.listBackend(context.WithValue(ctx, pollKey{}, true), b.t)
+}
+
+// pollKey marks the context of the watch cache's own reads (polls, and
+// the refresh a watch starts with).
+type pollKey struct{}
+
+// polling reports whether ctx is a read of the watch cache: it reads
+// everything from coderd, whatever a LIST may reuse, so that watches see
+// every change at the next poll.
+func polling(ctx context.Context) bool {
+	p, _ := ctx.Value(pollKey{}).(bool)
+	return p
 }
 
 func (r *genericStore) sources(ctx context.Context) ([]watchcache.Source, error) {

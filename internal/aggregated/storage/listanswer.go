@@ -183,7 +183,9 @@ func spliceList(w io.Writer, encode func(runtime.Object, io.Writer) error, empty
 	// The opening brace alone first, as the streaming JSON encoder writes
 	// it: the API server's response writer recognizes a stream by a
 	// first write that short, and then compresses the answer when it
-	// grows beyond its threshold, as it does the encoder's.
+	// grows beyond its threshold, as it does the encoder's (where
+	// withListCompression, in internal/aggregated/apiserver, has not taken
+	// the compression over).
 	if _, err := w.Write(head[:1]); err != nil {
 		return true, err
 	}

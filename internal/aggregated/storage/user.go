@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
@@ -44,6 +45,11 @@ type UserStorage struct {
 	// members keeps each organization member's roles by the hash of the
 	// member's JSON in the last list.
 	members listMemo[memberEntry]
+	// orgMembers holds, per coderd (target.coderdKey), the last read of
+	// its organizations' members (orgMembers); memberWrites counts the
+	// writes of memberships through this replica.
+	orgMembers   sync.Map
+	memberWrites atomic.Uint64
 }
 
 // NewUsers returns the coderusers storage; it reads passwords' Secrets
@@ -69,7 +75,7 @@ func NewUsers(o Options, tpls *TemplateStorage) (*UserStorage, error) {
 		},
 		tpls: tpls,
 	}
-	s.sourcesListed = func(ts []target) { s.memo.retain(ts); s.members.retain(ts) }
+	s.sourcesListed = func(ts []target) { s.memo.retain(ts); s.members.retain(ts); s.retainMembers(ts) }
 	if err := startCache(&s.genericStore, o, s.listUsers, aggv1.UserFields); err != nil {
 		return nil, err
 	}

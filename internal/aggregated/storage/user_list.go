@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"io"
@@ -25,12 +26,25 @@ import (
 	"github.com/coder/coder-k8s/internal/jsonskim"
 )
 
-// Listing every user of a coderd: GET /api/v2/users and, at the same
-// time, the organizations' member lists, each read element by element.
-// A user whose JSON and memberships are byte for byte what the last list
-// read reuses the object built then (merged with an unchanged record,
-// the merge built then, handed to the cache with its fingerprint), so a
-// list decodes, converts and encodes only the users that changed.
+// Listing every user of a coderd: GET /api/v2/users and the
+// organizations' member lists (for the organization roles), each read
+// element by element. A user whose JSON and memberships are byte for byte
+// what the last list read reuses the object built then (merged with an
+// unchanged record, the merge built then, handed to the cache with its
+// fingerprint), so a list decodes, converts and encodes only the users
+// that changed.
+//
+// The member lists cost coderd about half what the users list costs, on
+// the same cores, so a list reuses the last read of them while it is
+// younger than the poll interval, as the versions list reuses the
+// templates list. The users list says which organizations each user
+// belongs to (organization_ids): a membership added or removed anywhere
+// (or an organization made or deleted) no longer matches the members
+// read, which are then read again, so memberships show at once; only an
+// organization role changed, or an organization renamed, outside this
+// replica shows within the poll interval. A poll of the watch cache and a
+// write of memberships or organization roles through this replica read
+// them again.
 
 // userPageSize is how many users one list request asks coderd for
 // (coderd v2.30 has no maximum; limit 0 would mean all).
@@ -50,6 +64,8 @@ type userMemo struct {
 	recordRV string
 	fp       uint64
 	specHash string
+	// orgIDs are the user's organization_ids in its JSON.
+	orgIDs []uuid.UUID
 }
 
 // current is the entry's object: the cache's copy once it holds one.
@@ -97,9 +113,22 @@ func mergeUserMemo(e *userMemo, rec *records.Record) (watchcache.Object, *userMe
 		// The cache logs and leaves out what it cannot encode.
 		return obj, e
 	}
-	next := &userMemo{obj: obj, merged: true, recordRV: rv, fp: fp, specHash: specHash}
+	next := &userMemo{obj: obj, merged: true, recordRV: rv, fp: fp, specHash: specHash, orgIDs: e.orgIDs}
 	return next.cached(), next
 }
+
+// orgMembers is one read of a coderd's organizations and their members:
+// each user's memberships, when the read started and how many writes of
+// memberships this replica had made then.
+type orgMembers struct {
+	byUser map[uuid.UUID][]listedMember
+	at     time.Time
+	writes uint64
+}
+
+// errMembersStale says the users list names memberships the members read
+// reused does not hold.
+var errMembersStale = errors.New("memberships changed since the organization members were read")
 
 // memberEntry is one organization member as a list needs it.
 type memberEntry struct {
@@ -107,87 +136,196 @@ type memberEntry struct {
 	roles []string
 }
 
-// listedMember is a membership of one user: the organization and the
-// hash of the member's JSON.
+// listedMember is a membership of one user: the organization (its ID and
+// the membership as shown) and the hash of the member's JSON.
 type listedMember struct {
-	org  aggv1.CoderUserOrganization
-	hash uint64
+	orgID uuid.UUID
+	org   aggv1.CoderUserOrganization
+	hash  uint64
 }
 
 // listUsers reads every user of one coderd, the organizations and their
-// members (one request per organization), converting only what changed
-// since the last list (see the top of this file).
+// members (one request per organization, or the last read of them, see
+// the top of this file), converting only what changed since the last
+// list.
 func (s *UserStorage) listUsers(ctx context.Context, t target) ([]watchcache.Object, error) {
 	started := time.Now()
 	prev := s.memo.get(t)
-	prevMembers := s.members.get(t)
-	nextMembers := map[uint64]memberEntry{}
+	known, reuse := s.knownMembers(ctx, t)
 	var raws [][]byte
-	var ms map[uuid.UUID][]listedMember
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
+	if reuse {
 		var err error
-		raws, err = readUsers(gctx, t.Client)
-		return err
-	})
-	g.Go(func() error {
-		orgs, err := t.Client.Organizations(gctx)
-		if err != nil {
-			return fmt.Errorf("list organizations: %w", err)
+		if raws, err = readUsers(ctx, t.Client); err != nil {
+			return nil, err
 		}
-		ms, err = membersRaw(gctx, t.Client, orgs, prevMembers, nextMembers)
-		return err
-	})
-	if err := g.Wait(); err != nil {
+	} else {
+		g, gctx := errgroup.WithContext(ctx)
+		g.Go(func() error {
+			var err error
+			raws, err = readUsers(gctx, t.Client)
+			return err
+		})
+		g.Go(func() error {
+			var err error
+			known, err = s.readMembers(gctx, t)
+			return err
+		})
+		if err := g.Wait(); err != nil {
+			return nil, err
+		}
+	}
+	out, next, err := s.usersOf(t, raws, known.byUser, prev, reuse)
+	if errors.Is(err, errMembersStale) {
+		if known, err = s.readMembers(ctx, t); err != nil {
+			return nil, err
+		}
+		out, next, err = s.usersOf(t, raws, known.byUser, prev, false)
+	}
+	if err != nil {
 		return nil, err
 	}
-	seen := map[uuid.UUID]bool{}
+	if err := s.mergeListed(ctx, t, out.objs, started, true, out.merge(next)); err != nil {
+		return nil, err
+	}
+	if t.caller == nil {
+		s.memo.set(t, next)
+	}
+	return out.objs, nil
+}
+
+// listedUsers are the objects a list serves, each with its memo entry and
+// the entry's key.
+type listedUsers struct {
+	objs    []watchcache.Object
+	entries []*userMemo
+	keys    []uint64
+}
+
+// merge merges the record of each object into it, remembering the merged
+// entry in next.
+func (l *listedUsers) merge(next map[uint64]*userMemo) func(i int, rec *records.Record) (watchcache.Object, string) {
+	return func(i int, rec *records.Record) (watchcache.Object, string) {
+		obj, e := mergeUserMemo(l.entries[i], rec)
+		next[l.keys[i]] = e
+		return obj, e.specHash
+	}
+}
+
+// usersOf builds the users of raws (each user's JSON) with the
+// memberships byUser, from prev's entries where the JSON and memberships
+// are the same, and returns them with the memo to keep. With check it
+// returns errMembersStale when a user's organizations are not those
+// byUser holds.
+func (s *UserStorage) usersOf(t target, raws [][]byte, byUser map[uuid.UUID][]listedMember, prev map[uint64]*userMemo, check bool) (listedUsers, map[uint64]*userMemo, error) {
+	seen := make(map[uuid.UUID]bool, len(raws))
 	next := make(map[uint64]*userMemo, len(raws))
-	out := make([]watchcache.Object, 0, len(raws))
-	hashes := make([]uint64, 0, len(raws))
-	entries := make([]*userMemo, 0, len(raws))
+	out := listedUsers{
+		objs:    make([]watchcache.Object, 0, len(raws)),
+		entries: make([]*userMemo, 0, len(raws)),
+		keys:    make([]uint64, 0, len(raws)),
+	}
 	var h maphash.Hash
 	h.SetSeed(memoSeed)
 	for _, raw := range raws {
 		id, err := userIDOf(raw)
 		if err != nil {
-			return nil, fmt.Errorf("list users: %w", err)
+			return out, nil, fmt.Errorf("list users: %w", err)
 		}
-		key := userKey(&h, raw, ms[id])
+		ms := byUser[id]
+		key := userKey(&h, raw, ms)
 		e := prev[key]
 		if e == nil {
 			var u codersdk.User
 			if err := json.Unmarshal(raw, &u); err != nil {
-				return nil, fmt.Errorf("list users: decode a user: %w", err)
+				return out, nil, fmt.Errorf("list users: decode a user: %w", err)
 			}
 			if checkCoderName("user", u.Username, coderName, maxCoderName, "") != nil {
 				s.log.V(1).Info("user not served: its name cannot be an object name", "user", u.Username)
 				continue
 			}
-			e = &userMemo{obj: toUser(t, &u, organizationsOf(ms[u.ID]))}
+			e = &userMemo{obj: toUser(t, &u, organizationsOf(ms)), orgIDs: u.OrganizationIDs}
+		}
+		if check && !sameOrganizations(e.orgIDs, ms) {
+			return out, nil, errMembersStale
 		}
 		if seen[id] {
 			continue // moved between pages
 		}
 		seen[id] = true
 		next[key] = e
-		hashes = append(hashes, key)
-		entries = append(entries, e)
-		out = append(out, e.current())
+		out.keys = append(out.keys, key)
+		out.entries = append(out.entries, e)
+		out.objs = append(out.objs, e.current())
 	}
-	merge := func(i int, rec *records.Record) (watchcache.Object, string) {
-		obj, e := mergeUserMemo(entries[i], rec)
-		next[hashes[i]] = e
-		return obj, e.specHash
+	return out, next, nil
+}
+
+// sameOrganizations reports whether ids (a user's organization_ids) are
+// the organizations of ms.
+func sameOrganizations(ids []uuid.UUID, ms []listedMember) bool {
+	if len(ids) != len(ms) {
+		return false
 	}
-	if err := s.mergeListed(ctx, t, out, started, true, merge); err != nil {
-		return nil, err
+	for _, m := range ms {
+		if !slices.Contains(ids, m.orgID) {
+			return false
+		}
+	}
+	return true
+}
+
+// knownMembers returns the last read of t's organization members, and
+// whether a list may use it instead of reading them: read within the poll
+// interval, with no membership written through this replica since, and
+// the list is not the watch cache's poll.
+func (s *UserStorage) knownMembers(ctx context.Context, t target) (orgMembers, bool) {
+	if t.caller != nil || polling(ctx) {
+		return orgMembers{}, false
+	}
+	v, _ := s.orgMembers.Load(t.coderdKey())
+	k, ok := v.(orgMembers)
+	if !ok {
+		return orgMembers{}, false
+	}
+	return k, time.Since(k.at) < s.interval && k.writes == s.memberWrites.Load()
+}
+
+// readMembers reads t's organizations and their members, and keeps the
+// read for the lists that follow (knownMembers).
+func (s *UserStorage) readMembers(ctx context.Context, t target) (orgMembers, error) {
+	read := orgMembers{at: time.Now(), writes: s.memberWrites.Load()}
+	orgs, err := t.Client.Organizations(ctx)
+	if err != nil {
+		return orgMembers{}, fmt.Errorf("list organizations: %w", err)
+	}
+	next := map[uint64]memberEntry{}
+	if read.byUser, err = membersRaw(ctx, t.Client, orgs, s.members.get(t), next); err != nil {
+		return orgMembers{}, err
 	}
 	if t.caller == nil {
-		s.memo.set(t, next)
-		s.members.set(t, nextMembers)
+		s.members.set(t, next)
+		s.orgMembers.Store(t.coderdKey(), read)
 	}
-	return out, nil
+	return read, nil
+}
+
+// memberWritten marks the members read so far as stale: call it after a
+// write of memberships or organization roles, done or failed.
+func (s *UserStorage) memberWritten() { s.memberWrites.Add(1) }
+
+// retainMembers drops the members reads of coderds other than those of
+// ts.
+func (s *UserStorage) retainMembers(ts []target) {
+	keep := make(map[string]bool, len(ts))
+	for _, t := range ts {
+		keep[t.coderdKey()] = true
+	}
+	s.orgMembers.Range(func(k, _ any) bool {
+		if !keep[k.(string)] {
+			s.orgMembers.Delete(k)
+		}
+		return true
+	})
 }
 
 // userKey is what a user's memo entry is remembered by: a hash of its
@@ -380,7 +518,7 @@ func membersRaw(ctx context.Context, c *codersdk.Client, orgs []codersdk.Organiz
 				mu.Lock()
 				next[h] = e
 				mu.Unlock()
-				local = append(local, listedMember{org: aggv1.CoderUserOrganization{Name: org.Name, Roles: e.roles}, hash: h})
+				local = append(local, listedMember{orgID: org.ID, org: aggv1.CoderUserOrganization{Name: org.Name, Roles: e.roles}, hash: h})
 				users = append(users, e.user)
 				return nil
 			})

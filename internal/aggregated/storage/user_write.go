@@ -208,6 +208,7 @@ func (s *UserStorage) planCreate(ctx context.Context, t target, n userName, u, d
 		return nil, nil
 	}
 	return func(ctx context.Context) (object, func(*records.Record), error) {
+		defer s.memberWritten()
 		req := codersdk.CreateUserRequestWithOrgs{
 			Email: u.Spec.Email, Username: n.Username, Name: u.Spec.Name, Password: pw,
 			UserLoginType: codersdk.LoginType(dry.Spec.LoginType), OrganizationIDs: ids,
@@ -388,6 +389,7 @@ func (s *UserStorage) planUpdate(n userName, name string, cur, next *aggv1.Coder
 			}
 		}
 		if len(c.addOrgs) > 0 || len(c.dropOrgs) > 0 || len(c.orgRoles) > 0 {
+			defer s.memberWritten()
 			byName, _, err := s.orgIDs(ctx, t, append(slices.Clone(next.Spec.Organizations), cur.Spec.Organizations...), name)
 			if err != nil {
 				return nil, nil, err
