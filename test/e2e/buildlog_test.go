@@ -25,7 +25,9 @@ import (
 // running build streams its lines as they are written and ends with the
 // build; a finished build's follow returns at once; a member reads their
 // own workspace's log and gets 404 for another user's; a template
-// version's import log likewise; bad options are 422 naming the field.
+// version's import log likewise; bad options are 422 naming the field; a
+// newer build, and a new workspace of the same name, show their own log
+// (the subresource remembers ended logs and workspace IDs).
 func TestBuildLogs(t *testing.T) {
 	s := newStack(t)
 	ctx := context.Background()
@@ -195,6 +197,36 @@ func TestBuildLogs(t *testing.T) {
 		if err == nil || !strings.Contains(r.Combined, "NotFound") {
 			t.Errorf("an unmapped caller: %v %s, want NotFound as for a GET", err, r.Combined)
 		}
+	})
+
+	t.Run("a newer build, and a workspace made again with the same name, show their own log", func(t *testing.T) {
+		check := func(t *testing.T, what string, b codersdk.WorkspaceBuild) {
+			t.Helper()
+			want := renderJobLog(s.jobLogEntries(t, "/api/v2/workspacebuilds/"+b.ID.String()+"/logs"), b.Job, false)
+			if got := s.must(t, "get", "--raw", wsPath); got != want {
+				t.Errorf("%s: log:\n%s\nwant build %d's:\n%s", what, got, b.BuildNumber, want)
+			}
+		}
+		stopped, err := s.coder.StopWorkspace(ctx, "logs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, "after a stop", stopped.LatestBuild)
+		del, err := s.coder.Client.CreateWorkspaceBuild(ctx, stopped.ID, codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionDelete})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.coder.WaitBuild(ctx, del.ID); err != nil {
+			t.Fatal(err)
+		}
+		again, err := s.coder.CreateWorkspace(ctx, "loglines", "logs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.ID == ws.ID {
+			t.Fatal("coderd gave the new workspace the old one's ID")
+		}
+		check(t, "a new workspace of the same name", again.LatestBuild)
 	})
 }
 
