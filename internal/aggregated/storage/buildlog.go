@@ -298,10 +298,30 @@ func (f *followReader) Close() error {
 	return nil
 }
 
+// logSubresource is what the two log subresources share: the options
+// type, text/plain for OpenAPI, and the ended jobs' logs they remember.
+type logSubresource struct {
+	// object is the parent resource's object, for New.
+	object func() runtime.Object
+	ended  endedLogs
+}
+
+func newLogSubresource(object func() runtime.Object) logSubresource {
+	return logSubresource{object: object, ended: endedLogs{max: maxEndedLogs}}
+}
+
+func (l *logSubresource) New() runtime.Object { return l.object() }
+func (l *logSubresource) Destroy()            {}
+func (l *logSubresource) NewGetOptions() (runtime.Object, bool, string) {
+	return &aggv1.CoderLogOptions{}, false, ""
+}
+func (l *logSubresource) ProducesMIMETypes(string) []string { return []string{"text/plain"} }
+func (l *logSubresource) ProducesObject(string) any         { return "" }
+
 // WorkspaceLogStorage serves coderworkspaces/log: a build's log.
 type WorkspaceLogStorage struct {
-	ws    *WorkspaceStorage
-	ended endedLogs
+	logSubresource
+	ws *WorkspaceStorage
 	// ids remembers the IDs of the workspaces whose logs were read, by
 	// owner and name: coderd's builds list of a workspace ID (limit 1)
 	// answers the latest build in half the time of its workspace read.
@@ -314,7 +334,7 @@ type workspaceRef struct{ org, owner, name string }
 
 // NewWorkspaceLog returns the log subresource of s.
 func NewWorkspaceLog(s *WorkspaceStorage) *WorkspaceLogStorage {
-	return &WorkspaceLogStorage{ws: s, ended: endedLogs{max: maxEndedLogs}, ids: coderdFacts[workspaceRef, uuid.UUID]{max: 10000}}
+	return &WorkspaceLogStorage{logSubresource: newLogSubresource(s.New), ws: s, ids: coderdFacts[workspaceRef, uuid.UUID]{max: 10000}}
 }
 
 // latestBuild is the workspace's latest build, read as t's caller (so
@@ -344,14 +364,6 @@ func (l *WorkspaceLogStorage) latestBuild(ctx context.Context, t target, n works
 
 var _ rest.GetterWithOptions = (*WorkspaceLogStorage)(nil)
 var _ rest.StorageMetadata = (*WorkspaceLogStorage)(nil)
-
-func (l *WorkspaceLogStorage) New() runtime.Object { return &aggv1.CoderWorkspace{} }
-func (l *WorkspaceLogStorage) Destroy()            {}
-func (l *WorkspaceLogStorage) NewGetOptions() (runtime.Object, bool, string) {
-	return &aggv1.CoderLogOptions{}, false, ""
-}
-func (l *WorkspaceLogStorage) ProducesMIMETypes(string) []string { return []string{"text/plain"} }
-func (l *WorkspaceLogStorage) ProducesObject(string) any         { return "" }
 
 // Get reads the log of the workspace's latest build (or the build
 // options name) as the caller: coderd decides what they may read, so
@@ -384,20 +396,32 @@ func (l *WorkspaceLogStorage) Get(ctx context.Context, name string, opts runtime
 		return nil, apierrors.NewBadRequest(fmt.Sprintf("coderworkspace %s has no build yet, so no build log", name))
 	}
 	id := b.ID
-	j := &jobLog{
-		client: t.Client, path: fmt.Sprintf("/api/v2/workspacebuilds/%s/logs", id), job: b.Job,
-		ended: &l.ended, coderd: t.coderdKey(),
-		follow: func(ctx context.Context, after int64) (<-chan codersdk.ProvisionerJobLog, io.Closer, error) {
-			return t.Client.WorkspaceBuildLogsAfter(ctx, id, after)
-		},
-		refresh: func(ctx context.Context) (codersdk.ProvisionerJob, error) {
+	j := l.jobLog(t, "/api/v2/workspacebuilds/"+id.String()+"/logs", id, b.Job, t.Client.WorkspaceBuildLogsAfter,
+		func(ctx context.Context) (codersdk.ProvisionerJob, error) {
 			b, err := t.Client.WorkspaceBuild(ctx, id)
 			return b.Job, err
-		},
-	}
+		})
+	return j.serve(ctx, o, func(err error) error { return s.coderErr(t, err, name) })
+}
+
+// jobLog is the log of job, the job of id, as t reads it: path is its
+// logs endpoint, follow codersdk's streaming read of it, refresh a read
+// of the job.
+func (l *logSubresource) jobLog(t target, path string, id uuid.UUID, job codersdk.ProvisionerJob,
+	follow func(context.Context, uuid.UUID, int64) (<-chan codersdk.ProvisionerJobLog, io.Closer, error),
+	refresh func(context.Context) (codersdk.ProvisionerJob, error)) *jobLog {
+	return &jobLog{client: t.Client, path: path, job: job, ended: &l.ended, coderd: t.coderdKey(), refresh: refresh,
+		follow: func(ctx context.Context, after int64) (<-chan codersdk.ProvisionerJobLog, io.Closer, error) {
+			return follow(ctx, id, after)
+		}}
+}
+
+// serve is the subresource's answer: j's log as o asks, or the error
+// coderErr makes of coderd's.
+func (j *jobLog) serve(ctx context.Context, o *aggv1.CoderLogOptions, coderErr func(error) error) (runtime.Object, error) {
 	out, err := j.stream(ctx, o)
 	if err != nil {
-		return nil, s.coderErr(t, err, name)
+		return nil, coderErr(err)
 	}
 	return out, nil
 }
@@ -414,25 +438,17 @@ func (r *genericStore) readRefused(t target, err error, name string) error {
 // TemplateVersionLogStorage serves codertemplateversions/log: the
 // version's import log.
 type TemplateVersionLogStorage struct {
-	vs    *TemplateVersionStorage
-	ended endedLogs
+	logSubresource
+	vs *TemplateVersionStorage
 }
 
 // NewTemplateVersionLog returns the log subresource of s.
 func NewTemplateVersionLog(s *TemplateVersionStorage) *TemplateVersionLogStorage {
-	return &TemplateVersionLogStorage{vs: s, ended: endedLogs{max: maxEndedLogs}}
+	return &TemplateVersionLogStorage{logSubresource: newLogSubresource(s.New), vs: s}
 }
 
 var _ rest.GetterWithOptions = (*TemplateVersionLogStorage)(nil)
 var _ rest.StorageMetadata = (*TemplateVersionLogStorage)(nil)
-
-func (l *TemplateVersionLogStorage) New() runtime.Object { return &aggv1.CoderTemplateVersion{} }
-func (l *TemplateVersionLogStorage) Destroy()            {}
-func (l *TemplateVersionLogStorage) NewGetOptions() (runtime.Object, bool, string) {
-	return &aggv1.CoderLogOptions{}, false, ""
-}
-func (l *TemplateVersionLogStorage) ProducesMIMETypes(string) []string { return []string{"text/plain"} }
-func (l *TemplateVersionLogStorage) ProducesObject(string) any         { return "" }
 
 // Get reads the version's import log as the caller.
 func (l *TemplateVersionLogStorage) Get(ctx context.Context, name string, opts runtime.Object) (runtime.Object, error) {
@@ -464,20 +480,10 @@ func (l *TemplateVersionLogStorage) Get(ctx context.Context, name string, opts r
 		return nil, s.notFound(name, "the version is archived")
 	}
 	id := v.ID
-	j := &jobLog{
-		client: t.Client, path: fmt.Sprintf("/api/v2/templateversions/%s/logs", id), job: v.Job,
-		ended: &l.ended, coderd: t.coderdKey(),
-		follow: func(ctx context.Context, after int64) (<-chan codersdk.ProvisionerJobLog, io.Closer, error) {
-			return t.Client.TemplateVersionLogsAfter(ctx, id, after)
-		},
-		refresh: func(ctx context.Context) (codersdk.ProvisionerJob, error) {
+	j := l.jobLog(t, "/api/v2/templateversions/"+id.String()+"/logs", id, v.Job, t.Client.TemplateVersionLogsAfter,
+		func(ctx context.Context) (codersdk.ProvisionerJob, error) {
 			v, err := t.Client.TemplateVersion(ctx, id)
 			return v.Job, err
-		},
-	}
-	out, err := j.stream(ctx, o)
-	if err != nil {
-		return nil, s.coderErr(t, err, name)
-	}
-	return out, nil
+		})
+	return j.serve(ctx, o, func(err error) error { return s.coderErr(t, err, name) })
 }
