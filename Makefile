@@ -143,6 +143,10 @@ bench-versions: tools build ## 300 template versions (3 echo templates): LIST of
 bench-users: tools build ## 1,000 Coder users (login type none): LIST of coderusers through kube-apiserver vs coderd's GET /api/v2/users of the same users (target ≤ 1.2), with a breakdown.
 	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkUsers$$' -benchtime 1x -timeout 20m
 
+.PHONY: bench-logs
+bench-logs: tools build ## A finished build's log of 3,000 lines through the log subresource (via kube-apiserver) vs coderd's GET /api/v2/workspacebuilds/{id}/logs of the same build (target ≤ 1.2).
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkBuildLog$$' -benchtime 1x -timeout 20m
+
 .PHONY: bench-mcp
 bench-mcp: tools build ## list_workspaces over MCP vs a LIST ?resourceVersion=0 through the aggregated API with a watch open (both from the watch cache), and cold (cache stale) vs a plain LIST (300 workspaces); tool calls/s with 10 clients.
 	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^MCP$$' -benchtime 1x -timeout 40m

@@ -41,7 +41,7 @@ func TestParseRealOutput(t *testing.T) {
 	for n := range res {
 		names = append(names, n)
 	}
-	want := []string{"BenchmarkController", "BenchmarkMemory", "BenchmarkPromoter", "BenchmarkSharedCluster", "BenchmarkStartup", "BenchmarkTemplateVersions", "BenchmarkTokensPerHour", "BenchmarkUsers", "BenchmarkWorkspaces/Admission", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/Identity", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Metadata", "BenchmarkWorkspaces/Startup"}
+	want := []string{"BenchmarkBuildLog", "BenchmarkController", "BenchmarkMemory", "BenchmarkPromoter", "BenchmarkSharedCluster", "BenchmarkStartup", "BenchmarkTemplateVersions", "BenchmarkTokensPerHour", "BenchmarkUsers", "BenchmarkWorkspaces/Admission", "BenchmarkWorkspaces/Aggregated", "BenchmarkWorkspaces/Identity", "BenchmarkWorkspaces/MCP", "BenchmarkWorkspaces/Metadata", "BenchmarkWorkspaces/Startup"}
 	if len(names) != len(want) {
 		t.Fatalf("parsed benchmarks %v, want %v", names, want)
 	}

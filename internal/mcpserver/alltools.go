@@ -11,6 +11,7 @@ func (s *Server) allTools() []tool {
 	all = append(all, s.userTools()...)
 	all = append(all, s.eventTools()...)
 	all = append(all, s.logTools()...)
+	all = append(all, s.buildLogTools()...)
 	all = append(all, s.healthTools()...)
 	return all
 }

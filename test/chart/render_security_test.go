@@ -364,7 +364,8 @@ func (r *rendered) checkUserRoles(t *testing.T) {
 		forPeople[role.Name] = true
 		for _, rule := range role.Rules {
 			if !slices.Equal(rule.APIGroups, []string{"aggregation.coder.com"}) || slices.ContainsFunc(rule.Resources, func(res string) bool {
-				return !slices.Contains([]string{"coderworkspaces", "codertemplates", "codertemplateversions", "coderusers", "codergroups", "coderorganizations"}, res)
+				return !slices.Contains([]string{"coderworkspaces", "codertemplates", "codertemplateversions", "coderusers", "codergroups", "coderorganizations",
+					"coderworkspaces/log", "codertemplateversions/log"}, res)
 			}) || len(rule.ResourceNames) > 0 || len(rule.NonResourceURLs) > 0 {
 				t.Errorf("ClusterRole %s, meant for people, has rule %+v beyond the aggregated resources", role.Name, rule)
 			}

@@ -30,10 +30,12 @@ var shippedUserRoles = map[string][]rbacv1.PolicyRule{
 	"workspace-user": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions", "coderusers", "codergroups", "coderorganizations"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces/log", "codertemplateversions/log"}, Verbs: []string{"get"}},
 	},
 	"template-author": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces", "coderusers", "codergroups", "coderorganizations"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplateversions/log", "coderworkspaces/log"}, Verbs: []string{"get"}},
 	},
 	"user-admin": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderusers"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},

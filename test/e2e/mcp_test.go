@@ -65,6 +65,7 @@ func TestMCP(t *testing.T) {
 		{"a namespace that does not exist is an error in every tool", testMCPUnknownNamespace},
 		{"output caps: rows per page and message length", testMCPOutputCaps},
 		{"read-only server offers no tool that changes anything", testMCPReadOnly},
+		{"get_workspace_build_log and get_template_version_log read coderd's logs as the caller (a member's workspace added last)", testMCPBuildLogs},
 		{"no tool result carries a credential; no MCP server panicked", testMCPNoCredentials},
 	})
 }
@@ -128,6 +129,7 @@ func newMCPEnv(t *testing.T) *mcpEnv {
 	readerToken := e2eMCPServiceAccountToken(t, s, "reader")
 	e2eMCPGrant(t, s, "agent", "", []rbacv1.PolicyRule{
 		{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderworkspaces", "codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "watch", "update", "patch", "delete"}},
+		{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderworkspaces/log", "codertemplateversions/log"}, Verbs: []string{"get"}},
 		{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderusers"}, Verbs: []string{"get", "list"}},
 		{APIGroups: []string{coderv1alpha1.GroupVersion.Group}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"events", "pods", "pods/log", "services"}, Verbs: []string{"get", "list"}},
@@ -191,7 +193,7 @@ func testMCPToolsList(t *testing.T, env *mcpEnv) {
 		t.Fatal(err)
 	}
 	wantNames := []string{"delete_workspace", "get_control_plane", "get_control_plane_rollout", "get_control_plane_service", "get_pod_logs",
-		"get_template", "get_workspace", "health", "list_control_plane_pods", "list_control_planes", "list_events", "list_template_versions",
+		"get_template", "get_template_version_log", "get_workspace", "get_workspace_build_log", "health", "list_control_plane_pods", "list_control_planes", "list_events", "list_template_versions",
 		"list_templates", "list_users", "list_workspaces", "set_workspace_running", "whoami"}
 	if names := e2eMCPToolNames(golden); !slices.Equal(names, wantNames) {
 		t.Errorf("golden tools %v, want %v", names, wantNames)

@@ -16,7 +16,7 @@ var (
 	// SchemeBuilder registers the types, plus the field label conversions
 	// that make field selectors work. Clients use it as it is; the API
 	// server also registers the types as its internal version.
-	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes, addFieldLabelConversions)
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes, addFieldLabelConversions, addLogOptionsConversion)
 	// AddToScheme adds the group to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
@@ -34,6 +34,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&CoderUser{}, &CoderUserList{},
 		&CoderGroup{}, &CoderGroupList{},
 		&CoderOrganization{}, &CoderOrganizationList{},
+		&CoderLogOptions{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil

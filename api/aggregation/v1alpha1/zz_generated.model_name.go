@@ -36,6 +36,11 @@ func (in CoderGroupStatus) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in CoderLogOptions) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.CoderLogOptions"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in CoderOrganization) OpenAPIModelName() string {
 	return "com.coder.aggregation.v1alpha1.CoderOrganization"
 }

@@ -21,6 +21,7 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		CoderGroupList{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_CoderGroupList(ref),
 		CoderGroupSpec{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_CoderGroupSpec(ref),
 		CoderGroupStatus{}.OpenAPIModelName():             schema_coder_k8s_api_aggregation_v1alpha1_CoderGroupStatus(ref),
+		CoderLogOptions{}.OpenAPIModelName():              schema_coder_k8s_api_aggregation_v1alpha1_CoderLogOptions(ref),
 		CoderOrganization{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganization(ref),
 		CoderOrganizationList{}.OpenAPIModelName():        schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganizationList(ref),
 		CoderOrganizationSpec{}.OpenAPIModelName():        schema_coder_k8s_api_aggregation_v1alpha1_CoderOrganizationSpec(ref),
@@ -377,6 +378,61 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderGroupStatus(ref common.Refer
 							Description: "ObservedGeneration is the metadata.generation this status describes.",
 							Type:        []string{"integer"},
 							Format:      "int64",
+						},
+					},
+				},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_CoderLogOptions(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "CoderLogOptions are the query parameters of the log subresource of coderworkspaces (a build's log) and codertemplateversions (the version's import log), as PodLogOptions are for pods/log.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"follow": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Follow streams the log of a running job until the job ends; a finished job's log is returned at once.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"tailLines": {
+						SchemaProps: spec.SchemaProps{
+							Description: "TailLines shows only the last this many lines of the log (stage headers included), as kubectl logs --tail does.",
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
+					"timestamps": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Timestamps prefixes every output line with the time coderd logged it (RFC 3339, nanoseconds, UTC).",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"build": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Build is the number of the workspace build whose log to show; the latest build when unset. coderworkspaces only.",
+							Type:        []string{"integer"},
+							Format:      "int32",
 						},
 					},
 				},

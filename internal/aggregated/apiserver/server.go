@@ -16,10 +16,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/sets"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	"k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	genericfilters "k8s.io/apiserver/pkg/server/filters"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/apiserver/pkg/server/options"
 	"k8s.io/component-base/compatibility"
@@ -131,7 +133,7 @@ func New(o Options) (*Server, error) {
 		&aggv1.CoderWorkspace{}, &aggv1.CoderWorkspaceList{}, &aggv1.CoderTemplate{}, &aggv1.CoderTemplateList{},
 		&aggv1.CoderTemplateVersion{}, &aggv1.CoderTemplateVersionList{}, &aggv1.CoderUser{}, &aggv1.CoderUserList{},
 		&aggv1.CoderGroup{}, &aggv1.CoderGroupList{},
-		&aggv1.CoderOrganization{}, &aggv1.CoderOrganizationList{})
+		&aggv1.CoderOrganization{}, &aggv1.CoderOrganizationList{}, &aggv1.CoderLogOptions{})
 	// The meta types every API server serves (Status, discovery documents,
 	// list and watch options) regardless of its own groups.
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
@@ -307,6 +309,9 @@ func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer,
 		return genericapiserver.DefaultBuildHandlerChain(withRequestLog(withListCompression(withBodyErrorsAsBadRequest(api)), s.log), c)
 	}
 	rc.RequestTimeout = s.requestTimeout
+	// A log read may follow a build for longer than the request timeout,
+	// as pods/log does in kube-apiserver.
+	rc.LongRunningFunc = genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch"), sets.NewString("log"))
 	// Watches may stay open up to the request timeout too.
 	rc.MinRequestTimeout = int(s.requestTimeout / time.Second)
 	// On shutdown, end open watches at once (clients re-establish them,
@@ -348,14 +353,18 @@ func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer,
 	if err != nil {
 		return nil, fmt.Errorf("create aggregated API server: %w", err)
 	}
-	group := genericapiserver.NewDefaultAPIGroupInfo(aggv1.GroupName, s.scheme, metav1.ParameterCodec, s.codecs)
+	// The scheme's own parameter codec: the log subresources' options
+	// decode through it (the meta options are decoded by the handlers).
+	group := genericapiserver.NewDefaultAPIGroupInfo(aggv1.GroupName, s.scheme, runtime.NewParameterCodec(s.scheme), s.codecs)
 	group.VersionedResourcesStorageMap[aggv1.SchemeGroupVersion.Version] = map[string]rest.Storage{
-		"coderworkspaces":       s.workspaces,
-		"codertemplates":        s.templates,
-		"codertemplateversions": s.versions,
-		"coderusers":            s.users,
-		"codergroups":           s.groups,
-		"coderorganizations":    s.orgs,
+		"coderworkspaces":           s.workspaces,
+		"coderworkspaces/log":       storage.NewWorkspaceLog(s.workspaces),
+		"codertemplates":            s.templates,
+		"codertemplateversions":     s.versions,
+		"codertemplateversions/log": storage.NewTemplateVersionLog(s.versions),
+		"coderusers":                s.users,
+		"codergroups":               s.groups,
+		"coderorganizations":        s.orgs,
 	}
 	if err := gs.InstallAPIGroup(&group); err != nil {
 		return nil, fmt.Errorf("install %s: %w", aggv1.GroupName, err)
