@@ -1803,7 +1803,7 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceSpec(ref common.Ref
 							},
 						},
 						SchemaProps: spec.SchemaProps{
-							Description: "Parameters are the template's rich parameter values of the latest build. Changing them starts a build with the new values.",
+							Description: "Parameters are the template's rich parameter values of the latest build, without ephemeral ones (they apply to one build: set them with the MCP tool update_workspace or coder start --ephemeral-parameter). Changing them starts a build with the new values; coderd validates them. Parameters left out keep Coder's values.",
 							Type:        []string{"array"},
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
@@ -1812,6 +1812,20 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceSpec(ref common.Ref
 									},
 								},
 							},
+						},
+					},
+					"preset": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Preset is the name of a preset of the template version: its parameter values override spec.parameters. Reads show the preset of the latest build, which coderd also picks by itself when the values match one; omitted on update keeps it.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"automaticUpdates": {
+						SchemaProps: spec.SchemaProps{
+							Description: "AutomaticUpdates is \"always\" (a start builds the template's active version) or \"never\"; omitted keeps Coder's value.",
+							Type:        []string{"string"},
+							Format:      "",
 						},
 					},
 				},

@@ -26,7 +26,10 @@ import (
 type WorkspaceStorage struct {
 	genericStore
 	params *buildParams
-	orgs   orgIDs
+	// versions holds the parameters and presets of the versions
+	// workspaces were built from.
+	versions versionParamCache
+	orgs     orgIDs
 	memo   listMemo[*memoEntry]
 	// pageSize is how many workspaces a list asks coderd for at once
 	// (Options.WorkspacePageSize).
@@ -58,6 +61,7 @@ func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
 			},
 		},
 		params:   newBuildParams(20000),
+		versions: versionParamCache{coderdFacts[uuid.UUID, versionParameters]{max: 10000}},
 		pageSize: o.WorkspacePageSize,
 	}
 	s.sourcesListed = s.memo.retain
@@ -103,7 +107,13 @@ func (s *WorkspaceStorage) readCoder(ctx context.Context, t target, n workspaceN
 	if err != nil {
 		return nil, s.coderErr(t, err, name)
 	}
-	return toWorkspace(t, &w, params[w.LatestBuild.ID]), nil
+	obj := toWorkspace(t, &w, params[w.LatestBuild.ID])
+	v, err := s.versions.get(ctx, t, w.LatestBuild.TemplateVersionID)
+	if err != nil {
+		return nil, s.coderErr(t, err, name)
+	}
+	v.specView(&obj.Spec, w.LatestBuild.TemplateVersionPresetID)
+	return obj, nil
 }
 
 // lookup parses name and finds its backend.
@@ -156,15 +166,24 @@ func (s *WorkspaceStorage) planCreate(ctx context.Context, t target, n workspace
 		TTLMillis:           ws.Spec.TTLMillis,
 		AutostartSchedule:   ws.Spec.AutostartSchedule,
 		RichParameterValues: fromParameters(ws.Spec.Parameters),
+		AutomaticUpdates:    codersdk.AutomaticUpdates(ws.Spec.AutomaticUpdates),
 	}
+	version := tpl.ActiveVersionID
 	if ws.Spec.TemplateVersionID != "" {
-		id := uuid.MustParse(ws.Spec.TemplateVersionID) // validated above
-		if err := s.checkVersionOf(ctx, t, tpl, id, ws.Name); err != nil {
+		version = uuid.MustParse(ws.Spec.TemplateVersionID) // validated above
+		if err := s.checkVersionOf(ctx, t, tpl, version, ws.Name); err != nil {
 			return nil, err
 		}
-		req.TemplateVersionID = id
+		req.TemplateVersionID = version
 	} else {
 		req.TemplateID = tpl.ID
+	}
+	if len(ws.Spec.Parameters) > 0 || ws.Spec.Preset != "" {
+		preset, err := s.checkParameters(ctx, t, &ws.Spec, version, ws.Name)
+		if err != nil {
+			return nil, err
+		}
+		req.TemplateVersionPresetID = preset
 	}
 	if dryRun {
 		if t.caller != nil {
@@ -190,12 +209,15 @@ func (s *WorkspaceStorage) planCreate(ctx context.Context, t target, n workspace
 		if dry.Spec.TemplateVersionID == "" {
 			dry.Spec.TemplateVersionID = tpl.ActiveVersionID.String()
 		}
+		if dry.Spec.AutomaticUpdates == "" {
+			dry.Spec.AutomaticUpdates = string(codersdk.AutomaticUpdatesNever)
+		}
 		return nil, nil
 	}
 	return func(ctx context.Context) (object, func(*records.Record), error) {
 		w, err := t.Client.CreateUserWorkspace(ctx, n.Owner, req)
 		if err != nil {
-			return nil, nil, s.createErr(t, err, ws.Name)
+			return nil, nil, s.buildErr(t, err, ws.Name, true)
 		}
 		if !ws.Spec.Running {
 			if err := s.stopNew(ctx, t, &w); err != nil {
@@ -208,6 +230,21 @@ func (s *WorkspaceStorage) planCreate(ctx context.Context, t target, n workspace
 		}
 		return out, nil, nil
 	}, nil
+}
+
+// checkParameters checks spec's parameters and preset against the
+// template version a build uses and returns the preset's ID.
+func (s *WorkspaceStorage) checkParameters(ctx context.Context, t target, spec *aggv1.CoderWorkspaceSpec, version uuid.UUID, name string) (uuid.UUID, error) {
+	// Not the cache: a version still importing has no parameters yet.
+	v, err := fetchVersionParameters(ctx, t.Client, version)
+	if err != nil {
+		return uuid.Nil, s.coderErr(t, err, name)
+	}
+	preset, errs := v.check(spec, version)
+	if len(errs) > 0 {
+		return uuid.Nil, s.invalid(name, errs)
+	}
+	return preset, nil
 }
 
 func (s *WorkspaceStorage) checkVersionOf(ctx context.Context, t target, tpl codersdk.Template, id uuid.UUID, name string) error {
@@ -294,19 +331,35 @@ func (s *WorkspaceStorage) planUpdate(n workspaceName, name string, cur, next *a
 				return nil, nil, s.coderErr(t, err, name)
 			}
 		}
+		if ch.autoUpdates {
+			if err := t.Client.UpdateWorkspaceAutomaticUpdates(ctx, id, codersdk.UpdateWorkspaceAutomaticUpdatesRequest{AutomaticUpdates: codersdk.AutomaticUpdates(next.Spec.AutomaticUpdates)}); err != nil {
+				return nil, nil, s.coderErr(t, err, name)
+			}
+		}
 		if ch.build() {
 			req := codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionStop}
 			if next.Spec.Running {
 				req.Transition = codersdk.WorkspaceTransitionStart
 			}
+			version := uuid.MustParse(cur.Spec.TemplateVersionID)
 			if ch.version {
-				req.TemplateVersionID = uuid.MustParse(next.Spec.TemplateVersionID) // validated
+				version = uuid.MustParse(next.Spec.TemplateVersionID) // validated
+				req.TemplateVersionID = version
 			}
 			if ch.parameters {
 				req.RichParameterValues = fromParameters(next.Spec.Parameters)
 			}
+			if ch.parameters || next.Spec.Preset != "" {
+				// A build names the preset the spec has, or coderd would
+				// record none and the next read would differ from the spec.
+				preset, err := s.checkParameters(ctx, t, &next.Spec, version, name)
+				if err != nil {
+					return nil, nil, err
+				}
+				req.TemplateVersionPresetID = preset
+			}
 			if _, err := t.Client.CreateWorkspaceBuild(ctx, id, req); err != nil {
-				return nil, nil, s.coderErr(t, err, name)
+				return nil, nil, s.buildErr(t, err, name, false)
 			}
 		}
 		out, err := s.readCoder(ctx, t, n, name)
@@ -382,14 +435,14 @@ func (s *WorkspaceStorage) startDeleteBuild(ctx context.Context, t target, cur *
 
 // workspaceChange says which parts of the spec an update changes.
 type workspaceChange struct {
-	ttl, autostart, running, version, parameters bool
+	ttl, autostart, autoUpdates, running, version, parameters, preset bool
 }
 
 func (c workspaceChange) none() bool {
-	return !c.ttl && !c.autostart && !c.build()
+	return !c.ttl && !c.autostart && !c.autoUpdates && !c.build()
 }
 
-func (c workspaceChange) build() bool { return c.running || c.version || c.parameters }
+func (c workspaceChange) build() bool { return c.running || c.version || c.parameters || c.preset }
 
 func workspaceChanges(cur, next *aggv1.CoderWorkspaceSpec) workspaceChange {
 	return workspaceChange{
@@ -398,6 +451,9 @@ func workspaceChanges(cur, next *aggv1.CoderWorkspaceSpec) workspaceChange {
 		running:    cur.Running != next.Running,
 		version:    next.TemplateVersionID != "" && next.TemplateVersionID != cur.TemplateVersionID,
 		parameters: parametersChanged(cur.Parameters, next.Parameters),
+		// Omitted, the preset and the automatic updates keep Coder's.
+		preset:      next.Preset != "" && next.Preset != cur.Preset,
+		autoUpdates: next.AutomaticUpdates != "" && next.AutomaticUpdates != cur.AutomaticUpdates,
 	}
 }
 
