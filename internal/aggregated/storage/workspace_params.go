@@ -97,7 +97,8 @@ func (v versionParameters) check(spec *aggv1.CoderWorkspaceSpec, version uuid.UU
 		i := slices.IndexFunc(v.params, func(d codersdk.TemplateVersionParameter) bool { return d.Name == p.Name })
 		switch {
 		case i < 0:
-			errs = append(errs, field.NotFound(path.Key(p.Name), fmt.Sprintf("template version %s has no parameter %q (it has: %s)", version, p.Name, v.parameterNames())))
+			errs = append(errs, &field.Error{Type: field.ErrorTypeNotFound, Field: path.Key(p.Name).String(), BadValue: field.OmitValueType{},
+				Detail: fmt.Sprintf("template version %s has no parameter %q (it has: %s)", version, p.Name, v.parameterNames())})
 		case v.params[i].Ephemeral:
 			errs = append(errs, field.Forbidden(path.Key(p.Name), fmt.Sprintf("parameter %q is ephemeral: it applies to one build only, so a read could never show it back; "+
 				"set it for one build with the MCP tool update_workspace or `coder start --ephemeral-parameter %s=VALUE`", p.Name, p.Name)))
@@ -112,6 +113,7 @@ func (v versionParameters) check(spec *aggv1.CoderWorkspaceSpec, version uuid.UU
 		for j, p := range v.presets {
 			names[j] = p.Name
 		}
+		slices.Sort(names)
 		return uuid.Nil, append(errs, field.NotSupported(specPath.Child("preset"), spec.Preset, names))
 	}
 	preset := v.presets[i]
