@@ -77,20 +77,28 @@ func (env *paramsEnv) workspaceManifest(name, spec string) string {
 // and returns the workspace and the build's parameters as coderd has them.
 func (env *paramsEnv) settled(t *testing.T, name string) (codersdk.Workspace, map[string]string) {
 	t.Helper()
-	c := env.s.coder.Client
-	w, err := c.WorkspaceByOwnerAndName(env.ctx, "alice", name, codersdk.WorkspaceOptions{})
+	return settledBuild(t, env.ctx, env.s, "alice", name)
+}
+
+// settledBuild waits for the latest build of owner's workspace name to
+// succeed and returns the workspace and the build's parameters as coderd
+// has them.
+func settledBuild(t *testing.T, ctx context.Context, s *aggStack, owner, name string) (codersdk.Workspace, map[string]string) {
+	t.Helper()
+	c := s.coder.Client
+	w, err := c.WorkspaceByOwnerAndName(ctx, owner, name, codersdk.WorkspaceOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := env.s.coder.WaitBuild(env.ctx, w.LatestBuild.ID)
+	b, err := s.coder.WaitBuild(ctx, w.LatestBuild.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if b.Job.Status != codersdk.ProvisionerJobSucceeded {
-		t.Fatalf("build %d of %s: %s %s", b.BuildNumber, name, b.Job.Status, b.Job.Error)
+		t.Fatalf("build %d of %s/%s: %s %s", b.BuildNumber, owner, name, b.Job.Status, b.Job.Error)
 	}
 	w.LatestBuild = b
-	got, err := c.WorkspaceBuildParameters(env.ctx, b.ID)
+	got, err := c.WorkspaceBuildParameters(ctx, b.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,8 +53,7 @@ type CoderWorkspaceSpec struct {
 	AutostartSchedule *string `json:"autostartSchedule,omitempty"`
 	// Parameters are the template's rich parameter values of the latest
 	// build, without ephemeral ones (they apply to one build: set them
-	// with the MCP tool update_workspace or coder start
-	// --ephemeral-parameter). Changing them starts a build with the new
+	// with coder start --ephemeral-parameter). Changing them starts a build with the new
 	// values; coderd validates them. Parameters left out keep Coder's
 	// values.
 	// +optional

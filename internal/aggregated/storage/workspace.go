@@ -61,7 +61,7 @@ func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
 			},
 		},
 		params:   newBuildParams(20000),
-		versions: versionParamCache{coderdFacts[uuid.UUID, versionParameters]{max: 10000}},
+		versions: newVersionParamCache(),
 		pageSize: o.WorkspacePageSize,
 	}
 	s.sourcesListed = s.memo.retain
@@ -179,7 +179,7 @@ func (s *WorkspaceStorage) planCreate(ctx context.Context, t target, n workspace
 		req.TemplateID = tpl.ID
 	}
 	if len(ws.Spec.Parameters) > 0 || ws.Spec.Preset != "" {
-		preset, err := s.checkParameters(ctx, t, &ws.Spec, version, ws.Name)
+		preset, err := s.checkParameters(ctx, t, &ws.Spec, version, ws.Name, true)
 		if err != nil {
 			return nil, err
 		}
@@ -234,13 +234,13 @@ func (s *WorkspaceStorage) planCreate(ctx context.Context, t target, n workspace
 
 // checkParameters checks spec's parameters and preset against the
 // template version a build uses and returns the preset's ID.
-func (s *WorkspaceStorage) checkParameters(ctx context.Context, t target, spec *aggv1.CoderWorkspaceSpec, version uuid.UUID, name string) (uuid.UUID, error) {
+func (s *WorkspaceStorage) checkParameters(ctx context.Context, t target, spec *aggv1.CoderWorkspaceSpec, version uuid.UUID, name string, strict bool) (uuid.UUID, error) {
 	// Not the cache: a version still importing has no parameters yet.
 	v, err := fetchVersionParameters(ctx, t.Client, version)
 	if err != nil {
 		return uuid.Nil, s.coderErr(t, err, name)
 	}
-	preset, errs := v.check(spec, version)
+	preset, errs := v.check(spec, version, strict)
 	if len(errs) > 0 {
 		return uuid.Nil, s.invalid(name, errs)
 	}
@@ -349,10 +349,15 @@ func (s *WorkspaceStorage) planUpdate(n workspaceName, name string, cur, next *a
 			if ch.parameters {
 				req.RichParameterValues = fromParameters(next.Spec.Parameters)
 			}
-			if ch.parameters || next.Spec.Preset != "" {
-				// A build names the preset the spec has, or coderd would
-				// record none and the next read would differ from the spec.
-				preset, err := s.checkParameters(ctx, t, &next.Spec, version, name)
+			if spec := next.Spec; ch.parameters || ch.preset || cur.Spec.Preset != "" {
+				// A build names the workspace's preset, or coderd would
+				// record none and the next read would differ from the
+				// spec; left out, it is the current one, dropped if the
+				// new values differ from its own.
+				if !ch.preset {
+					spec.Preset = cur.Spec.Preset
+				}
+				preset, err := s.checkParameters(ctx, t, &spec, version, name, ch.preset)
 				if err != nil {
 					return nil, nil, err
 				}

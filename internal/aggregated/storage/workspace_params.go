@@ -45,15 +45,19 @@ func fetchVersionParameters(ctx context.Context, c *codersdk.Client, id uuid.UUI
 	return versionParameters{params: params, presets: presets}, nil
 }
 
-// versionParamCache remembers the parameters of the versions workspaces
-// were built from, so a read shows a build's preset and hides its
-// ephemeral values at the cost of two requests per version.
+// versionParamCache remembers the parameters of built versions, so a
+// read shows a build's preset and hides its ephemeral values, and a
+// version shows its parameters, at the cost of two requests per version.
 type versionParamCache struct {
 	coderdFacts[uuid.UUID, versionParameters]
 }
 
-// get returns the parameters of version id, which a workspace build used
-// (so its import has ended and they are final).
+func newVersionParamCache() versionParamCache {
+	return versionParamCache{coderdFacts[uuid.UUID, versionParameters]{max: 10000}}
+}
+
+// get returns the parameters of version id, which has built (a workspace
+// build used it, or its import succeeded), so they are final.
 func (c *versionParamCache) get(ctx context.Context, t target, id uuid.UUID) (versionParameters, error) {
 	return c.coderdFacts.get(ctx, t, id, func(ctx context.Context) (versionParameters, bool, error) {
 		v, err := fetchVersionParameters(ctx, t.Client, id)
@@ -87,10 +91,12 @@ func (v versionParameters) ephemeral(name string) bool {
 }
 
 // check refuses what coderd would accept but no read could show back:
-// unknown and ephemeral parameters, and an unknown preset or one that
-// overrides a value set beside it. It returns the preset's ID (uuid.Nil
-// without one).
-func (v versionParameters) check(spec *aggv1.CoderWorkspaceSpec, version uuid.UUID) (uuid.UUID, field.ErrorList) {
+// unknown and ephemeral parameters, and an unknown preset. A preset that
+// would override a value set beside it is refused when strict (the spec
+// names both), and otherwise dropped: a workspace whose preset values
+// change no longer has that preset, as in Coder. It returns the preset's
+// ID (uuid.Nil without one).
+func (v versionParameters) check(spec *aggv1.CoderWorkspaceSpec, version uuid.UUID, strict bool) (uuid.UUID, field.ErrorList) {
 	var errs field.ErrorList
 	path := specPath.Child("parameters")
 	for _, p := range spec.Parameters {
@@ -101,13 +107,16 @@ func (v versionParameters) check(spec *aggv1.CoderWorkspaceSpec, version uuid.UU
 				Detail: fmt.Sprintf("template version %s has no parameter %q (it has: %s)", version, p.Name, v.parameterNames())})
 		case v.params[i].Ephemeral:
 			errs = append(errs, field.Forbidden(path.Key(p.Name), fmt.Sprintf("parameter %q is ephemeral: it applies to one build only, so a read could never show it back; "+
-				"set it for one build with the MCP tool update_workspace or `coder start --ephemeral-parameter %s=VALUE`", p.Name, p.Name)))
+				"set it for one build with `coder start --ephemeral-parameter %s=VALUE`", p.Name, p.Name)))
 		}
 	}
 	if spec.Preset == "" {
 		return uuid.Nil, errs
 	}
 	i := slices.IndexFunc(v.presets, func(p codersdk.Preset) bool { return p.Name == spec.Preset })
+	if i < 0 && !strict {
+		return uuid.Nil, errs // the workspace's preset, gone from the version it moves to
+	}
 	if i < 0 {
 		names := make([]string, len(v.presets))
 		for j, p := range v.presets {
@@ -120,6 +129,9 @@ func (v versionParameters) check(spec *aggv1.CoderWorkspaceSpec, version uuid.UU
 	for _, pp := range preset.Parameters {
 		j := slices.IndexFunc(spec.Parameters, func(p aggv1.WorkspaceParameter) bool { return p.Name == pp.Name })
 		if j >= 0 && spec.Parameters[j].Value != pp.Value {
+			if !strict {
+				return uuid.Nil, errs
+			}
 			errs = append(errs, field.Invalid(path.Key(pp.Name), spec.Parameters[j].Value,
 				fmt.Sprintf("preset %q sets %s to %q, and a preset's values win: drop one of the two", preset.Name, pp.Name, pp.Value)))
 		}
@@ -160,4 +172,31 @@ func (s *WorkspaceStorage) buildErr(t target, err error, name string, create boo
 		return s.createErr(t, err, name)
 	}
 	return s.coderErr(t, err, name)
+}
+
+// status is the version's parameters and presets as
+// CoderTemplateVersion's status shows them.
+func (v versionParameters) status() ([]aggv1.TemplateParameter, []aggv1.TemplatePreset) {
+	var params []aggv1.TemplateParameter
+	for _, p := range v.params {
+		tp := aggv1.TemplateParameter{Name: p.Name, DisplayName: p.DisplayName, Description: p.DescriptionPlaintext, Type: p.Type,
+			Mutable: p.Mutable, Ephemeral: p.Ephemeral, Required: p.Required, Default: p.DefaultValue}
+		for _, o := range p.Options {
+			tp.Options = append(tp.Options, aggv1.TemplateParameterOption{Name: o.Name, Value: o.Value, Description: o.Description})
+		}
+		if p.ValidationMin != nil || p.ValidationMax != nil || p.ValidationRegex != "" || p.ValidationError != "" || p.ValidationMonotonic != "" {
+			tp.Validation = &aggv1.TemplateParameterValidation{Min: p.ValidationMin, Max: p.ValidationMax, Monotonic: string(p.ValidationMonotonic),
+				Regex: p.ValidationRegex, Error: p.ValidationError}
+		}
+		params = append(params, tp)
+	}
+	var presets []aggv1.TemplatePreset
+	for _, p := range v.presets {
+		tp := aggv1.TemplatePreset{Name: p.Name, Default: p.Default, Description: p.Description}
+		for _, pp := range p.Parameters {
+			tp.Parameters = append(tp.Parameters, aggv1.WorkspaceParameter{Name: pp.Name, Value: pp.Value})
+		}
+		presets = append(presets, tp)
+	}
+	return params, presets
 }
