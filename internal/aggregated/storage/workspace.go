@@ -353,10 +353,13 @@ func (s *WorkspaceStorage) planUpdate(n workspaceName, name string, cur, next *a
 				// A build names the workspace's preset, or coderd would
 				// record none and the next read would differ from the
 				// spec; left out, it is the current one, dropped if the
-				// new values differ from its own.
+				// new values differ from its own. Only the values the
+				// update changes are checked against it: the others are
+				// what a read showed.
 				if !ch.preset {
 					spec.Preset = cur.Spec.Preset
 				}
+				spec.Parameters = changedParameters(cur.Spec.Parameters, next.Spec.Parameters)
 				preset, err := s.checkParameters(ctx, t, &spec, version, name, ch.preset)
 				if err != nil {
 					return nil, nil, err
@@ -465,13 +468,19 @@ func workspaceChanges(cur, next *aggv1.CoderWorkspaceSpec) workspaceChange {
 // parametersChanged reports whether next sets a value that differs from
 // cur; parameters left out keep their value, as in Coder.
 func parametersChanged(cur, next []aggv1.WorkspaceParameter) bool {
+	return len(changedParameters(cur, next)) > 0
+}
+
+// changedParameters is the values of next that differ from cur's.
+func changedParameters(cur, next []aggv1.WorkspaceParameter) []aggv1.WorkspaceParameter {
+	var out []aggv1.WorkspaceParameter
 	for _, p := range next {
 		i := slices.IndexFunc(cur, func(c aggv1.WorkspaceParameter) bool { return c.Name == p.Name })
 		if i < 0 || cur[i].Value != p.Value {
-			return true
+			out = append(out, p)
 		}
 	}
-	return false
+	return out
 }
 
 func equalPtr[T comparable](a, b *T) bool {
