@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/coder/coder/v2/codersdk"
-	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,19 +46,7 @@ type mcpLifecycleEnv struct {
 }
 
 func newMCPLifecycleEnv(t *testing.T) *mcpLifecycleEnv {
-	s := newStack(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	t.Cleanup(cancel)
-	tpl, err := s.coder.PushTemplate(ctx, "params", testenv.ParameterTemplate())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.coder.Client.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
-		Email: "alice@example.com", Username: "alice", Password: "SomeSecurePassword!1", OrganizationIDs: []uuid.UUID{s.coder.OrganizationID},
-		UserLoginType: codersdk.LoginTypePassword,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	s, ctx, tpl := newParamsStack(t)
 	aliceToken := e2eMCPServiceAccountToken(t, s, "alice-agent")
 	ownerToken := e2eMCPServiceAccountToken(t, s, "agent")
 	for _, sa := range []string{"alice-agent", "agent"} {
@@ -81,17 +68,7 @@ func mapServiceAccount(t *testing.T, ctx context.Context, s *aggStack, user, cod
 	if err := s.c.Patch(ctx, ccp, client.RawPatch(types.JSONPatchType, []byte(patch))); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, time.Minute, func() error {
-		if err := s.c.Get(ctx, client.ObjectKeyFromObject(ccp), ccp); err != nil {
-			return err
-		}
-		for _, c := range ccp.Status.Conditions {
-			if c.Type == coderv1alpha1.ConditionIdentityMapped && c.Status == metav1.ConditionTrue && c.ObservedGeneration == ccp.Generation {
-				return nil
-			}
-		}
-		return fmt.Errorf("IdentityMapped is not True for generation %d: %+v", ccp.Generation, ccp.Status.Conditions)
-	})
+	waitIdentityMapped(t, ctx, s, ccp)
 }
 
 // wantToolError checks that a tool call was an isError result whose text

@@ -42,6 +42,16 @@ type paramsEnv struct {
 }
 
 func newParamsEnv(t *testing.T) *paramsEnv {
+	s, ctx, tpl := newParamsStack(t)
+	alice := s.kubectlAs(t, "alice@example.com", "devs", "workspace-user",
+		rbacv1.PolicyRule{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderworkspaces"}, Verbs: []string{"*"}})
+	return &paramsEnv{s: s, ctx: ctx, alice: alice, tpl: tpl}
+}
+
+// newParamsStack is the stack with template params
+// (testenv.ParameterTemplate) and Coder member alice, and a context
+// bounding the test.
+func newParamsStack(t *testing.T) (*aggStack, context.Context, codersdk.Template) {
 	s := newStack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	t.Cleanup(cancel)
@@ -55,12 +65,10 @@ func newParamsEnv(t *testing.T) *paramsEnv {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	alice := s.kubectlAs(t, "alice@example.com", "devs", "workspace-user",
-		rbacv1.PolicyRule{APIGroups: []string{aggv1.GroupName}, Resources: []string{"coderworkspaces"}, Verbs: []string{"*"}})
-	return &paramsEnv{s: s, ctx: ctx, alice: alice, tpl: tpl}
+	return s, ctx, tpl
 }
 
-// apply runs kubectl as alice with manifest on stdin and returns its
+// kubectl runs kubectl as alice with manifest on stdin and returns its
 // combined output and error.
 func (env *paramsEnv) kubectl(stdin string, args ...string) (string, error) {
 	r, err := env.alice.Run(env.ctx, stdin, append(args, "-n", env.s.ns)...)
