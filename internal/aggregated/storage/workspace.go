@@ -30,7 +30,7 @@ type WorkspaceStorage struct {
 	// workspaces were built from.
 	versions versionParamCache
 	orgs     orgIDs
-	memo   listMemo[*memoEntry]
+	memo     listMemo[*memoEntry]
 	// pageSize is how many workspaces a list asks coderd for at once
 	// (Options.WorkspacePageSize).
 	pageSize int
