@@ -31,6 +31,7 @@ func TestWorkspaceParameters(t *testing.T) {
 		{"a preset applies its values and reads back; an unknown preset lists the presets", testParamsPreset},
 		{"automaticUpdates is set and read back", testParamsAutoUpdates},
 		{"a dry run stores and builds nothing", testParamsDryRun},
+		{"kubectl get ctv shows the version's parameters and presets as coderd has them", testParamsVersionStatus},
 	})
 }
 
@@ -307,5 +308,39 @@ func testParamsDryRun(t *testing.T, env *paramsEnv) {
 	wantRefused(t, out, err, "spec.preset", `supported values: "large", "small"`)
 	if _, err := env.s.coder.Client.WorkspaceByOwnerAndName(env.ctx, "alice", "dry", codersdk.WorkspaceOptions{}); err == nil {
 		t.Error("coderd has workspace alice/dry after a dry run")
+	}
+}
+
+func testParamsVersionStatus(t *testing.T, env *paramsEnv) {
+	c := env.s.coder.Client
+	v, err := c.TemplateVersion(env.ctx, env.tpl.ActiveVersionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	params, err := c.TemplateVersionRichParameters(env.ctx, v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	presets, err := c.TemplateVersionPresets(env.ctx, v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ctv aggv1.CoderTemplateVersion
+	if err := json.Unmarshal([]byte(env.s.must(t, "get", "ctv", env.s.org+".params."+v.Name, "-n", env.s.ns, "-o", "json")), &ctv); err != nil {
+		t.Fatal(err)
+	}
+	if len(ctv.Status.Parameters) != len(params) || len(ctv.Status.Presets) != len(presets) {
+		t.Fatalf("status shows %d parameters and %d presets, coderd %d and %d", len(ctv.Status.Parameters), len(ctv.Status.Presets), len(params), len(presets))
+	}
+	for i, p := range params {
+		got := ctv.Status.Parameters[i]
+		if got.Name != p.Name || got.Type != p.Type || got.Mutable != p.Mutable || got.Ephemeral != p.Ephemeral || got.Default != p.DefaultValue || len(got.Options) != len(p.Options) {
+			t.Errorf("status.parameters[%d] %+v, coderd %+v", i, got, p)
+		}
+	}
+	for i, p := range presets {
+		if got := ctv.Status.Presets[i]; got.Name != p.Name || len(got.Parameters) != len(p.Parameters) {
+			t.Errorf("status.presets[%d] %+v, coderd %+v", i, got, p)
+		}
 	}
 }
