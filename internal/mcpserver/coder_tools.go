@@ -171,25 +171,28 @@ type WorkspaceList struct {
 
 // WorkspaceDetail is one workspace.
 type WorkspaceDetail struct {
-	Namespace         string   `json:"namespace"`
-	Name              string   `json:"name"`
-	ID                string   `json:"id"`
-	Owner             string   `json:"owner"`
-	Organization      string   `json:"organization"`
-	Template          string   `json:"template"`
-	TemplateVersionID string   `json:"templateVersionID,omitempty"`
-	Status            string   `json:"status"`
-	Running           bool     `json:"running"`
-	Healthy           bool     `json:"healthy"`
-	Outdated          bool     `json:"outdated"`
-	TTLMillis         *int64   `json:"ttlMillis,omitempty"`
-	AutostartSchedule string   `json:"autostartSchedule,omitempty"`
-	AutoShutdownAt    string   `json:"autoShutdownAt,omitempty"`
-	LastUsedAt        string   `json:"lastUsedAt,omitempty"`
-	URL               string   `json:"url,omitempty"`
-	LatestBuild       *Build   `json:"latestBuild,omitempty"`
-	Conditions        []string `json:"conditions,omitempty" jsonschema:"each as: Type=Status (Reason): message"`
-	Deleting          bool     `json:"deleting,omitempty" jsonschema:"a delete build is under way"`
+	Namespace         string `json:"namespace"`
+	Name              string `json:"name"`
+	ID                string `json:"id"`
+	Owner             string `json:"owner"`
+	Organization      string `json:"organization"`
+	Template          string `json:"template"`
+	TemplateVersionID string `json:"templateVersionID,omitempty"`
+	Status            string `json:"status"`
+	Running           bool   `json:"running"`
+	Healthy           bool   `json:"healthy"`
+	Outdated          bool   `json:"outdated"`
+	TTLMillis         *int64 `json:"ttlMillis,omitempty"`
+	AutostartSchedule string `json:"autostartSchedule,omitempty"`
+	AutoShutdownAt    string `json:"autoShutdownAt,omitempty"`
+	LastUsedAt        string `json:"lastUsedAt,omitempty"`
+	URL               string `json:"url,omitempty"`
+	LatestBuild       *Build `json:"latestBuild,omitempty"`
+	// Parameters are the latest build's values (without ephemeral ones).
+	Parameters map[string]string `json:"parameters,omitempty"`
+	Preset     string            `json:"preset,omitempty"`
+	Conditions []string          `json:"conditions,omitempty" jsonschema:"each as: Type=Status (Reason): message"`
+	Deleting   bool              `json:"deleting,omitempty" jsonschema:"a delete build is under way"`
 }
 
 // Build summarises a workspace build.
@@ -530,6 +533,13 @@ func workspaceDetail(w *aggv1.CoderWorkspace) WorkspaceDetail {
 		d.LatestBuild = &Build{ID: b.ID, Number: b.Number, Transition: b.Transition, JobStatus: b.JobStatus,
 			Error: b.Error, CreatedAt: b.CreatedAt.UTC().Format(time.RFC3339)}
 	}
+	for _, p := range w.Spec.Parameters {
+		if d.Parameters == nil {
+			d.Parameters = map[string]string{}
+		}
+		d.Parameters[p.Name] = p.Value
+	}
+	d.Preset = w.Spec.Preset
 	for _, cond := range w.Status.Conditions {
 		d.Conditions = append(d.Conditions, fmt.Sprintf("%s=%s (%s): %s", cond.Type, cond.Status, cond.Reason, cond.Message))
 	}

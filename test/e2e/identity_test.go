@@ -148,6 +148,13 @@ func identityMapped(t *testing.T, ctx context.Context, s *aggStack) {
 	if err := s.c.Patch(ctx, ccp, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
 		t.Fatal(err)
 	}
+	waitIdentityMapped(t, ctx, s, ccp)
+}
+
+// waitIdentityMapped waits until the controller reports control plane
+// ccp's identity, as its generation now has it, mapped.
+func waitIdentityMapped(t *testing.T, ctx context.Context, s *aggStack, ccp *coderv1alpha1.CoderControlPlane) {
+	t.Helper()
 	testenv.WaitFor(t, time.Minute, func() error {
 		if err := s.c.Get(ctx, client.ObjectKeyFromObject(ccp), ccp); err != nil {
 			return err

@@ -192,9 +192,9 @@ func testMCPToolsList(t *testing.T, env *mcpEnv) {
 	if err := json.Unmarshal(want, &golden); err != nil {
 		t.Fatal(err)
 	}
-	wantNames := []string{"delete_workspace", "get_control_plane", "get_control_plane_rollout", "get_control_plane_service", "get_pod_logs",
-		"get_template", "get_template_version_log", "get_workspace", "get_workspace_build_log", "health", "list_control_plane_pods", "list_control_planes", "list_events", "list_template_versions",
-		"list_templates", "list_users", "list_workspaces", "set_workspace_running", "whoami"}
+	wantNames := []string{"create_workspace", "delete_workspace", "get_control_plane", "get_control_plane_rollout", "get_control_plane_service", "get_pod_logs",
+		"get_template", "get_template_version_log", "get_workspace", "get_workspace_build_log", "health", "list_control_plane_pods", "list_control_planes", "list_events",
+		"list_template_parameters", "list_template_versions", "list_templates", "list_users", "list_workspaces", "set_workspace_running", "update_workspace", "whoami"}
 	if names := e2eMCPToolNames(golden); !slices.Equal(names, wantNames) {
 		t.Errorf("golden tools %v, want %v", names, wantNames)
 	}
@@ -210,7 +210,7 @@ func testMCPToolsList(t *testing.T, env *mcpEnv) {
 				t.Errorf("tool %s: %s schema is not an object schema: %v", tool.Name, what, schema)
 			}
 		}
-		mutating := tool.Name == "set_workspace_running" || tool.Name == "delete_workspace"
+		mutating := slices.Contains([]string{"set_workspace_running", "delete_workspace", "create_workspace", "update_workspace"}, tool.Name)
 		if a.ReadOnlyHint == mutating {
 			t.Errorf("tool %s: readOnlyHint %v", tool.Name, a.ReadOnlyHint)
 		}

@@ -97,6 +97,17 @@ type CoderTemplateVersionStatus struct {
 	// +listType=map
 	// +listMapKey=name
 	Variables []TemplateVariableStatus `json:"variables,omitempty"`
+	// Parameters are the rich parameters the version declares, once its
+	// build has ended.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Parameters []TemplateParameter `json:"parameters,omitempty"`
+	// Presets are the version's presets, once its build has ended.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Presets []TemplatePreset `json:"presets,omitempty"`
 	// ObservedGeneration is the metadata.generation this status
 	// describes.
 	// +optional

@@ -52,11 +52,24 @@ type CoderWorkspaceSpec struct {
 	// +optional
 	AutostartSchedule *string `json:"autostartSchedule,omitempty"`
 	// Parameters are the template's rich parameter values of the latest
-	// build. Changing them starts a build with the new values.
+	// build, without ephemeral ones (they apply to one build: set them
+	// with coder start --ephemeral-parameter). Changing them starts a build with the new
+	// values; coderd validates them. Parameters left out keep Coder's
+	// values.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
 	Parameters []WorkspaceParameter `json:"parameters,omitempty"`
+	// Preset is the name of a preset of the template version: its
+	// parameter values override spec.parameters. Reads show the preset
+	// of the latest build, which coderd also picks by itself when the
+	// values match one; omitted on update keeps it.
+	// +optional
+	Preset string `json:"preset,omitempty"`
+	// AutomaticUpdates is "always" (a start builds the template's active
+	// version) or "never"; omitted keeps Coder's value.
+	// +optional
+	AutomaticUpdates string `json:"automaticUpdates,omitempty"`
 }
 
 // WorkspaceParameter is one rich parameter value.

@@ -161,6 +161,26 @@ func (in TemplateAccessEntry) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in TemplateParameter) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.TemplateParameter"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in TemplateParameterOption) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.TemplateParameterOption"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in TemplateParameterValidation) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.TemplateParameterValidation"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in TemplatePreset) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.TemplatePreset"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in TemplateVariable) OpenAPIModelName() string {
 	return "com.coder.aggregation.v1alpha1.TemplateVariable"
 }

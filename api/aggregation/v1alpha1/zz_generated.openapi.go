@@ -46,6 +46,10 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		SecretKeySelector{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_SecretKeySelector(ref),
 		TemplateAccess{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccess(ref),
 		TemplateAccessEntry{}.OpenAPIModelName():          schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccessEntry(ref),
+		TemplateParameter{}.OpenAPIModelName():            schema_coder_k8s_api_aggregation_v1alpha1_TemplateParameter(ref),
+		TemplateParameterOption{}.OpenAPIModelName():      schema_coder_k8s_api_aggregation_v1alpha1_TemplateParameterOption(ref),
+		TemplateParameterValidation{}.OpenAPIModelName():  schema_coder_k8s_api_aggregation_v1alpha1_TemplateParameterValidation(ref),
+		TemplatePreset{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_TemplatePreset(ref),
 		TemplateVariable{}.OpenAPIModelName():             schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariable(ref),
 		TemplateVariableSource{}.OpenAPIModelName():       schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableSource(ref),
 		TemplateVariableStatus{}.OpenAPIModelName():       schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableStatus(ref),
@@ -1350,6 +1354,48 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionStatus(ref co
 							},
 						},
 					},
+					"parameters": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"name",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Parameters are the rich parameters the version declares, once its build has ended.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(TemplateParameter{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+					"presets": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"name",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Presets are the version's presets, once its build has ended.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(TemplatePreset{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
 					"observedGeneration": {
 						SchemaProps: spec.SchemaProps{
 							Description: "ObservedGeneration is the metadata.generation this status describes.",
@@ -1382,7 +1428,7 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderTemplateVersionStatus(ref co
 			},
 		},
 		Dependencies: []string{
-			TemplateVariableStatus{}.OpenAPIModelName(), v1.Condition{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
+			TemplateParameter{}.OpenAPIModelName(), TemplatePreset{}.OpenAPIModelName(), TemplateVariableStatus{}.OpenAPIModelName(), v1.Condition{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
 	}
 }
 
@@ -1859,7 +1905,7 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceSpec(ref common.Ref
 							},
 						},
 						SchemaProps: spec.SchemaProps{
-							Description: "Parameters are the template's rich parameter values of the latest build. Changing them starts a build with the new values.",
+							Description: "Parameters are the template's rich parameter values of the latest build, without ephemeral ones (they apply to one build: set them with coder start --ephemeral-parameter). Changing them starts a build with the new values; coderd validates them. Parameters left out keep Coder's values.",
 							Type:        []string{"array"},
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
@@ -1868,6 +1914,20 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceSpec(ref common.Ref
 									},
 								},
 							},
+						},
+					},
+					"preset": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Preset is the name of a preset of the template version: its parameter values override spec.parameters. Reads show the preset of the latest build, which coderd also picks by itself when the values match one; omitted on update keeps it.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"automaticUpdates": {
+						SchemaProps: spec.SchemaProps{
+							Description: "AutomaticUpdates is \"always\" (a start builds the template's active version) or \"never\"; omitted keeps Coder's value.",
+							Type:        []string{"string"},
+							Format:      "",
 						},
 					},
 				},
@@ -2139,6 +2199,249 @@ func schema_coder_k8s_api_aggregation_v1alpha1_TemplateAccessEntry(ref common.Re
 				Required: []string{"name", "role"},
 			},
 		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_TemplateParameter(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "TemplateParameter is a rich parameter a template version declares, as coderd reports it: what a workspace's spec.parameters may set.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Name is what spec.parameters names.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"displayName": {
+						SchemaProps: spec.SchemaProps{
+							Description: "DisplayName is the name Coder's UI shows.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"description": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Description is the parameter's description (plain text).",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"type": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Type is string, number, bool or list(string).",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"mutable": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Mutable parameters may change after the workspace is created.",
+							Default:     false,
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"ephemeral": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Ephemeral parameters apply to one build; spec.parameters refuses them.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"required": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Required parameters have no default: a create must set them.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"default": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Default is the value a workspace gets when it sets none.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"options": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "atomic",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Options are the values allowed, when the parameter has options.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(TemplateParameterOption{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+					"validation": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Validation is coderd's check of a value, when there is one.",
+							Ref:         ref(TemplateParameterValidation{}.OpenAPIModelName()),
+						},
+					},
+				},
+				Required: []string{"name", "type", "mutable"},
+			},
+		},
+		Dependencies: []string{
+			TemplateParameterOption{}.OpenAPIModelName(), TemplateParameterValidation{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_TemplateParameterOption(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "TemplateParameterOption is one allowed value of a parameter.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Name is the option's label.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"value": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Value is what spec.parameters sets.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"description": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Description of the option.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+				Required: []string{"name", "value"},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_TemplateParameterValidation(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "TemplateParameterValidation is how coderd validates a parameter's value.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"min": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Min is the smallest number allowed.",
+							Type:        []string{"integer"},
+							Format:      "int32",
+						},
+					},
+					"max": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Max is the largest number allowed.",
+							Type:        []string{"integer"},
+							Format:      "int32",
+						},
+					},
+					"monotonic": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Monotonic is increasing or decreasing: a number may only move that way.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"regex": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Regex a string must match.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"error": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Error is the message coderd gives when the value fails.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+			},
+		},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_TemplatePreset(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "TemplatePreset is a named set of parameter values of a template version: what a workspace's spec.preset names.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Name is what spec.preset names.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"default": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Default marks the preset Coder's UI selects first.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"description": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Description of the preset.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"parameters": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-map-keys": []interface{}{
+									"name",
+								},
+								"x-kubernetes-list-type": "map",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Parameters are the values the preset sets.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(WorkspaceParameter{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"name"},
+			},
+		},
+		Dependencies: []string{
+			WorkspaceParameter{}.OpenAPIModelName()},
 	}
 }
 

@@ -35,6 +35,8 @@ func sameIDsCoderd(t *testing.T, who string, extra ...func(*http.ServeMux)) *htt
 	tpl := fxTemplate()
 	tpl.Description = "template of " + who
 	ws := fxWorkspace()
+	presetID := uuid.MustParse("77777777-7777-4777-8777-777777777777")
+	ws.LatestBuild.TemplateVersionPresetID = &presetID
 	mux := http.NewServeMux()
 	writeJSON := func(w http.ResponseWriter, v any) {
 		w.Header().Set("Content-Type", "application/json")
@@ -57,6 +59,20 @@ func sameIDsCoderd(t *testing.T, who string, extra ...func(*http.ServeMux)) *htt
 			return
 		}
 		writeJSON(w, []codersdk.TemplateVersionVariable{{Name: "owner", Type: "string", Value: who, DefaultValue: "nobody"}})
+	})
+	mux.HandleFunc("GET /api/v2/templateversions/{id}/rich-parameters", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("id") != fxVersionID.String() {
+			http.NotFound(w, r)
+			return
+		}
+		writeJSON(w, []codersdk.TemplateVersionParameter{{Name: "owner", Type: "string", Mutable: true}})
+	})
+	mux.HandleFunc("GET /api/v2/templateversions/{id}/presets", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("id") != fxVersionID.String() {
+			http.NotFound(w, r)
+			return
+		}
+		writeJSON(w, []codersdk.Preset{{ID: presetID, Name: "preset-of-" + who}})
 	})
 	mux.HandleFunc("GET /api/v2/files/{id}", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("id") != fileID.String() {
@@ -153,6 +169,9 @@ func TestCachesAreKeyedPerCoderd(t *testing.T) {
 			if p := w.Spec.Parameters; len(p) != 1 || p[0].Value != who {
 				t.Errorf("round %d: %s's workspace shows parameters %v, want owner=%s from its own coderd", round, who, p, who)
 			}
+			if w.Spec.Preset != "preset-of-"+who {
+				t.Errorf("round %d: %s's workspace shows preset %q, want its own coderd's", round, who, w.Spec.Preset)
+			}
 
 			if _, err := ts.orgs.get(ctx, tgt, "acme"); err != nil {
 				t.Fatalf("organization of %s: %v", who, err)
@@ -169,6 +188,9 @@ func TestCachesAreKeyedPerCoderd(t *testing.T) {
 	}
 	if n := len(ws.params.facts); n != 2 {
 		t.Errorf("build parameter cache holds %d entries, want one per coderd", n)
+	}
+	if n := len(ws.versions.facts); n != 2 {
+		t.Errorf("version parameter cache holds %d entries, want one per coderd", n)
 	}
 	if n := len(ts.orgs.facts); n != 2 {
 		t.Errorf("organization cache holds %d entries, want one per coderd", n)

@@ -42,6 +42,11 @@ func (r *genericStore) coderErr(t target, err error, name string) error {
 				t.describe(), t.caller.Username, truncate.String(coderapi.Message(err), 1024))})
 		}
 	}
+	return coderstatus.Error(err, r.statusTarget(t, name))
+}
+
+// statusTarget describes the object and t's coderd for coderstatus.
+func (r *genericStore) statusTarget(t target, name string) coderstatus.Target {
 	tgt := coderstatus.Target{Resource: r.gr, Kind: r.kind, Name: name, Fields: r.fields, StaticBackend: t.ControlPlane == ""}
 	if t.URL != nil {
 		tgt.CoderURL = t.URL.String()
@@ -49,7 +54,7 @@ func (r *genericStore) coderErr(t target, err error, name string) error {
 	if t.ControlPlane != "" {
 		tgt.ControlPlane = t.Namespace + "/" + t.ControlPlane
 	}
-	return coderstatus.Error(err, tgt)
+	return tgt
 }
 
 // createErr is coderErr for a create: a 409 means the object exists.

@@ -44,6 +44,8 @@ type TemplateVersionStorage struct {
 	// memo holds the versions the last list of each backend decoded.
 	memo listMemo[codersdk.TemplateVersion]
 	tpls *TemplateStorage
+	// params holds the parameters and presets of built versions.
+	params versionParamCache
 }
 
 // NewTemplateVersions returns the codertemplateversions storage, sharing
@@ -65,7 +67,8 @@ func NewTemplateVersions(o Options, tpls *TemplateStorage) (*TemplateVersionStor
 				"provisioner_tags": "spec.provisionerTags",
 			},
 		},
-		tpls: tpls,
+		tpls:   tpls,
+		params: newVersionParamCache(),
 	}
 	if err := startCache(&s.genericStore, o, s.listVersions, aggv1.TemplateVersionFields); err != nil {
 		return nil, err
@@ -332,6 +335,13 @@ func (s *TemplateVersionStorage) convert(ctx context.Context, t target, tpl *cod
 		return nil, fmt.Errorf("template version %s: %w", obj.Name, err)
 	}
 	obj.Spec.Variables, obj.Status.Variables = view.Spec.Variables, view.Status.Variables
+	if v.Job.Status == codersdk.ProvisionerJobSucceeded {
+		params, err := s.params.get(ctx, t, v.ID)
+		if err != nil {
+			return nil, fmt.Errorf("template version %s: %w", obj.Name, err)
+		}
+		obj.Status.Parameters, obj.Status.Presets = params.status()
+	}
 	for _, c := range view.Status.Conditions {
 		if c.Type == aggv1.ConditionSecretsCurrent && c.Reason == aggv1.ReasonSecretChanged {
 			// A version is never rebuilt: say what to do instead.

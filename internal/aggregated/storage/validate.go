@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -57,6 +58,11 @@ func validateWorkspaceSpec(s *aggv1.CoderWorkspaceSpec) field.ErrorList {
 	}
 	if s.TTLMillis != nil && *s.TTLMillis < 0 {
 		errs = append(errs, field.Invalid(specPath.Child("ttlMillis"), *s.TTLMillis, "must not be negative"))
+	}
+	switch codersdk.AutomaticUpdates(s.AutomaticUpdates) {
+	case "", codersdk.AutomaticUpdatesAlways, codersdk.AutomaticUpdatesNever:
+	default:
+		errs = append(errs, field.NotSupported(specPath.Child("automaticUpdates"), s.AutomaticUpdates, []string{string(codersdk.AutomaticUpdatesAlways), string(codersdk.AutomaticUpdatesNever)}))
 	}
 	seen := map[string]bool{}
 	for i, p := range s.Parameters {

@@ -26,8 +26,11 @@ import (
 type WorkspaceStorage struct {
 	genericStore
 	params *buildParams
-	orgs   orgIDs
-	memo   listMemo[*memoEntry]
+	// versions holds the parameters and presets of the versions
+	// workspaces were built from.
+	versions versionParamCache
+	orgs     orgIDs
+	memo     listMemo[*memoEntry]
 	// pageSize is how many workspaces a list asks coderd for at once
 	// (Options.WorkspacePageSize).
 	pageSize int
@@ -58,6 +61,7 @@ func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
 			},
 		},
 		params:   newBuildParams(20000),
+		versions: newVersionParamCache(),
 		pageSize: o.WorkspacePageSize,
 	}
 	s.sourcesListed = s.memo.retain
@@ -103,7 +107,13 @@ func (s *WorkspaceStorage) readCoder(ctx context.Context, t target, n workspaceN
 	if err != nil {
 		return nil, s.coderErr(t, err, name)
 	}
-	return toWorkspace(t, &w, params[w.LatestBuild.ID]), nil
+	obj := toWorkspace(t, &w, params[w.LatestBuild.ID])
+	v, err := s.versions.get(ctx, t, w.LatestBuild.TemplateVersionID)
+	if err != nil {
+		return nil, s.coderErr(t, err, name)
+	}
+	v.specView(&obj.Spec, w.LatestBuild.TemplateVersionPresetID)
+	return obj, nil
 }
 
 // lookup parses name and finds its backend.
@@ -156,15 +166,24 @@ func (s *WorkspaceStorage) planCreate(ctx context.Context, t target, n workspace
 		TTLMillis:           ws.Spec.TTLMillis,
 		AutostartSchedule:   ws.Spec.AutostartSchedule,
 		RichParameterValues: fromParameters(ws.Spec.Parameters),
+		AutomaticUpdates:    codersdk.AutomaticUpdates(ws.Spec.AutomaticUpdates),
 	}
+	version := tpl.ActiveVersionID
 	if ws.Spec.TemplateVersionID != "" {
-		id := uuid.MustParse(ws.Spec.TemplateVersionID) // validated above
-		if err := s.checkVersionOf(ctx, t, tpl, id, ws.Name); err != nil {
+		version = uuid.MustParse(ws.Spec.TemplateVersionID) // validated above
+		if err := s.checkVersionOf(ctx, t, tpl, version, ws.Name); err != nil {
 			return nil, err
 		}
-		req.TemplateVersionID = id
+		req.TemplateVersionID = version
 	} else {
 		req.TemplateID = tpl.ID
+	}
+	if len(ws.Spec.Parameters) > 0 || ws.Spec.Preset != "" {
+		preset, err := s.checkParameters(ctx, t, &ws.Spec, version, ws.Name, true)
+		if err != nil {
+			return nil, err
+		}
+		req.TemplateVersionPresetID = preset
 	}
 	if dryRun {
 		if t.caller != nil {
@@ -190,12 +209,15 @@ func (s *WorkspaceStorage) planCreate(ctx context.Context, t target, n workspace
 		if dry.Spec.TemplateVersionID == "" {
 			dry.Spec.TemplateVersionID = tpl.ActiveVersionID.String()
 		}
+		if dry.Spec.AutomaticUpdates == "" {
+			dry.Spec.AutomaticUpdates = string(codersdk.AutomaticUpdatesNever)
+		}
 		return nil, nil
 	}
 	return func(ctx context.Context) (object, func(*records.Record), error) {
 		w, err := t.Client.CreateUserWorkspace(ctx, n.Owner, req)
 		if err != nil {
-			return nil, nil, s.createErr(t, err, ws.Name)
+			return nil, nil, s.buildErr(t, err, ws.Name, true)
 		}
 		if !ws.Spec.Running {
 			if err := s.stopNew(ctx, t, &w); err != nil {
@@ -208,6 +230,21 @@ func (s *WorkspaceStorage) planCreate(ctx context.Context, t target, n workspace
 		}
 		return out, nil, nil
 	}, nil
+}
+
+// checkParameters checks spec's parameters and preset against the
+// template version a build uses and returns the preset's ID.
+func (s *WorkspaceStorage) checkParameters(ctx context.Context, t target, spec *aggv1.CoderWorkspaceSpec, version uuid.UUID, name string, strict bool) (uuid.UUID, error) {
+	// Not the cache: a version still importing has no parameters yet.
+	v, err := fetchVersionParameters(ctx, t.Client, version)
+	if err != nil {
+		return uuid.Nil, s.coderErr(t, err, name)
+	}
+	preset, errs := v.check(spec, version, strict)
+	if len(errs) > 0 {
+		return uuid.Nil, s.invalid(name, errs)
+	}
+	return preset, nil
 }
 
 func (s *WorkspaceStorage) checkVersionOf(ctx context.Context, t target, tpl codersdk.Template, id uuid.UUID, name string) error {
@@ -294,19 +331,43 @@ func (s *WorkspaceStorage) planUpdate(n workspaceName, name string, cur, next *a
 				return nil, nil, s.coderErr(t, err, name)
 			}
 		}
+		if ch.autoUpdates {
+			if err := t.Client.UpdateWorkspaceAutomaticUpdates(ctx, id, codersdk.UpdateWorkspaceAutomaticUpdatesRequest{AutomaticUpdates: codersdk.AutomaticUpdates(next.Spec.AutomaticUpdates)}); err != nil {
+				return nil, nil, s.coderErr(t, err, name)
+			}
+		}
 		if ch.build() {
 			req := codersdk.CreateWorkspaceBuildRequest{Transition: codersdk.WorkspaceTransitionStop}
 			if next.Spec.Running {
 				req.Transition = codersdk.WorkspaceTransitionStart
 			}
+			version := uuid.MustParse(cur.Spec.TemplateVersionID)
 			if ch.version {
-				req.TemplateVersionID = uuid.MustParse(next.Spec.TemplateVersionID) // validated
+				version = uuid.MustParse(next.Spec.TemplateVersionID) // validated
+				req.TemplateVersionID = version
 			}
 			if ch.parameters {
 				req.RichParameterValues = fromParameters(next.Spec.Parameters)
 			}
+			if spec := next.Spec; ch.parameters || ch.preset || cur.Spec.Preset != "" {
+				// A build names the workspace's preset, or coderd would
+				// record none and the next read would differ from the
+				// spec; left out, it is the current one, dropped if the
+				// new values differ from its own. Only the values the
+				// update changes are checked against it: the others are
+				// what a read showed.
+				if !ch.preset {
+					spec.Preset = cur.Spec.Preset
+				}
+				spec.Parameters = changedParameters(cur.Spec.Parameters, next.Spec.Parameters)
+				preset, err := s.checkParameters(ctx, t, &spec, version, name, ch.preset)
+				if err != nil {
+					return nil, nil, err
+				}
+				req.TemplateVersionPresetID = preset
+			}
 			if _, err := t.Client.CreateWorkspaceBuild(ctx, id, req); err != nil {
-				return nil, nil, s.coderErr(t, err, name)
+				return nil, nil, s.buildErr(t, err, name, false)
 			}
 		}
 		out, err := s.readCoder(ctx, t, n, name)
@@ -382,14 +443,14 @@ func (s *WorkspaceStorage) startDeleteBuild(ctx context.Context, t target, cur *
 
 // workspaceChange says which parts of the spec an update changes.
 type workspaceChange struct {
-	ttl, autostart, running, version, parameters bool
+	ttl, autostart, autoUpdates, running, version, parameters, preset bool
 }
 
 func (c workspaceChange) none() bool {
-	return !c.ttl && !c.autostart && !c.build()
+	return !c.ttl && !c.autostart && !c.autoUpdates && !c.build()
 }
 
-func (c workspaceChange) build() bool { return c.running || c.version || c.parameters }
+func (c workspaceChange) build() bool { return c.running || c.version || c.parameters || c.preset }
 
 func workspaceChanges(cur, next *aggv1.CoderWorkspaceSpec) workspaceChange {
 	return workspaceChange{
@@ -398,19 +459,28 @@ func workspaceChanges(cur, next *aggv1.CoderWorkspaceSpec) workspaceChange {
 		running:    cur.Running != next.Running,
 		version:    next.TemplateVersionID != "" && next.TemplateVersionID != cur.TemplateVersionID,
 		parameters: parametersChanged(cur.Parameters, next.Parameters),
+		// Omitted, the preset and the automatic updates keep Coder's.
+		preset:      next.Preset != "" && next.Preset != cur.Preset,
+		autoUpdates: next.AutomaticUpdates != "" && next.AutomaticUpdates != cur.AutomaticUpdates,
 	}
 }
 
 // parametersChanged reports whether next sets a value that differs from
 // cur; parameters left out keep their value, as in Coder.
 func parametersChanged(cur, next []aggv1.WorkspaceParameter) bool {
+	return len(changedParameters(cur, next)) > 0
+}
+
+// changedParameters is the values of next that differ from cur's.
+func changedParameters(cur, next []aggv1.WorkspaceParameter) []aggv1.WorkspaceParameter {
+	var out []aggv1.WorkspaceParameter
 	for _, p := range next {
 		i := slices.IndexFunc(cur, func(c aggv1.WorkspaceParameter) bool { return c.Name == p.Name })
 		if i < 0 || cur[i].Value != p.Value {
-			return true
+			out = append(out, p)
 		}
 	}
-	return false
+	return out
 }
 
 func equalPtr[T comparable](a, b *T) bool {

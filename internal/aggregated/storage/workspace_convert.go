@@ -37,6 +37,7 @@ func toWorkspace(t target, w *codersdk.Workspace, params []aggv1.WorkspaceParame
 			TTLMillis:         w.TTLMillis,
 			AutostartSchedule: w.AutostartSchedule,
 			Parameters:        params,
+			AutomaticUpdates:  string(w.AutomaticUpdates),
 		},
 		Status: aggv1.CoderWorkspaceStatus{
 			ID:                  id,

@@ -44,6 +44,10 @@ type listedWorkspace struct {
 	memo  *memoEntry
 	obj   *aggv1.CoderWorkspace
 	build uuid.UUID
+	// version and preset of the latest build, for the spec's preset and
+	// ephemeral parameters.
+	version uuid.UUID
+	preset  *uuid.UUID
 }
 
 func (l listedWorkspace) id() string {
@@ -155,6 +159,7 @@ func (s *WorkspaceStorage) readWorkspacePages(ctx context.Context, t target, pre
 					return fmt.Errorf("decode a workspace: %w", err)
 				}
 				l.obj, l.build = toWorkspace(t, &ws, nil), ws.LatestBuild.ID
+				l.version, l.preset = ws.LatestBuild.TemplateVersionID, ws.LatestBuild.TemplateVersionPresetID
 			}
 			id := l.id()
 			if i, ok := index[id]; ok {
@@ -232,6 +237,11 @@ func (s *WorkspaceStorage) convertWorkspaces(ctx context.Context, t target, list
 		e := l.memo
 		if e == nil {
 			l.obj.Spec.Parameters = params[l.build]
+			v, err := s.versions.get(ctx, t, l.version)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			v.specView(&l.obj.Spec, l.preset)
 			e = newMemoEntry(l.obj)
 		}
 		entries[i] = e
