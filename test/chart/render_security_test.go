@@ -483,12 +483,14 @@ func (r *rendered) checkComponentRoles(t *testing.T) {
 			if role == nil || !reflect.DeepEqual(role.typed.(*rbacv1.ClusterRole).Rules, want) {
 				t.Errorf("mode aggregated-apiserver: ClusterRole %s-aggregated is not %+v", releaseName, want)
 			}
-			// Its records, and the Secrets of its templates' variables,
-			// only in the backend's namespace.
+			// Its records, the Secrets of its templates' variables and
+			// its workspaces' pods and events, only in the backend's
+			// namespace.
 			ns := r.cfg.AggregatedAPIServer.Coder.StaticBackend.Namespace
 			records := []rbacv1.PolicyRule{{APIGroups: []string{"coder.com"}, Resources: []string{"coderobjectrecords"},
 				Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
-				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}}
+				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}},
+				{APIGroups: []string{""}, Resources: []string{"pods", "events"}, Verbs: []string{"get", "list"}}}
 			if got := r.boundRules(t)["Role "+ns+"/"+releaseName+"-aggregated-records"]; !reflect.DeepEqual(got, records) {
 				t.Errorf("mode aggregated-apiserver: Role %s/%s-aggregated-records bound with %+v, want %+v", ns, releaseName, got, records)
 			}
