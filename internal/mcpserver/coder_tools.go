@@ -180,6 +180,7 @@ type WorkspaceDetail struct {
 	TemplateVersionID string   `json:"templateVersionID,omitempty"`
 	Status            string   `json:"status"`
 	Running           bool     `json:"running"`
+	Ready             bool     `json:"ready" jsonschema:"the workspace is usable: its start build succeeded and every agent is connected and ready (the Ready condition says why not)"`
 	Healthy           bool     `json:"healthy"`
 	Outdated          bool     `json:"outdated"`
 	TTLMillis         *int64   `json:"ttlMillis,omitempty"`
@@ -188,6 +189,7 @@ type WorkspaceDetail struct {
 	LastUsedAt        string   `json:"lastUsedAt,omitempty"`
 	URL               string   `json:"url,omitempty"`
 	LatestBuild       *Build   `json:"latestBuild,omitempty"`
+	Agents            []Agent  `json:"agents,omitempty" jsonschema:"the Coder agents of the latest build: connection status, lifecycle state, health and apps"`
 	Conditions        []string `json:"conditions,omitempty" jsonschema:"each as: Type=Status (Reason): message"`
 	Deleting          bool     `json:"deleting,omitempty" jsonschema:"a delete build is under way"`
 }
@@ -349,7 +351,7 @@ func (s *Server) workspaceTools() []tool {
 		}, listWorkspaces),
 		define(s, "get_workspace", toolMeta{
 			Title:       "Get a Coder workspace",
-			Description: "Shows one Coder workspace: status, desired run state, latest build (transition, job status, error), schedule, health and URL.",
+			Description: "Shows one Coder workspace: status, desired run state, whether it is ready to use, its agents (connection, lifecycle, apps), latest build (transition, job status, error), schedule, health and URL.",
 			ReadOnly:    true, Idempotent: true, OpenWorld: true,
 		}, getWorkspace),
 		define(s, "set_workspace_running", toolMeta{
@@ -530,7 +532,11 @@ func workspaceDetail(w *aggv1.CoderWorkspace) WorkspaceDetail {
 		d.LatestBuild = &Build{ID: b.ID, Number: b.Number, Transition: b.Transition, JobStatus: b.JobStatus,
 			Error: b.Error, CreatedAt: b.CreatedAt.UTC().Format(time.RFC3339)}
 	}
+	d.Agents = agents(w.Status.Agents)
 	for _, cond := range w.Status.Conditions {
+		if cond.Type == aggv1.ConditionReady {
+			d.Ready = cond.Status == metav1.ConditionTrue
+		}
 		d.Conditions = append(d.Conditions, fmt.Sprintf("%s=%s (%s): %s", cond.Type, cond.Status, cond.Reason, cond.Message))
 	}
 	return d

@@ -69,7 +69,7 @@ func podDiagnosis(ctx context.Context, kube SecretReader, namespaces []string, i
 				return strings.Join(parts, "; "), nil
 			}
 			p := &pods.Items[i]
-			problem := podProblem(p)
+			problem := PodProblems(p)
 			if may {
 				ev, err := latestWarning(ctx, kube, p)
 				if err != nil {
@@ -87,9 +87,10 @@ func podDiagnosis(ctx context.Context, kube SecretReader, namespaces []string, i
 	return strings.Join(parts, "; "), nil
 }
 
-// podProblem says what keeps p from running: a container waiting or
-// terminated with a reason, or a pod the scheduler cannot place.
-func podProblem(p *corev1.Pod) []string {
+// PodProblems says what keeps p from running: a container waiting or
+// terminated with a reason, or a pod the scheduler cannot place (MCP's
+// diagnose_workspace shows the same).
+func PodProblems(p *corev1.Pod) []string {
 	var out []string
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
