@@ -315,7 +315,7 @@ CODER_PROVIDER := $(BIN)/tfproviders/registry.opentofu.org/coder/coder/$(CODER_P
 # What the suites start; the code generators and linters are built by the
 # targets that run them (make generate, make lint), not by make test.
 TEST_TOOLS := $(BIN)/kube-apiserver $(BIN)/kube-controller-manager $(BIN)/kubectl $(BIN)/kubectl-1.32 $(BIN)/etcd $(BIN)/coder $(BIN)/terraform $(CODER_PROVIDER) \
-              $(BIN)/helm $(BIN)/ct $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy $(BIN)/coredns $(BIN)/pause $(CNI_PLUGINS:%=$(BIN)/cni/%)
+              $(BIN)/helm $(BIN)/ct $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-proxy $(BIN)/coredns $(BIN)/pause $(BIN)/gosh $(CNI_PLUGINS:%=$(BIN)/cni/%)
 TOOLS := $(TEST_TOOLS) $(BIN)/staticcheck $(BIN)/controller-gen $(BIN)/openapi-gen $(BIN)/actionlint
 
 .PHONY: tools test-tools
@@ -346,7 +346,7 @@ comma := ,
 space := $(subst ,, )
 TOOL_MODULES = hack/tools/kube=$(subst $(space),$(comma),$(KUBE_CMDS:%=k8s.io/kubernetes/cmd/%)) \
                 hack/tools/coredns=. hack/tools/etcd=. hack/tools/coder=. hack/tools/tofu=github.com/opentofu/opentofu/cmd/tofu \
-                hack/tools/coderprovider=github.com/coder/terraform-provider-coder/v2 \
+                hack/tools/coderprovider=github.com/coder/terraform-provider-coder/v2 hack/tools/gosh=mvdan.cc/sh/v3/cmd/gosh \
                 hack/tools/helm=helm.sh/helm/v3/cmd/helm hack/tools/ct=github.com/helm/chart-testing/v3/ct \
                 hack/tools/kubectl-old=. $(GITOPS_MODULES:%=%=./...)
 KUBE_LIBS := k8s.io/,sigs.k8s.io/,github.com/google/gnostic-models
@@ -409,6 +409,12 @@ $(BIN)/terraform: hack/tools/tofu/go.mod hack/tools/tofu/go.sum
 # with `source = "coder/coder"` initialise offline.
 $(CODER_PROVIDER): hack/tools/coderprovider/go.mod hack/tools/coderprovider/go.sum
 	cd hack/tools/coderprovider && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS)" -o $@ github.com/coder/terraform-provider-coder/v2
+
+# A POSIX shell without a C library (mvdan.cc/sh's interpreter): /bin/sh of
+# the test node's Coder image (testenv.CoderImage), which runs the agent's
+# startup script and `coder ssh` sessions.
+$(BIN)/gosh: hack/tools/gosh/go.mod hack/tools/gosh/go.sum
+	cd hack/tools/gosh && $(TOOLGO) build -ldflags "$(TOOL_LDFLAGS)" -o $@ mvdan.cc/sh/v3/cmd/gosh
 
 # Like helm's own release build: the Kubernetes version it assumes without a
 # cluster (helm template, lint) is the one of the client-go it is built with.

@@ -1,7 +1,8 @@
 // Command dev runs the local stack behind `make dev`: kube-apiserver + etcd,
 // kube-controller-manager, PostgreSQL + coderd with a demo template and
-// workspace, and coder-k8s in all mode against them. It prints how to use
-// the stack and stops everything on Ctrl-C or SIGTERM.
+// workspaces (on the node, pods of the Kubernetes template with connected
+// agents), and coder-k8s in all mode against them. It prints how to use the
+// stack and stops everything on Ctrl-C or SIGTERM.
 //
 // coder-k8s runs the way users run it (--run helm, the default): on the
 // test stack's real node, from the image `make image` built and the chart,
@@ -20,7 +21,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,11 +30,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/coder/coder/v2/codersdk"
-	"github.com/google/uuid"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -139,8 +135,11 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 			return err
 		}
 		defer node.Stop()
-		// Where the operator's pod reaches it.
+		// Where the operator's pod and the workspaces' agents reach it.
 		coderOpts.Host = node.HostIP().String()
+		if coderOpts.Env, err = coderdWorkspaceAccess(ctx, stateDir, kube); err != nil {
+			return err
+		}
 	} else {
 		// As in a cluster: the garbage collector deletes objects whose
 		// owner is gone (aggregated ones included), the namespace
@@ -161,11 +160,12 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 	defer coder.Stop()
 
 	if o.demo {
-		step("pushing template %q and creating workspace %q", demoTemplate, demoWorkspace)
-		if _, err := coder.PushTemplate(ctx, demoTemplate, testenv.ProviderFreeTemplate()); err != nil {
+		step("pushing template %q", demoTemplate)
+		files, err := demoTemplateFiles(ctx, node)
+		if err != nil {
 			return err
 		}
-		if _, err := coder.CreateWorkspace(ctx, demoTemplate, demoWorkspace); err != nil {
+		if _, err := coder.PushTemplate(ctx, demoTemplate, files); err != nil {
 			return err
 		}
 	}
@@ -202,10 +202,24 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 
 	memberKubeconfig := ""
 	if o.demo {
+		// After the chart: it installs the workspace ClusterRole the
+		// builds' kubectl needs.
+		step("creating workspace %q", demoWorkspace)
+		if _, err := coder.CreateWorkspace(ctx, demoTemplate, demoWorkspace); err != nil {
+			return err
+		}
 		memberKubeconfig = filepath.Join(stateDir, demoMember+".kubeconfig")
 		step("creating Coder member %s@example.com with workspace %q, and Kubernetes user %s@example.com (%s)", demoMember, demoMemberWorkspace, demoMember, memberKubeconfig)
 		if err := createMember(ctx, kube, coder, memberKubeconfig); err != nil {
 			return err
+		}
+		if helm {
+			step("waiting for the agents of %q and %q (pods in %s on the node)", demoWorkspace, demoMemberWorkspace, serviceNamespace)
+			for owner, ws := range map[string]string{coder.Username: demoWorkspace, demoMember: demoMemberWorkspace} {
+				if err := waitAgentsReady(ctx, coder, owner, ws); err != nil {
+					return err
+				}
+			}
 		}
 	}
 
@@ -265,13 +279,14 @@ An MCP tool call (stateless: no session needed), for example:
   curl -s %s/mcp -H "Authorization: Bearer $(cat %s)" -H 'Content-Type: application/json' \
     -H 'Accept: application/json, text/event-stream' \
     -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"list_workspaces","arguments":{}}}'
-%s
+%s%s
 Ctrl-C stops everything.
 `, kubeconfig, serviceNamespace, controlPlaneName, op.chartHint,
 		coder.Username, demoWorkspace, serviceNamespace, serviceNamespace, coder.URL, tokenFile, coder.Username, demoWorkspace,
 		coder.URL, coder.Email, coder.Password, tokenFile,
 		demoWorkspace, demoTemplate, op.health, op.metrics, op.mcp, serviceNamespace, mcpAgent, mcpTokenFile,
-		op.aggregated, op.apiService, op.identity, op.log, op.mcp, mcpTokenFile, memberDemo(memberKubeconfig, coder.Username))
+		op.aggregated, op.apiService, op.identity, op.log, op.mcp, mcpTokenFile, memberDemo(memberKubeconfig, coder.Username),
+		workspaceDemo(o.demo && helm, coder, tokenFile))
 
 	select {
 	case <-ctx.Done():
@@ -443,68 +458,6 @@ func adoptCoderd(ctx context.Context, kube *testenv.KubeAPI, coder *testenv.Code
 	return nil
 }
 
-// memberDemo is the part of the summary that shows identity mapping: the
-// member's kubeconfig sees and changes only what Coder lets the member.
-func memberDemo(kubeconfig, owner string) string {
-	if kubeconfig == "" {
-		return ""
-	}
-	return fmt.Sprintf(`
-Identity mapping (spec.identity.mode Mapped): Kubernetes user %[1]s@example.com acts in Coder as
-member %[1]s; the admin kubeconfig and the MCP ServiceAccount are mapped to owner %[3]s.
-%[1]s holds ClusterRole %[8]s in %[4]s (a RoleBinding), not edit: whoever may read the Secrets
-of a control plane's namespace, or run pods there as its ServiceAccounts, is a Coder owner.
-  export KUBECONFIG=%[2]s
-  kubectl get cws -n %[4]s                        # only %[1]s's workspace
-  kubectl patch cws coder.%[1]s.%[5]s -n %[4]s --type merge -p '{"spec":{"running":false}}'
-  kubectl get cws coder.%[1]s.%[5]s -n %[4]s -o jsonpath='{.status.latestBuild.initiator}'   # %[1]s
-  kubectl get cws coder.%[3]s.%[6]s -n %[4]s       # NotFound: Coder does not show it to %[1]s
-  kubectl get ctpl coder.%[7]s -n %[4]s -o jsonpath='{.spec.files}'   # empty: only template admins see files
-  kubectl auth can-i get secrets -n %[4]s          # no: %[8]s reaches no credential
-`, demoMember, kubeconfig, owner, serviceNamespace, demoMemberWorkspace, demoWorkspace, demoTemplate, memberRole)
-}
-
-// createMember creates the demo member in Coder with a workspace, and the
-// Kubernetes user of the member's email, bound to the chart's workspace-user
-// ClusterRole in the control plane's namespace (not edit: that namespace
-// holds the owner token, so edit would make the member a Coder owner); it
-// writes that user's kubeconfig.
-func createMember(ctx context.Context, kube *testenv.KubeAPI, coder *testenv.Coder, kubeconfig string) error {
-	email := demoMember + "@example.com"
-	if _, err := coder.Client.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
-		Email: email, Username: demoMember, Password: coder.Password + "-" + demoMember,
-		OrganizationIDs: []uuid.UUID{coder.OrganizationID}, UserLoginType: codersdk.LoginTypePassword,
-	}); err != nil {
-		return fmt.Errorf("create Coder user %s: %w", demoMember, err)
-	}
-	tpl, err := coder.Client.TemplateByName(ctx, coder.OrganizationID, demoTemplate)
-	if err != nil {
-		return fmt.Errorf("template %s: %w", demoTemplate, err)
-	}
-	ws, err := coder.Client.CreateUserWorkspace(ctx, demoMember, codersdk.CreateWorkspaceRequest{TemplateID: tpl.ID, Name: demoMemberWorkspace})
-	if err != nil {
-		return fmt.Errorf("create workspace %s for %s: %w", demoMemberWorkspace, demoMember, err)
-	}
-	if _, err := coder.WaitBuild(ctx, ws.LatestBuild.ID); err != nil {
-		return err
-	}
-	c, err := client.New(kube.Config, client.Options{Scheme: scheme.New()})
-	if err != nil {
-		return err
-	}
-	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: memberRole + "-" + demoMember, Namespace: serviceNamespace},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: memberRole},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: email}}}
-	if err := c.Create(ctx, binding); err != nil {
-		return fmt.Errorf("bind ClusterRole %s to %s: %w", memberRole, email, err)
-	}
-	b, err := kube.UserKubeconfig(email)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(kubeconfig, b, 0o600)
-}
-
 // releaseName is the Helm release the local stack stands for.
 const releaseName = "coder-k8s"
 
@@ -549,44 +502,6 @@ func claimForRelease(ctx context.Context, kube *testenv.KubeAPI) error {
 		}
 	}
 	return nil
-}
-
-// mcpAgent is the ServiceAccount whose token make dev prints for MCP
-// clients; its ClusterRole allows every MCP tool.
-const mcpAgent = "mcp-agent"
-
-// mcpAgentToken creates the MCP agent's ServiceAccount and RBAC and returns
-// a token for it from the TokenRequest API.
-func mcpAgentToken(ctx context.Context, kube *testenv.KubeAPI) (string, error) {
-	c, err := client.New(kube.Config, client.Options{Scheme: scheme.New()})
-	if err != nil {
-		return "", err
-	}
-	role := "coder-k8s-" + mcpAgent
-	objs := []client.Object{
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: mcpAgent, Namespace: serviceNamespace}},
-		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: role}, Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{"coder.com"}, Resources: []string{"codercontrolplanes"}, Verbs: []string{"get", "list"}},
-			{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces", "codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "patch", "delete"}},
-			{APIGroups: []string{""}, Resources: []string{"pods", "pods/log", "events", "services"}, Verbs: []string{"get", "list"}},
-			{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get"}},
-		}},
-		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: mcpAgent, Namespace: serviceNamespace}}},
-	}
-	for _, o := range objs {
-		if err := c.Create(ctx, o); err != nil {
-			return "", fmt.Errorf("create %T %s: %w", o, o.GetName(), err)
-		}
-	}
-	seconds := int64(24 * 3600)
-	tr, err := kube.Clientset.CoreV1().ServiceAccounts(serviceNamespace).CreateToken(ctx, mcpAgent,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &seconds}}, metav1.CreateOptions{})
-	if err != nil {
-		return "", fmt.Errorf("token for ServiceAccount %s: %w", mcpAgent, err)
-	}
-	return tr.Status.Token, nil
 }
 
 // chartConfig renders charts/coder-k8s with the values file (release
@@ -693,112 +608,4 @@ func copyFile(from, to string) error {
 
 func step(format string, args ...any) {
 	fmt.Printf("==> "+format+"\n", args...)
-}
-
-// installChart installs coder-k8s the way users do: the image `make image`
-// built and the chart packaged from charts/coder-k8s go to the node's OCI
-// registry, then `helm install oci://...` runs with the values a user sets
-// for a private registry, and waits until the pods are Ready and the
-// aggregated API is served through them.
-func installChart(ctx context.Context, stateDir string, kube *testenv.KubeAPI, node *nodeenv.Node) (*operator, error) {
-	idx, err := nodeenv.ShippedImage()
-	if err != nil {
-		return nil, err
-	}
-	const imageTag = "dev"
-	if _, err := node.Registry.PushIndex(ctx, "coder-k8s:"+imageTag, idx); err != nil {
-		return nil, err
-	}
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		return nil, err
-	}
-	chartDir := filepath.Join(root, "charts", "coder-k8s")
-	var meta struct {
-		Version string `json:"version"`
-	}
-	if b, err := os.ReadFile(filepath.Join(chartDir, "Chart.yaml")); err != nil {
-		return nil, err
-	} else if err := yaml.Unmarshal(b, &meta); err != nil {
-		return nil, fmt.Errorf("%s/Chart.yaml: %w", chartDir, err)
-	}
-	helm, err := newHelm(stateDir, kube)
-	if err != nil {
-		return nil, err
-	}
-	pkgDir := filepath.Join(stateDir, "chart")
-	if err := os.MkdirAll(pkgDir, 0o755); err != nil {
-		return nil, err
-	}
-	if _, err := helm(ctx, "package", chartDir, "--destination", pkgDir); err != nil {
-		return nil, err
-	}
-	registry := "oci://" + node.Registry.Host + "/charts"
-	if _, err := helm(ctx, "push", filepath.Join(pkgDir, "coder-k8s-"+meta.Version+".tgz"), registry, "--plain-http"); err != nil {
-		return nil, err
-	}
-	values := fmt.Sprintf(`image: {registry: %q, repository: coder-k8s, tag: %s}
-config:
-  logging: {level: info, format: console}
-`, node.Registry.Host, imageTag)
-	valuesPath := filepath.Join(stateDir, "values.yaml")
-	if err := os.WriteFile(valuesPath, []byte(values), 0o600); err != nil {
-		return nil, fmt.Errorf("write %s: %w", valuesPath, err)
-	}
-	chartRef := registry + "/coder-k8s"
-	if _, err := helm(ctx, "install", releaseName, chartRef, "--version", meta.Version, "--plain-http",
-		"-n", serviceNamespace, "--create-namespace", "-f", valuesPath, "--wait", "--timeout", "5m"); err != nil {
-		return nil, err
-	}
-	if err := kube.WaitForDiscovery(ctx, aggregatedGroup+"/"+aggregatedVer, time.Minute); err != nil {
-		return nil, err
-	}
-	clusterURL := func(service string) (string, error) {
-		svc, err := kube.Clientset.CoreV1().Services(serviceNamespace).Get(ctx, service, metav1.GetOptions{})
-		if err != nil {
-			return "", fmt.Errorf("the chart's Service %s: %w", service, err)
-		}
-		return "http://" + net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port))), nil
-	}
-	op := &operator{
-		health:     "probed by the kubelet: kubectl get pods -n " + serviceNamespace,
-		aggregated: "Service " + serviceNamespace + "/" + serviceName,
-		apiService: "APIService v1alpha1.aggregation.coder.com",
-		identity:   "system:serviceaccount:" + serviceNamespace + ":" + releaseName,
-		log:        "kubectl logs -n " + serviceNamespace + " deploy/" + releaseName,
-		chartHint: fmt.Sprintf("bin/helm upgrade %s %s --version %s --plain-http -n %s --reuse-values --set replicas=2   # the release",
-			releaseName, chartRef, meta.Version, serviceNamespace),
-	}
-	// Service addresses: this machine routes them to the node, where
-	// kube-proxy forwards them to the pods, as for a client in the cluster.
-	if op.mcp, err = clusterURL(releaseName + "-mcp"); err != nil {
-		return nil, err
-	}
-	if op.metrics, err = clusterURL(releaseName + "-metrics"); err != nil {
-		return nil, err
-	}
-	return op, nil
-}
-
-// newHelm returns a runner of bin/helm against kube, with Helm's
-// configuration, cache and data under stateDir (the user's are left
-// alone).
-func newHelm(stateDir string, kube *testenv.KubeAPI) (func(ctx context.Context, args ...string) (string, error), error) {
-	bin, err := testenv.Binary("helm")
-	if err != nil {
-		return nil, err
-	}
-	home := filepath.Join(stateDir, "helm")
-	env := append(os.Environ(), "KUBECONFIG="+kube.KubeconfigPath,
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_DATA_HOME="+filepath.Join(home, "data"))
-	return func(ctx context.Context, args ...string) (string, error) {
-		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Env = env
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return string(out), fmt.Errorf("helm %s: %w\n%s", args[0], err, out)
-		}
-		return string(out), nil
-	}, nil
 }

@@ -60,6 +60,10 @@ type CoderOptions struct {
 	// (--dangerous-disable-rate-limits; by default 512 requests a minute
 	// per user and endpoint), for seeding many objects quickly.
 	DisableRateLimits bool
+	// Env is added to coderd's environment, which its provisioner passes
+	// on to OpenTofu and the commands templates run (less CODER_*), for
+	// example KUBECONFIG for the kubectl of KubernetesTemplate.
+	Env []string
 }
 
 // serverArgs are the `coder server` flags opts asks for beyond the ones
@@ -174,6 +178,7 @@ func (c *Coder) start(ctx context.Context, opts CoderOptions, coderBin, binDir s
 	if err != nil {
 		return err
 	}
+	env = append(env, opts.Env...)
 	timeout := opts.StartTimeout
 	if timeout == 0 {
 		timeout = defaultCoderStartTimeout

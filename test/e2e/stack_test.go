@@ -112,6 +112,8 @@ type aggStack struct {
 	// the APIService names (and localhost); caPEM is its CA.
 	certDir string
 	caPEM   []byte
+	// node is the test node and what runs on it (withNode), or nil.
+	node *stackNode
 
 	cfg stackConfig
 }
@@ -150,6 +152,8 @@ type stackConfig struct {
 	operatorIdentity bool
 	// record puts a RecordingProxy between the CountingProxy and coderd.
 	record bool
+	// node starts a real node (withNode).
+	node bool
 }
 
 // stackOption configures newStack.
@@ -247,7 +251,10 @@ func newStack(t testing.TB, opts ...stackOption) *aggStack {
 	if s.kubectl, err = testenv.Binary("kubectl"); err != nil {
 		t.Fatal(err)
 	}
-	s.k = testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
+	s.k = testenv.NewKubeAPI(t, s.kubeAPIOptions(t))
+	if s.cfg.node {
+		s.startNode(t)
+	}
 	s.coder = testenv.NewCoder(t, s.cfg.coder)
 	if s.cfg.proxy {
 		target := s.coder.URL

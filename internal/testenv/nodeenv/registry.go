@@ -115,8 +115,10 @@ func binaryImage(path, name string, user int) (v1.Image, error) {
 
 // CoderImage is coderd's image laid out as Coder's release image is: the
 // coder binary the stack runs (bin/coder, static) at /opt/coder, the
-// entrypoint, and OpenTofu (bin/terraform) as terraform on PATH, running
-// as user 1000 with a writable /tmp as HOME. Its Terraform CLI
+// entrypoint, OpenTofu (bin/terraform) as terraform on PATH and a POSIX
+// shell (bin/gosh) as /bin/sh, the login shell of user coder (1000), which
+// it runs as with a writable /tmp as HOME. Workspace pods run `coder agent`
+// from it too. Its Terraform CLI
 // configuration is an empty file (see testenv's Coder.environment), so templates
 // without providers build with no network.
 func CoderImage() (v1.Image, error) {
@@ -128,9 +130,20 @@ func CoderImage() (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	sh, err := testenv.Binary("gosh")
+	if err != nil {
+		return nil, err
+	}
 	return newImage([]imageFile{
 		{path: "opt/coder", src: coder, mode: 0o755},
 		{path: "usr/local/bin/terraform", src: tofu, mode: 0o755},
+		{path: "bin/sh", src: sh, mode: 0o755},
+		// The agent runs scripts and sessions with the user's login shell
+		// from /etc/passwd, as in Coder's image (user coder, 1000).
+		{path: "etc/passwd", content: "root:x:0:0:root:/root:/bin/sh\ncoder:x:1000:1000:coder:/tmp:/bin/sh\n", mode: 0o644},
+		{path: "etc/group", content: "root:x:0:\ncoder:x:1000:\n", mode: 0o644},
+		// The agent's resource monitor reads the distribution's name.
+		{path: "etc/os-release", content: "ID=coder-k8s-test\nNAME=\"coder-k8s test image\"\n", mode: 0o644},
 		{path: "etc/terraform.rc", mode: 0o644},
 		{path: "tmp", dir: true, mode: 0o1777},
 	}, v1.Config{
@@ -141,11 +154,11 @@ func CoderImage() (v1.Image, error) {
 }
 
 // imageFile is one entry of an image newImage builds: a directory, a copy
-// of a file on this machine (src), or an empty file.
+// of a file on this machine (src), or a file holding content.
 type imageFile struct {
-	path, src string
-	mode      int64
-	dir       bool
+	path, src, content string
+	mode               int64
+	dir                bool
 }
 
 // newImage is a one-layer image of files with config cfg, for this
@@ -165,6 +178,8 @@ func newImage(files []imageFile, cfg v1.Config) (v1.Image, error) {
 				return nil, fmt.Errorf("image: %w", err)
 			}
 			content = b
+		default:
+			content = []byte(f.content)
 		}
 		h.Size = int64(len(content))
 		if err := tw.WriteHeader(h); err != nil {
