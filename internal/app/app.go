@@ -151,7 +151,8 @@ func runManager(ctx context.Context, cfg *config.Configuration, kube *kubeConn, 
 		opts := apiServerOptions(cfg.AggregatedAPIServer, &admission.Options{REST: kube.rest, Cache: mgr.GetCache()})
 		opts.Kubeconfig, opts.Backends, opts.Log = kube.file, backends, log
 		opts.Records = records.New(mgr.GetCache(), mgr.GetClient())
-		// Secrets are read uncached through it (kubecache.ClientOptions).
+		// Secrets, pods and events are read uncached through it
+		// (kubecache.ClientOptions).
 		opts.Kube = mgr.GetClient()
 		rot, err := autoTLS(cfg, kube, log)
 		if err != nil {

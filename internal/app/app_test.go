@@ -54,11 +54,14 @@ func TestManagerCachesOnlyOwnedObjects(t *testing.T) {
 	if opts.Cache.DefaultTransform == nil {
 		t.Error("no cache transform: managedFields and last-applied annotations would be cached")
 	}
-	if opts.Client.Cache == nil || len(opts.Client.Cache.DisableFor) != 1 {
-		t.Fatalf("client cache options = %+v, want Secrets read uncached", opts.Client.Cache)
+	if opts.Client.Cache == nil || len(opts.Client.Cache.DisableFor) != 3 {
+		t.Fatalf("client cache options = %+v, want Secrets, pods and events read uncached", opts.Client.Cache)
 	}
-	if _, ok := opts.Client.Cache.DisableFor[0].(*corev1.Secret); !ok {
-		t.Errorf("client reads %T uncached, want Secrets", opts.Client.Cache.DisableFor[0])
+	_, secret := opts.Client.Cache.DisableFor[0].(*corev1.Secret)
+	_, pod := opts.Client.Cache.DisableFor[1].(*corev1.Pod)
+	_, event := opts.Client.Cache.DisableFor[2].(*corev1.Event)
+	if !secret || !pod || !event {
+		t.Errorf("client reads %T uncached, want Secrets, pods and events", opts.Client.Cache.DisableFor)
 	}
 }
 

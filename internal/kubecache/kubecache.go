@@ -89,12 +89,15 @@ func Admission() []client.Object {
 }
 
 // ClientOptions returns the options of the manager's client: Secrets
-// (whole or metadata) are always read from the API server, never through
-// the cache. A cached read would start an informer holding the data of
-// every selected Secret; the Secrets the operator reads are few and read
-// rarely (on reconcile).
+// (whole or metadata), pods and events are always read from the API
+// server, never through the cache. A cached read would start an informer
+// holding the data of every selected Secret; the Secrets the operator
+// reads are few and read rarely (on reconcile). Pods and events are read
+// for one workspace or coderd at a time (a GET of a workspace whose agent
+// is not ready, first-user setup), with get and list only: an informer
+// would need watch on every pod and event of the cluster.
 func ClientOptions() client.Options {
-	return client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}}}
+	return client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}, &corev1.Pod{}, &corev1.Event{}}}}
 }
 
 // Strip drops what no coder-k8s code reads from an object about to enter

@@ -9,6 +9,7 @@ func (s *Server) allTools() []tool {
 	all = append(all, s.templateVersionTools()...)
 	all = append(all, s.workspaceTools()...)
 	all = append(all, s.workspaceLifecycleTools()...)
+	all = append(all, s.diagnoseTools()...)
 	all = append(all, s.userTools()...)
 	all = append(all, s.eventTools()...)
 	all = append(all, s.logTools()...)

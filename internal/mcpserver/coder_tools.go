@@ -171,23 +171,25 @@ type WorkspaceList struct {
 
 // WorkspaceDetail is one workspace.
 type WorkspaceDetail struct {
-	Namespace         string `json:"namespace"`
-	Name              string `json:"name"`
-	ID                string `json:"id"`
-	Owner             string `json:"owner"`
-	Organization      string `json:"organization"`
-	Template          string `json:"template"`
-	TemplateVersionID string `json:"templateVersionID,omitempty"`
-	Status            string `json:"status"`
-	Running           bool   `json:"running"`
-	Healthy           bool   `json:"healthy"`
-	Outdated          bool   `json:"outdated"`
-	TTLMillis         *int64 `json:"ttlMillis,omitempty"`
-	AutostartSchedule string `json:"autostartSchedule,omitempty"`
-	AutoShutdownAt    string `json:"autoShutdownAt,omitempty"`
-	LastUsedAt        string `json:"lastUsedAt,omitempty"`
-	URL               string `json:"url,omitempty"`
-	LatestBuild       *Build `json:"latestBuild,omitempty"`
+	Namespace         string  `json:"namespace"`
+	Name              string  `json:"name"`
+	ID                string  `json:"id"`
+	Owner             string  `json:"owner"`
+	Organization      string  `json:"organization"`
+	Template          string  `json:"template"`
+	TemplateVersionID string  `json:"templateVersionID,omitempty"`
+	Status            string  `json:"status"`
+	Running           bool    `json:"running"`
+	Ready             bool    `json:"ready" jsonschema:"the workspace is usable: its start build succeeded and every agent is connected and ready (the Ready condition says why not)"`
+	Healthy           bool    `json:"healthy"`
+	Outdated          bool    `json:"outdated"`
+	TTLMillis         *int64  `json:"ttlMillis,omitempty"`
+	AutostartSchedule string  `json:"autostartSchedule,omitempty"`
+	AutoShutdownAt    string  `json:"autoShutdownAt,omitempty"`
+	LastUsedAt        string  `json:"lastUsedAt,omitempty"`
+	URL               string  `json:"url,omitempty"`
+	LatestBuild       *Build  `json:"latestBuild,omitempty"`
+	Agents            []Agent `json:"agents,omitempty" jsonschema:"the Coder agents of the latest build: connection status, lifecycle state, health and apps"`
 	// Parameters are the latest build's values (without ephemeral ones).
 	Parameters map[string]string `json:"parameters,omitempty"`
 	Preset     string            `json:"preset,omitempty"`
@@ -352,7 +354,7 @@ func (s *Server) workspaceTools() []tool {
 		}, listWorkspaces),
 		define(s, "get_workspace", toolMeta{
 			Title:       "Get a Coder workspace",
-			Description: "Shows one Coder workspace: status, desired run state, latest build (transition, job status, error), schedule, health and URL.",
+			Description: "Shows one Coder workspace: status, desired run state, whether it is ready to use, its agents (connection, lifecycle, apps), latest build (transition, job status, error), schedule, health and URL.",
 			ReadOnly:    true, Idempotent: true, OpenWorld: true,
 		}, getWorkspace),
 		define(s, "set_workspace_running", toolMeta{
@@ -540,7 +542,11 @@ func workspaceDetail(w *aggv1.CoderWorkspace) WorkspaceDetail {
 		d.Parameters[p.Name] = p.Value
 	}
 	d.Preset = w.Spec.Preset
+	d.Agents = agents(w.Status.Agents)
 	for _, cond := range w.Status.Conditions {
+		if cond.Type == aggv1.ConditionReady {
+			d.Ready = cond.Status == metav1.ConditionTrue
+		}
 		d.Conditions = append(d.Conditions, fmt.Sprintf("%s=%s (%s): %s", cond.Type, cond.Status, cond.Reason, cond.Message))
 	}
 	return d

@@ -484,12 +484,14 @@ func (r *rendered) checkComponentRoles(t *testing.T) {
 			if role == nil || !reflect.DeepEqual(role.typed.(*rbacv1.ClusterRole).Rules, want) {
 				t.Errorf("mode aggregated-apiserver: ClusterRole %s-aggregated is not %+v", releaseName, want)
 			}
-			// Its records, and the Secrets of its templates' variables,
-			// only in the backend's namespace.
+			// Its records, the Secrets of its templates' variables and
+			// its workspaces' pods and events, only in the backend's
+			// namespace.
 			ns := r.cfg.AggregatedAPIServer.Coder.StaticBackend.Namespace
 			records := []rbacv1.PolicyRule{{APIGroups: []string{"coder.com"}, Resources: []string{"coderobjectrecords"},
 				Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
-				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}}
+				{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}},
+				{APIGroups: []string{""}, Resources: []string{"pods", "events"}, Verbs: []string{"get", "list"}}}
 			if got := r.boundRules(t)["Role "+ns+"/"+releaseName+"-aggregated-records"]; !reflect.DeepEqual(got, records) {
 				t.Errorf("mode aggregated-apiserver: Role %s/%s-aggregated-records bound with %+v, want %+v", ns, releaseName, got, records)
 			}
@@ -513,12 +515,14 @@ func (r *rendered) checkComponentRoles(t *testing.T) {
 		{group: "aggregation.coder.com", resource: "coderworkspaces"}, {group: "aggregation.coder.com", resource: "codertemplates"},
 		{group: "aggregation.coder.com", resource: "codertemplateversions"}, {group: "aggregation.coder.com", resource: "coderusers"},
 		{group: "aggregation.coder.com", resource: "codergroups"}, {group: "aggregation.coder.com", resource: "coderorganizations"},
-		{resource: "pods/log"}, {resource: "events", verbs: []string{"get", "list", "watch"}}}
+		{resource: "pods/log"}, {resource: "events", verbs: []string{"watch"}}}
 	if !r.runsMCP() {
 		forbidden = append(forbidden, grant{group: "authentication.k8s.io", resource: "tokenreviews"})
 	}
 	if !r.runsAggregated() {
-		forbidden = append(forbidden, grant{resource: "namespaces"})
+		// The aggregated API server reads workspaces' pods and events
+		// (for a caller who may read them) and nothing else does.
+		forbidden = append(forbidden, grant{resource: "namespaces"}, grant{resource: "events", verbs: []string{"get", "list"}})
 	}
 	if !r.runsAdmission() {
 		for _, res := range []string{"mutatingwebhookconfigurations", "validatingwebhookconfigurations", "validatingadmissionpolicies",

@@ -57,6 +57,7 @@ func TestMCP(t *testing.T) {
 		{"list_templates and get_template, with source files capped", testMCPTemplates},
 		{"list_template_versions lists a template's versions as coderd has them", testMCPTemplateVersions},
 		{"list_workspaces filters and pages; get_workspace matches coderd", testMCPListWorkspaces},
+		{"diagnose_workspace says whether a workspace is usable and why", testMCPDiagnoseWorkspace},
 		{"set_workspace_running stops and starts a workspace in coderd", testMCPSetWorkspaceRunning},
 		{"delete_workspace deletes the workspace in coderd", testMCPDeleteWorkspace},
 		{"control planes, health and events", testMCPControlPlanes},
@@ -192,7 +193,7 @@ func testMCPToolsList(t *testing.T, env *mcpEnv) {
 	if err := json.Unmarshal(want, &golden); err != nil {
 		t.Fatal(err)
 	}
-	wantNames := []string{"create_workspace", "delete_workspace", "get_control_plane", "get_control_plane_rollout", "get_control_plane_service", "get_pod_logs",
+	wantNames := []string{"create_workspace", "delete_workspace", "diagnose_workspace", "get_control_plane", "get_control_plane_rollout", "get_control_plane_service", "get_pod_logs",
 		"get_template", "get_template_version_log", "get_workspace", "get_workspace_build_log", "health", "list_control_plane_pods", "list_control_planes", "list_events",
 		"list_template_parameters", "list_template_versions", "list_templates", "list_users", "list_workspaces", "set_workspace_running", "update_workspace", "whoami"}
 	if names := e2eMCPToolNames(golden); !slices.Equal(names, wantNames) {
@@ -280,6 +281,7 @@ func testMCPAuthorization(t *testing.T, env *mcpEnv) {
 		{"list_templates", nil, who + ` cannot list resource "codertemplates" in API group "aggregation.coder.com" at the cluster scope`},
 		{"get_control_plane", map[string]any{"namespace": s.ns, "name": "coder"}, who + ` cannot get resource "codercontrolplanes" in API group "coder.com"` + inNS},
 		{"list_events", map[string]any{"namespace": s.ns}, who + ` cannot list resource "events" in API group ""` + inNS},
+		{"diagnose_workspace", map[string]any{"namespace": s.ns, "name": wsName("ws-run")}, who + ` cannot get resource "coderworkspaces" in API group "aggregation.coder.com"` + inNS},
 		{"health", nil, who + ` cannot list resource "codercontrolplanes" in API group "coder.com" at the cluster scope`},
 	} {
 		res := nobody.call(t, c.tool, c.args, nil)
@@ -517,6 +519,27 @@ func testMCPListWorkspaces(t *testing.T, env *mcpEnv) {
 		d.Status != string(codersdk.WorkspaceStatusRunning) || d.LatestBuild == nil || d.LatestBuild.ID != cw.LatestBuild.ID.String() ||
 		d.LatestBuild.Transition != "start" || d.LatestBuild.JobStatus != "succeeded" {
 		t.Errorf("get_workspace ws-run: %+v; coderd: id %s build %s %s %s", d, cw.ID, cw.LatestBuild.ID, cw.LatestBuild.Transition, cw.LatestBuild.Job.Status)
+	}
+	// The provider-free template has no agent: running is usable.
+	if !d.Ready || len(d.Agents) != 0 || !slices.Contains(d.Conditions, "Ready=True (Running): the workspace is running (it has no agents)") {
+		t.Errorf("get_workspace ws-run: ready %v, agents %+v, conditions %q; want ready, no agents, Ready=True (Running)", d.Ready, d.Agents, d.Conditions)
+	}
+}
+
+// testMCPDiagnoseWorkspace checks diagnose_workspace on a running
+// workspace without agents (usable, no pods) and on one that does not
+// exist (isError); testMCPAuthorization checks it without RBAC.
+func testMCPDiagnoseWorkspace(t *testing.T, env *mcpEnv) {
+	s, agent, wsName := env.s, env.agent, env.s.workspaceName
+	cw := s.coderWorkspace(t, "ws-run")
+	var d mcpserver.WorkspaceDiagnosis
+	e2eMCPMust(t, agent.call(t, "diagnose_workspace", map[string]any{"namespace": s.ns, "name": wsName("ws-run")}, &d))
+	if d.Workspace.ID != cw.ID.String() || !d.Usable || d.Summary != "Running: the workspace is running (it has no agents)" || len(d.Pods) != 0 {
+		t.Errorf("diagnose_workspace ws-run: %+v; want coderd's workspace %s, usable, no pods", d, cw.ID)
+	}
+	res := agent.call(t, "diagnose_workspace", map[string]any{"namespace": s.ns, "name": wsName("no-such-ws")}, nil)
+	if text := e2eMCPText(res); !res.IsError || !strings.Contains(text, "not found") {
+		t.Errorf("diagnose_workspace of a missing workspace: isError %v %q", res.IsError, text)
 	}
 }
 

@@ -20,11 +20,20 @@ const (
 
 // Condition types.
 const (
-	// ConditionReady: a workspace is running with a succeeded start build;
-	// a template's active version built successfully.
+	// ConditionReady: a workspace's start build succeeded and every agent
+	// is connected and ready; a template's active version built
+	// successfully.
 	ConditionReady = "Ready"
 	// ConditionBuilding: a workspace build is pending or running.
 	ConditionBuilding = "Building"
+	// ConditionReconciling: a workspace is on its way to what its spec
+	// asks (a build runs, or its agents are connecting or starting); kstatus
+	// reads it as in progress.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled: a workspace's build or one of its agents failed
+	// and it will not become ready without a change; kstatus reads it as
+	// failed.
+	ConditionStalled = "Stalled"
 	// ConditionSecretsCurrent: the Secrets that the variables of the
 	// template version shown took values from are unchanged since
 	// (reason SecretChanged when one changed; the next apply reads it
@@ -47,6 +56,34 @@ const (
 	// ReasonBuildFailed: the applied version did not build; the previous
 	// active version stays active (Ready=False).
 	ReasonBuildFailed = "BuildFailed"
+)
+
+// Reasons of a workspace's Ready condition that its agents decide (the
+// start build succeeded); the others come from Coder's workspace and job
+// status (Running, BuildFailed, Stopped, Starting, ...).
+const (
+	// ReasonAgentsReady: every agent is connected and ready (True).
+	ReasonAgentsReady = "AgentsReady"
+	// ReasonAgentConnecting: an agent has not connected yet.
+	ReasonAgentConnecting = "AgentConnecting"
+	// ReasonAgentTimeout: an agent did not connect within the template's
+	// connection timeout; coderd keeps waiting, but something is wrong
+	// (Stalled).
+	ReasonAgentTimeout = "AgentTimeout"
+	// ReasonAgentDisconnected: an agent was connected and lost its
+	// connection (Stalled).
+	ReasonAgentDisconnected = "AgentDisconnected"
+	// ReasonAgentStarting: an agent is connected and runs its startup
+	// scripts.
+	ReasonAgentStarting = "AgentStarting"
+	// ReasonAgentStartError: an agent's startup script failed (Stalled).
+	ReasonAgentStartError = "AgentStartError"
+	// ReasonAgentStartTimeout: an agent's startup scripts did not finish
+	// in time (Stalled).
+	ReasonAgentStartTimeout = "AgentStartTimeout"
+	// ReasonAgentNotReady: an agent is in another lifecycle state
+	// (shutting down, off).
+	ReasonAgentNotReady = "AgentNotReady"
 )
 
 // WorkspaceFields returns the fields a CoderWorkspace can be selected by

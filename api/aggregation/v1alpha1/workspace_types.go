@@ -116,6 +116,11 @@ type CoderWorkspaceStatus struct {
 	// Healthy reports whether every agent of the workspace is healthy.
 	// +optional
 	Healthy bool `json:"healthy,omitempty"`
+	// Agents are the Coder agents of the latest build's resources, in
+	// coderd's order.
+	// +optional
+	// +listType=atomic
+	Agents []WorkspaceAgent `json:"agents,omitempty"`
 	// AutoShutdownDeadline is when Coder stops the running workspace.
 	// +optional
 	AutoShutdownDeadline *metav1.Time `json:"autoShutdownDeadline,omitempty"`
@@ -129,12 +134,64 @@ type CoderWorkspaceStatus struct {
 	// describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// Conditions: Ready (running and its start build succeeded) and
-	// Building (a build is pending or running).
+	// Conditions: Ready (the start build succeeded and every agent is
+	// connected and ready: the workspace is usable), Building (a build is
+	// pending or running), and for kstatus Reconciling (a build runs or
+	// the agents are coming up) and Stalled (the build or an agent
+	// failed).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// WorkspaceAgent is a Coder agent: the process in the workspace that
+// connects it to coderd.
+type WorkspaceAgent struct {
+	// Name is the agent's name in the template (coder_agent's resource
+	// name).
+	Name string `json:"name"`
+	// ID is the Coder agent ID.
+	// +optional
+	ID string `json:"id,omitempty"`
+	// Status is the agent's connection to coderd: connecting, connected,
+	// disconnected or timeout (not connected within the template's
+	// connection timeout).
+	Status string `json:"status"`
+	// LifecycleState is how far the agent got: created, starting, ready,
+	// start_timeout, start_error, shutting_down, shutdown_timeout,
+	// shutdown_error or off.
+	LifecycleState string `json:"lifecycleState"`
+	// Healthy is Coder's health of the agent.
+	Healthy bool `json:"healthy"`
+	// HealthReason says why the agent is not healthy.
+	// +optional
+	HealthReason string `json:"healthReason,omitempty"`
+	// Apps are the agent's apps (coder_app), in coderd's order.
+	// +optional
+	// +listType=atomic
+	Apps []WorkspaceApp `json:"apps,omitempty"`
+}
+
+// WorkspaceApp is an app of a workspace agent.
+type WorkspaceApp struct {
+	// Slug names the app within its agent.
+	Slug string `json:"slug"`
+	// DisplayName is the name shown in the Coder dashboard.
+	// +optional
+	DisplayName string `json:"displayName,omitempty"`
+	// URL opens the app: through coderd's access URL for an app coderd
+	// proxies by path, the app's own URL for an external app; empty for a
+	// command app and for a subdomain app (its host needs coderd's
+	// wildcard access URL: subdomainName is its first label).
+	// +optional
+	URL string `json:"url,omitempty"`
+	// SubdomainName is the first label of a subdomain app's host.
+	// +optional
+	SubdomainName string `json:"subdomainName,omitempty"`
+	// Health is the app's health check result: disabled (no health check),
+	// initializing, healthy or unhealthy.
+	Health string `json:"health"`
 }
 
 // WorkspaceBuild summarises a workspace build.

@@ -196,6 +196,16 @@ func (in TemplateVariableStatus) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in WorkspaceAgent) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.WorkspaceAgent"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in WorkspaceApp) OpenAPIModelName() string {
+	return "com.coder.aggregation.v1alpha1.WorkspaceApp"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in WorkspaceBuild) OpenAPIModelName() string {
 	return "com.coder.aggregation.v1alpha1.WorkspaceBuild"
 }

@@ -53,6 +53,8 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		TemplateVariable{}.OpenAPIModelName():             schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariable(ref),
 		TemplateVariableSource{}.OpenAPIModelName():       schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableSource(ref),
 		TemplateVariableStatus{}.OpenAPIModelName():       schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableStatus(ref),
+		WorkspaceAgent{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_WorkspaceAgent(ref),
+		WorkspaceApp{}.OpenAPIModelName():                 schema_coder_k8s_api_aggregation_v1alpha1_WorkspaceApp(ref),
 		WorkspaceBuild{}.OpenAPIModelName():               schema_coder_k8s_api_aggregation_v1alpha1_WorkspaceBuild(ref),
 		WorkspaceParameter{}.OpenAPIModelName():           schema_coder_k8s_api_aggregation_v1alpha1_WorkspaceParameter(ref),
 		v1.APIGroup{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_APIGroup(ref),
@@ -2022,6 +2024,24 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceStatus(ref common.R
 							Format:      "",
 						},
 					},
+					"agents": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "atomic",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Agents are the Coder agents of the latest build's resources, in coderd's order.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(WorkspaceAgent{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
 					"autoShutdownDeadline": {
 						SchemaProps: spec.SchemaProps{
 							Description: "AutoShutdownDeadline is when Coder stops the running workspace.",
@@ -2058,7 +2078,7 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceStatus(ref common.R
 							},
 						},
 						SchemaProps: spec.SchemaProps{
-							Description: "Conditions: Ready (running and its start build succeeded) and Building (a build is pending or running).",
+							Description: "Conditions: Ready (the start build succeeded and every agent is connected and ready: the workspace is usable), Building (a build is pending or running), and for kstatus Reconciling (a build runs or the agents are coming up) and Stalled (the build or an agent failed).",
 							Type:        []string{"array"},
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
@@ -2073,7 +2093,7 @@ func schema_coder_k8s_api_aggregation_v1alpha1_CoderWorkspaceStatus(ref common.R
 			},
 		},
 		Dependencies: []string{
-			WorkspaceBuild{}.OpenAPIModelName(), v1.Condition{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
+			WorkspaceAgent{}.OpenAPIModelName(), WorkspaceBuild{}.OpenAPIModelName(), v1.Condition{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
 	}
 }
 
@@ -2566,6 +2586,137 @@ func schema_coder_k8s_api_aggregation_v1alpha1_TemplateVariableStatus(ref common
 		},
 		Dependencies: []string{
 			SecretKeySelector{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_WorkspaceAgent(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "WorkspaceAgent is a Coder agent: the process in the workspace that connects it to coderd.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"name": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Name is the agent's name in the template (coder_agent's resource name).",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"id": {
+						SchemaProps: spec.SchemaProps{
+							Description: "ID is the Coder agent ID.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"status": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Status is the agent's connection to coderd: connecting, connected, disconnected or timeout (not connected within the template's connection timeout).",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"lifecycleState": {
+						SchemaProps: spec.SchemaProps{
+							Description: "LifecycleState is how far the agent got: created, starting, ready, start_timeout, start_error, shutting_down, shutdown_timeout, shutdown_error or off.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"healthy": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Healthy is Coder's health of the agent.",
+							Default:     false,
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+					"healthReason": {
+						SchemaProps: spec.SchemaProps{
+							Description: "HealthReason says why the agent is not healthy.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apps": {
+						VendorExtensible: spec.VendorExtensible{
+							Extensions: spec.Extensions{
+								"x-kubernetes-list-type": "atomic",
+							},
+						},
+						SchemaProps: spec.SchemaProps{
+							Description: "Apps are the agent's apps (coder_app), in coderd's order.",
+							Type:        []string{"array"},
+							Items: &spec.SchemaOrArray{
+								Schema: &spec.Schema{
+									SchemaProps: spec.SchemaProps{
+										Ref: ref(WorkspaceApp{}.OpenAPIModelName()),
+									},
+								},
+							},
+						},
+					},
+				},
+				Required: []string{"name", "status", "lifecycleState", "healthy"},
+			},
+		},
+		Dependencies: []string{
+			WorkspaceApp{}.OpenAPIModelName()},
+	}
+}
+
+func schema_coder_k8s_api_aggregation_v1alpha1_WorkspaceApp(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "WorkspaceApp is an app of a workspace agent.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"slug": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Slug names the app within its agent.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"displayName": {
+						SchemaProps: spec.SchemaProps{
+							Description: "DisplayName is the name shown in the Coder dashboard.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"url": {
+						SchemaProps: spec.SchemaProps{
+							Description: "URL opens the app: through coderd's access URL for an app coderd proxies by path, the app's own URL for an external app; empty for a command app and for a subdomain app (its host needs coderd's wildcard access URL: subdomainName is its first label).",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"subdomainName": {
+						SchemaProps: spec.SchemaProps{
+							Description: "SubdomainName is the first label of a subdomain app's host.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"health": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Health is the app's health check result: disabled (no health check), initializing, healthy or unhealthy.",
+							Default:     "",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+				},
+				Required: []string{"slug", "health"},
+			},
+		},
 	}
 }
 

@@ -103,8 +103,9 @@ type Options struct {
 	// is ignored, and Start waits until it has a certificate.
 	ServingCert ServingCert
 	// Kube reads the Secrets that templates' variables take values from
-	// (uncached) and creates the SubjectAccessReviews that say whether
-	// their writer may; nil: no variable can come from a Secret.
+	// and the pods and events of workspaces (uncached), and creates the
+	// SubjectAccessReviews that say whether the caller may; nil: no
+	// variable can come from a Secret and no pod is looked at.
 	Kube client.Client
 	// Admission, when set, runs the cluster's admission chain on writes,
 	// reading the cluster's configuration through it; nil runs none.
@@ -145,7 +146,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("no records store given")
 	}
 	ident := identity.New(log, o.Identity)
-	so := storage.Options{Backends: o.Backends, Records: o.Records, PollInterval: o.WatchPollInterval, Log: log, Identity: ident}
+	so := storage.Options{Backends: o.Backends, Records: o.Records, PollInterval: o.WatchPollInterval, Log: log, Identity: ident, Kube: kubeOrNil(o.Kube)}
 	workspaces, err := storage.NewWorkspaces(so)
 	if err != nil {
 		return nil, fmt.Errorf("coderworkspaces storage: %w", err)

@@ -39,6 +39,11 @@ type Backend struct {
 	// in this coderd, which no Kubernetes user is mapped onto
 	// (identity.Coderd.Reserved); shared, never mutate it.
 	ReservedUsers []string
+	// WorkspaceNamespaces are where the coderd's Kubernetes workspaces
+	// run: the namespaces its workspace RBAC covers (the control plane's
+	// and spec.workspaceRBAC.extraNamespaces), or the static backend's
+	// namespace; shared, never mutate it.
+	WorkspaceNamespaces []string
 }
 
 // Key identifies the backend: "<namespace>/<controlPlane>", and

@@ -297,6 +297,10 @@ func (p *ControlPlaneProvider) Backends(ctx context.Context, namespace string) (
 			Client:        p.client(ccp, u, &secret, token),
 			Identity:      controlPlaneIdentity(ccp),
 			ReservedUsers: controlPlaneReserved(ccp),
+			// An extra namespace the operator's policy refuses gets no
+			// RoleBinding, so coderd makes no pods there: looking finds
+			// none.
+			WorkspaceNamespaces: append([]string{ccp.Namespace}, ccp.Spec.WorkspaceRBAC.ExtraNamespaces...),
 		})
 	}
 	p.forgetExcept(namespace, live)

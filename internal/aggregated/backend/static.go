@@ -209,7 +209,7 @@ func (p *StaticProvider) Backends(_ context.Context, namespace string) ([]Backen
 	p.mu.RUnlock()
 	// No reserved users: the administrator chose the token's user, and
 	// coder-k8s creates none of its own here.
-	return []Backend{{Namespace: p.namespace, URL: p.url, Client: c, Identity: p.identity}}, nil
+	return []Backend{{Namespace: p.namespace, URL: p.url, Client: c, Identity: p.identity, WorkspaceNamespaces: []string{p.namespace}}}, nil
 }
 
 // refreshToken re-reads the token file when its identity, size or

@@ -43,6 +43,10 @@ type Options struct {
 	// mode. Nil: every request acts as the operator (tests of storage
 	// alone).
 	Identity *identity.Service
+	// Kube reads the pods and events of workspaces for a GET, and creates
+	// the SubjectAccessReviews that say whether the caller may read them
+	// (workspace_pods.go); nil: no pod is looked at.
+	Kube SecretReader
 }
 
 // genericStore is what both kinds' storages share, as k8s.io/apiserver's

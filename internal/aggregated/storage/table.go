@@ -21,6 +21,8 @@ var (
 		{Name: "Owner", Type: "string", Description: "Coder username of the owner"},
 		{Name: "Template", Type: "string", Description: "Template the workspace is built from"},
 		{Name: "Status", Type: "string", Description: "Coder's workspace status"},
+		{Name: "Ready", Type: "string", Description: "True when the workspace is usable (start build succeeded, every agent connected and ready), else the Ready condition's reason"},
+		{Name: "Agents", Type: "string", Description: "Agents connected and ready, of all the workspace's agents"},
 		{Name: "Running", Type: "boolean", Description: "Desired run state (spec.running)"},
 		{Name: "Last Built", Type: "string", Description: "Time since the latest build was queued"},
 		{Name: "Age", Type: "string", Description: "Time since the workspace was created"},
@@ -98,9 +100,21 @@ func (s *WorkspaceStorage) ConvertToTable(_ context.Context, obj runtime.Object,
 			// Past the deadline until coderd's stop build runs.
 			shutdown = duration.HumanDuration(max(time.Until(d.Time), 0))
 		}
-		return []any{w.Name, w.Status.Owner, w.Spec.TemplateName, w.Status.Phase, w.Spec.Running, lastBuilt,
+		return []any{w.Name, w.Status.Owner, w.Spec.TemplateName, w.Status.Phase, readyCell(w), agentsSummary(w.Status.Agents), w.Spec.Running, lastBuilt,
 			age(w.CreationTimestamp), w.Spec.Organization, version, w.Status.Outdated, w.Status.Healthy, shutdown}, nil
 	})
+}
+
+// readyCell is "True", or the reason Ready is not.
+func readyCell(w *aggv1.CoderWorkspace) string {
+	c := meta.FindStatusCondition(w.Status.Conditions, aggv1.ConditionReady)
+	switch {
+	case c == nil:
+		return "<unknown>"
+	case c.Status == metav1.ConditionTrue:
+		return "True"
+	}
+	return c.Reason
 }
 
 // ConvertToTable renders templates for kubectl get.

@@ -120,13 +120,13 @@ func TestWorkspaceTable(t *testing.T) {
 				t.Errorf("resourceVersion = %q, want %q", table.ResourceVersion, w.ResourceVersion)
 			}
 			cells := table.Rows[0].Cells
-			want := map[int]any{0: "acme.alice.dev", 1: "alice", 2: "docker", 3: "running", 4: true, 7: "acme", 8: "v1", 9: true, 10: true}
+			want := map[int]any{0: "acme.alice.dev", 1: "alice", 2: "docker", 3: "running", 4: "True", 5: "0", 6: true, 9: "acme", 10: "v1", 11: true, 12: true}
 			for i, v := range want {
 				if cells[i] != v {
 					t.Errorf("column %q = %v, want %v", workspaceColumns[i].Name, cells[i], v)
 				}
 			}
-			for _, i := range []int{5, 6, 11} {
+			for _, i := range []int{7, 8, 13} {
 				if s := cells[i].(string); s == "" || s == "<none>" || s == "<unknown>" || s == "<invalid>" {
 					t.Errorf("column %q = %q, want a duration", workspaceColumns[i].Name, s)
 				}
@@ -148,7 +148,7 @@ func TestWorkspaceTable(t *testing.T) {
 			t.Fatal(err)
 		}
 		cells := table.Rows[0].Cells
-		for i, v := range map[int]any{5: "<none>", 6: "<unknown>", 8: "<none>", 11: "<none>"} {
+		for i, v := range map[int]any{7: "<none>", 8: "<unknown>", 10: "<none>", 13: "<none>"} {
 			if cells[i] != v {
 				t.Errorf("column %q = %v, want %v", workspaceColumns[i].Name, cells[i], v)
 			}

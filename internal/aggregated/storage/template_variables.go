@@ -13,12 +13,10 @@ import (
 
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
@@ -240,22 +238,11 @@ func (s *TemplateStorage) readSecretKey(ctx context.Context, r *genericStore, na
 // mayGetSecret asks kube-apiserver whether the request's user may get
 // Secret secret of namespace, and refuses (403) when they may not.
 func (s *TemplateStorage) mayGetSecret(ctx context.Context, r *genericStore, namespace, secret string, p *field.Path, name string) error {
-	u, ok := genericapirequest.UserFrom(ctx)
-	if !ok {
-		return apierrors.NewInternalError(fmt.Errorf("%s: the request has no user", p))
+	allowed, err := callerMay(ctx, s.opts.Kube, namespace, "secrets", "get", secret)
+	if err != nil {
+		return apierrors.NewInternalError(fmt.Errorf("%s: %w", p, err))
 	}
-	extra := map[string]authorizationv1.ExtraValue{}
-	for k, v := range u.GetExtra() {
-		extra[k] = v
-	}
-	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-		User: u.GetName(), Groups: u.GetGroups(), UID: u.GetUID(), Extra: extra,
-		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: "get", Resource: "secrets", Name: secret},
-	}}
-	if err := s.opts.Kube.Create(ctx, sar); err != nil {
-		return apierrors.NewInternalError(fmt.Errorf("ask kube-apiserver whether %s may get Secret %s/%s: %w", u.GetName(), namespace, secret, err))
-	}
-	if !sar.Status.Allowed {
+	if !allowed {
 		return apierrors.NewForbidden(r.gr, name, fmt.Errorf("%s: coder-k8s would read Secret %q for you, and you may not get it in namespace %s", p, secret, namespace))
 	}
 	return nil

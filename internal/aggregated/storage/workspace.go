@@ -34,6 +34,8 @@ type WorkspaceStorage struct {
 	// pageSize is how many workspaces a list asks coderd for at once
 	// (Options.WorkspacePageSize).
 	pageSize int
+	// kube reads the workspaces' pods and events (workspace_pods.go).
+	kube SecretReader
 }
 
 // NewWorkspaces returns the coderworkspaces storage. Run must run for
@@ -63,6 +65,7 @@ func NewWorkspaces(o Options) (*WorkspaceStorage, error) {
 		params:   newBuildParams(20000),
 		versions: newVersionParamCache(),
 		pageSize: o.WorkspacePageSize,
+		kube:     o.Kube,
 	}
 	s.sourcesListed = s.memo.retain
 	if err := startCache(&s.genericStore, o, s.listWorkspaces, aggv1.WorkspaceFields); err != nil {
@@ -121,9 +124,15 @@ func (s *WorkspaceStorage) lookup(ctx context.Context, name string) (target, wor
 	return lookupName(ctx, &s.genericStore, name, parseWorkspaceName)
 }
 
-// Get reads the workspace from coderd.
+// Get reads the workspace from coderd. When its agents keep it from
+// being ready, the Ready message says what its pods and their events
+// show, as far as the caller may read them (workspace_pods.go).
 func (s *WorkspaceStorage) Get(ctx context.Context, name string, _ *metav1.GetOptions) (runtime.Object, error) {
-	return getObject(ctx, s, name)
+	obj, err := getObject(ctx, s, name)
+	if err != nil {
+		return nil, err
+	}
+	return s.withPods(ctx, obj.(*aggv1.CoderWorkspace)), nil
 }
 
 // List reads the workspaces of the namespace (or of every namespace) from

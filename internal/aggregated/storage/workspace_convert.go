@@ -50,6 +50,7 @@ func toWorkspace(t target, w *codersdk.Workspace, params []aggv1.WorkspaceParame
 			Phase:               string(b.Status),
 			Outdated:            w.Outdated,
 			Healthy:             w.Health.Healthy,
+			Agents:              toAgents(t, w),
 			LastUsedAt:          timePtr(&w.LastUsedAt),
 			URL:                 workspaceURL(t, w),
 		},
@@ -71,7 +72,7 @@ func toWorkspace(t target, w *codersdk.Workspace, params []aggv1.WorkspaceParame
 			obj.Status.AutoShutdownDeadline = timePtr(&b.Deadline.Time)
 		}
 	}
-	obj.Status.Conditions = workspaceConditions(b)
+	obj.Status.Conditions = workspaceConditions(w)
 	if deleting(b) {
 		// Visible until coderd has finished the delete build.
 		ts := metav1.NewTime(b.CreatedAt.Truncate(time.Second))
@@ -103,15 +104,24 @@ func buildInProgress(s codersdk.ProvisionerJobStatus) bool {
 	return false
 }
 
-func workspaceConditions(b *codersdk.WorkspaceBuild) []metav1.Condition {
+// workspaceConditions are Ready (a usable workspace: the start build
+// succeeded and every agent is connected and ready), Building, and the
+// kstatus pair Reconciling and Stalled, so that kubectl wait, kstatus and
+// Argo CD's health (docs/gitops.md) agree on what ready means.
+func workspaceConditions(w *codersdk.Workspace) []metav1.Condition {
+	b := &w.LatestBuild
 	at := metav1.NewTime(b.CreatedAt.Truncate(time.Second))
 	if b.Job.CompletedAt != nil {
 		at = metav1.NewTime(b.Job.CompletedAt.Truncate(time.Second))
 	}
 	ready := metav1.Condition{Type: aggv1.ConditionReady, LastTransitionTime: at}
+	agentFailed := false
 	switch {
 	case b.Transition == codersdk.WorkspaceTransitionStart && b.Job.Status == codersdk.ProvisionerJobSucceeded:
-		ready.Status, ready.Reason, ready.Message = metav1.ConditionTrue, "Running", "the workspace is running"
+		agentFailed = agentsCondition(w, &ready)
+		if ready.Status == metav1.ConditionTrue {
+			ready.LastTransitionTime = latestAgentReady(w, at)
+		}
 	case b.Job.Status == codersdk.ProvisionerJobFailed:
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, "BuildFailed", b.Job.Error
 	default:
@@ -119,14 +129,39 @@ func workspaceConditions(b *codersdk.WorkspaceBuild) []metav1.Condition {
 		ready.Message = "the workspace is " + string(b.Status)
 	}
 	building := metav1.Condition{Type: aggv1.ConditionBuilding, LastTransitionTime: at}
-	if buildInProgress(b.Job.Status) {
+	inProgress := buildInProgress(b.Job.Status)
+	if inProgress {
 		building.Status, building.Reason = metav1.ConditionTrue, reasonFor(string(b.Job.Status))
 		building.Message = "a " + string(b.Transition) + " build is " + string(b.Job.Status)
 	} else {
 		building.Status, building.Reason = metav1.ConditionFalse, reasonFor(string(b.Job.Status))
 		building.Message = "the last " + string(b.Transition) + " build " + string(b.Job.Status)
 	}
-	return []metav1.Condition{ready, building}
+	stalled := metav1.Condition{Type: aggv1.ConditionStalled, Status: metav1.ConditionFalse, Reason: "NotStalled", Message: "nothing failed", LastTransitionTime: at}
+	reconciling := metav1.Condition{Type: aggv1.ConditionReconciling, Status: metav1.ConditionFalse, Reason: "Settled", Message: "no build runs and the agents are settled", LastTransitionTime: at}
+	switch {
+	case b.Job.Status == codersdk.ProvisionerJobFailed || agentFailed:
+		stalled.Status, stalled.Reason, stalled.Message = metav1.ConditionTrue, ready.Reason, ready.Message
+	case inProgress:
+		reconciling.Status, reconciling.Reason, reconciling.Message = metav1.ConditionTrue, building.Reason, building.Message
+	case ready.Status == metav1.ConditionFalse && b.Transition == codersdk.WorkspaceTransitionStart && b.Job.Status == codersdk.ProvisionerJobSucceeded:
+		// Agents connecting or running their startup scripts.
+		reconciling.Status, reconciling.Reason, reconciling.Message = metav1.ConditionTrue, ready.Reason, ready.Message
+	}
+	return []metav1.Condition{ready, building, reconciling, stalled}
+}
+
+// latestAgentReady is when the last agent became ready, or at when that
+// is earlier or unknown.
+func latestAgentReady(w *codersdk.Workspace, at metav1.Time) metav1.Time {
+	for _, r := range w.LatestBuild.Resources {
+		for _, a := range r.Agents {
+			if a.ReadyAt != nil && a.ReadyAt.Truncate(time.Second).After(at.Time) {
+				at = metav1.NewTime(a.ReadyAt.Truncate(time.Second))
+			}
+		}
+	}
+	return at
 }
 
 // reasonFor turns a Coder status into a condition reason (CamelCase).

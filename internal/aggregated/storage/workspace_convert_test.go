@@ -263,36 +263,43 @@ func TestToWorkspaceConditions(t *testing.T) {
 		completed  bool
 		ready      cond
 		building   cond
+		// reconciling and stalled True (False otherwise): what kstatus
+		// reads.
+		reconciling, stalled bool
 	}{
 		{
 			name: "start succeeded", transition: codersdk.WorkspaceTransitionStart, job: codersdk.ProvisionerJobSucceeded,
 			status: codersdk.WorkspaceStatusRunning, completed: true,
-			ready:    cond{metav1.ConditionTrue, "Running", "the workspace is running"},
+			ready:    cond{metav1.ConditionTrue, "Running", "the workspace is running (it has no agents)"},
 			building: cond{metav1.ConditionFalse, "Succeeded", "the last start build succeeded"},
 		},
 		{
 			name: "start running", transition: codersdk.WorkspaceTransitionStart, job: codersdk.ProvisionerJobRunning,
-			status:   codersdk.WorkspaceStatusStarting,
-			ready:    cond{metav1.ConditionFalse, "Starting", "the workspace is starting"},
-			building: cond{metav1.ConditionTrue, "Running", "a start build is running"},
+			status:      codersdk.WorkspaceStatusStarting,
+			ready:       cond{metav1.ConditionFalse, "Starting", "the workspace is starting"},
+			building:    cond{metav1.ConditionTrue, "Running", "a start build is running"},
+			reconciling: true,
 		},
 		{
 			name: "stop pending", transition: codersdk.WorkspaceTransitionStop, job: codersdk.ProvisionerJobPending,
-			status:   codersdk.WorkspaceStatusPending,
-			ready:    cond{metav1.ConditionFalse, "Pending", "the workspace is pending"},
-			building: cond{metav1.ConditionTrue, "Pending", "a stop build is pending"},
+			status:      codersdk.WorkspaceStatusPending,
+			ready:       cond{metav1.ConditionFalse, "Pending", "the workspace is pending"},
+			building:    cond{metav1.ConditionTrue, "Pending", "a stop build is pending"},
+			reconciling: true,
 		},
 		{
 			name: "start canceling", transition: codersdk.WorkspaceTransitionStart, job: codersdk.ProvisionerJobCanceling,
-			status:   codersdk.WorkspaceStatusCanceling,
-			ready:    cond{metav1.ConditionFalse, "Canceling", "the workspace is canceling"},
-			building: cond{metav1.ConditionTrue, "Canceling", "a start build is canceling"},
+			status:      codersdk.WorkspaceStatusCanceling,
+			ready:       cond{metav1.ConditionFalse, "Canceling", "the workspace is canceling"},
+			building:    cond{metav1.ConditionTrue, "Canceling", "a start build is canceling"},
+			reconciling: true,
 		},
 		{
 			name: "start failed", transition: codersdk.WorkspaceTransitionStart, job: codersdk.ProvisionerJobFailed,
 			status: codersdk.WorkspaceStatusFailed, jobErr: "terraform apply: boom", completed: true,
 			ready:    cond{metav1.ConditionFalse, "BuildFailed", "terraform apply: boom"},
 			building: cond{metav1.ConditionFalse, "Failed", "the last start build failed"},
+			stalled:  true,
 		},
 		{
 			name: "stop succeeded", transition: codersdk.WorkspaceTransitionStop, job: codersdk.ProvisionerJobSucceeded,
@@ -318,10 +325,19 @@ func TestToWorkspaceConditions(t *testing.T) {
 				b.Job.CompletedAt = nil
 			}
 			got := toWorkspace(fxTarget(t, "prod", false), w, nil)
-			if len(got.Status.Conditions) != 2 {
-				t.Fatalf("conditions = %+v, want Ready and Building", got.Status.Conditions)
+			if len(got.Status.Conditions) != 4 {
+				t.Fatalf("conditions = %+v, want Ready, Building, Reconciling and Stalled", got.Status.Conditions)
 			}
-			for typ, want := range map[string]cond{aggv1.ConditionReady: tc.ready, aggv1.ConditionBuilding: tc.building} {
+			reconciling := cond{metav1.ConditionFalse, "Settled", "no build runs and the agents are settled"}
+			if tc.reconciling {
+				reconciling = cond{metav1.ConditionTrue, tc.building.reason, tc.building.message}
+			}
+			stalled := cond{metav1.ConditionFalse, "NotStalled", "nothing failed"}
+			if tc.stalled {
+				stalled = cond{metav1.ConditionTrue, tc.ready.reason, tc.ready.message}
+			}
+			for typ, want := range map[string]cond{aggv1.ConditionReady: tc.ready, aggv1.ConditionBuilding: tc.building,
+				aggv1.ConditionReconciling: reconciling, aggv1.ConditionStalled: stalled} {
 				c := conditionOf(got.Status.Conditions, typ)
 				if c == nil {
 					t.Fatalf("no %s condition in %+v", typ, got.Status.Conditions)
@@ -368,13 +384,15 @@ func TestToWorkspaceTimesTruncatedToSeconds(t *testing.T) {
 		times["status.conditions["+c.Type+"]"] = &got.Status.Conditions[i].LastTransitionTime
 	}
 	want := map[string]time.Time{
-		"metadata.creationTimestamp":   fxCreated,
-		"status.lastUsedAt":            fxLastUsed,
-		"status.autoShutdownDeadline":  fxDeadline,
-		"status.latestBuild.createdAt": fxBuildQueued,
-		"status.latestBuild.completed": fxBuildCompleted,
-		"status.conditions[Ready]":     fxBuildCompleted,
-		"status.conditions[Building]":  fxBuildCompleted,
+		"metadata.creationTimestamp":     fxCreated,
+		"status.lastUsedAt":              fxLastUsed,
+		"status.autoShutdownDeadline":    fxDeadline,
+		"status.latestBuild.createdAt":   fxBuildQueued,
+		"status.latestBuild.completed":   fxBuildCompleted,
+		"status.conditions[Ready]":       fxBuildCompleted,
+		"status.conditions[Building]":    fxBuildCompleted,
+		"status.conditions[Reconciling]": fxBuildCompleted,
+		"status.conditions[Stalled]":     fxBuildCompleted,
 	}
 	for name, tm := range times {
 		if tm == nil {
