@@ -277,10 +277,7 @@ func (st *benchStack) benchList(b *testing.B, n int) {
 	b.Logf("coderd answered gzip-compressed: %v", gz)
 
 	aggMed, coderMed := st.alternate(b, agg, coderd)
-	ratio := aggMed.Seconds() / coderMed.Seconds()
-	b.ReportMetric(ratio, "list-ratio")
-	b.ReportMetric(float64(aggMed.Microseconds())/1000, "list-ms")
-	b.ReportMetric(float64(coderMed.Microseconds())/1000, "coderd-list-ms")
+	ratio := reportRatio(b, "list", aggMed, coderMed)
 	fmt.Printf("list ratio=%.2f (target ≤ 1.15): aggregated LIST median %s, coderd GET /api/v2/workspaces median %s; %d workspaces, %d alternating pairs\n",
 		ratio, aggMed.Round(100*time.Microsecond), coderMed.Round(100*time.Microsecond), n, benchListPairs)
 
@@ -298,10 +295,7 @@ func (st *benchStack) benchList(b *testing.B, n int) {
 	st.checkItems(b, "aggregated LIST rv=0", body, "items", n)
 	agg0Med, coder0Med := st.alternate(b, agg0, coderd)
 	ws.stop(b)
-	ratio0 := agg0Med.Seconds() / coder0Med.Seconds()
-	b.ReportMetric(ratio0, "list-rv0-ratio")
-	b.ReportMetric(float64(agg0Med.Microseconds())/1000, "list-rv0-ms")
-	b.ReportMetric(float64(coder0Med.Microseconds())/1000, "coderd-list-rv0-ms")
+	ratio0 := reportRatio(b, "list-rv0", agg0Med, coder0Med)
 	fmt.Printf("list rv=0 ratio=%.2f (target ≤ 0.5): aggregated LIST ?resourceVersion=0 median %s, coderd median %s; one watch open; %d alternating pairs\n",
 		ratio0, agg0Med.Round(100*time.Microsecond), coder0Med.Round(100*time.Microsecond), benchListPairs)
 }
@@ -362,6 +356,17 @@ func (st *benchStack) listBreakdown(b *testing.B, agg, coderd string, n int) {
 func (st *benchStack) alternate(b *testing.B, a, c string) (time.Duration, time.Duration) {
 	b.Helper()
 	return alternateWith(b, st.hc, a, c)
+}
+
+// reportRatio reports the benchmark metrics <what>-ratio (aggregated ÷
+// coderd), <what>-ms and coderd-<what>-ms from the two medians, and
+// returns the ratio.
+func reportRatio(b *testing.B, what string, aggMed, coderMed time.Duration) float64 {
+	ratio := aggMed.Seconds() / coderMed.Seconds()
+	b.ReportMetric(ratio, what+"-ratio")
+	b.ReportMetric(float64(aggMed.Microseconds())/1000, what+"-ms")
+	b.ReportMetric(float64(coderMed.Microseconds())/1000, "coderd-"+what+"-ms")
+	return ratio
 }
 
 // fetch GETs url as JSON with the measurement client; see timedGet.

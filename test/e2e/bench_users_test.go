@@ -68,45 +68,9 @@ func BenchmarkUsers(b *testing.B) {
 	}
 	st.checkItems(b, "aggregated LIST", body, "items", total)
 	fmt.Printf("users list: first aggregated LIST %s\n", cold.Round(time.Millisecond))
-	var aggs, coders []time.Duration
-	for i := range benchListWarmup + benchListPairs {
-		first, second := true, false
-		if i%2 == 1 {
-			first, second = false, true
-		}
-		for _, aggTurn := range []bool{first, second} {
-			u := ref
-			if aggTurn {
-				u = agg
-			}
-			d, body, _, err := st.fetch(u)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if i == 0 && aggTurn {
-				st.checkItems(b, "aggregated LIST", body, "items", total)
-			}
-			if i == 0 && !aggTurn {
-				if got, err := usersCount(body); err != nil || got != total {
-					b.Fatalf("coderd lists %d users (%v), want %d", got, err, total)
-				}
-			}
-			if i < benchListWarmup {
-				continue
-			}
-			if aggTurn {
-				aggs = append(aggs, d)
-			} else {
-				coders = append(coders, d)
-			}
-		}
-	}
+	aggMed, coderMed := st.alternate(b, agg, ref)
 	b.StopTimer()
-	aggMed, coderMed := percentile(aggs, 50), percentile(coders, 50)
-	ratio := aggMed.Seconds() / coderMed.Seconds()
-	b.ReportMetric(ratio, "list-ratio")
-	b.ReportMetric(float64(aggMed.Microseconds())/1000, "list-ms")
-	b.ReportMetric(float64(coderMed.Microseconds())/1000, "coderd-list-ms")
+	ratio := reportRatio(b, "list", aggMed, coderMed)
 	b.ReportMetric(float64(total), "users")
 	st.usersBreakdown(b, agg)
 	fmt.Printf("users list ratio=%.2f (target ≤ 1.2): aggregated LIST of %d coderusers median %s, coderd GET /api/v2/users (one request, no limit) median %s; %d alternating pairs\n",

@@ -104,10 +104,7 @@ func BenchmarkTemplateVersions(b *testing.B) {
 	}
 	b.StopTimer()
 	aggMed, coderMed := percentile(aggs, 50), percentile(coders, 50)
-	ratio := aggMed.Seconds() / coderMed.Seconds()
-	b.ReportMetric(ratio, "list-ratio")
-	b.ReportMetric(float64(aggMed.Microseconds())/1000, "list-ms")
-	b.ReportMetric(float64(coderMed.Microseconds())/1000, "coderd-list-ms")
+	ratio := reportRatio(b, "list", aggMed, coderMed)
 	b.ReportMetric(float64(n), "versions")
 	st.versionsBreakdown(b, agg, refs)
 	fmt.Printf("versions list ratio=%.2f (target ≤ 1.2): aggregated LIST of %d codertemplateversions median %s, coderd GET /api/v2/templates/{id}/versions of the %d templates median %s; %d alternating pairs\n",
