@@ -143,6 +143,10 @@ bench-versions: tools build ## 300 template versions (3 echo templates): LIST of
 bench-users: tools build ## 1,000 Coder users (login type none): LIST of coderusers through kube-apiserver vs coderd's GET /api/v2/users of the same users (target ≤ 1.2), with a breakdown.
 	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkUsers$$' -benchtime 1x -timeout 20m
 
+.PHONY: bench-ready
+bench-ready: tools build ## A workspace of the real Kubernetes template on the test node: kubectl create to kubectl wait --for=condition=Ready vs coder create to every agent connected and ready (same user, template, parameters; BENCH_READY_PAIRS alternating pairs, default 5; target ≤ 1.1).
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaceReady$$' -benchtime 1x -timeout 30m
+
 .PHONY: bench-mcp
 bench-mcp: tools build ## list_workspaces over MCP vs a LIST ?resourceVersion=0 through the aggregated API with a watch open (both from the watch cache), and cold (cache stale) vs a plain LIST (300 workspaces); tool calls/s with 10 clients.
 	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^MCP$$' -benchtime 1x -timeout 40m

@@ -118,7 +118,7 @@ func newNodeStack(t testing.TB, opts ...stackOption) *aggStack {
 // stack's namespace to the chart's workspace-user ClusterRole as the
 // Kubernetes user of that email (which Mapped mode maps to the member by
 // email), and returns kubectl as that user.
-func (s *aggStack) nodeMember(t *testing.T, name string) testenv.Kubectl {
+func (s *aggStack) nodeMember(t testing.TB, name string) testenv.Kubectl {
 	t.Helper()
 	ctx := t.Context()
 	email := name + "@example.com"
