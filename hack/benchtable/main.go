@@ -212,6 +212,7 @@ const (
 	scale      = "BenchmarkScale"
 	versions   = "BenchmarkTemplateVersions"
 	users      = "BenchmarkUsers"
+	ready      = "BenchmarkWorkspaceReady"
 )
 
 // rows are the table, in order. Targets are those the benchmarks print
@@ -284,6 +285,8 @@ var rows = []row{
 		ref: "coderd's versions lists of the same templates %.1f ms", refUnits: []string{"coderd-list-ms"}, target: atMost(1.2, "≤ 1.2")},
 	{label: "LIST of 1,000 coderusers ratio", bench: users, unit: "list-ratio", shown: "×", digits: 2,
 		ref: "coderd GET /api/v2/users of the same users %.1f ms", refUnits: []string{"coderd-list-ms"}, target: atMost(1.2, "≤ 1.2")},
+	{label: "workspace ready ratio: kubectl create → Ready=True ÷ coder create → agent ready", bench: ready, unit: "ready-ratio", shown: "×", digits: 2,
+		ref: "medians of %.0f pairs: kubectl %.2f s, coder CLI %.2f s", refUnits: []string{"pairs", "kubectl-ready-s", "coder-ready-s"}, target: atMost(1.1, "≤ 1.1")},
 	{label: "member's list of 10 workspaces among 310 (Mapped mode)", bench: identity, unit: "member-list-ratio", shown: "×", digits: 2,
 		ref: "coderd GET /api/v2/workspaces with the member's token %.1f ms", refUnits: []string{"coderd-member-list-ms"}, target: atMost(1.2, "≤ 1.2")},
 	{label: "coderd list requests per poll, 50 users watching (Mapped mode)", bench: identity, unit: "lists-per-poll-50-users", shown: "/poll", digits: 2,
