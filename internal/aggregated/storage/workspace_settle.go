@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
+	"github.com/coder/coder-k8s/internal/aggregated/watchcache"
 )
 
 // A workspace in transition (condition Reconciling: a build runs, or its
@@ -85,16 +86,15 @@ func (s *WorkspaceStorage) runSettle(ctx context.Context) {
 // it). It stops at the first failure: the next poll reports it.
 func (s *WorkspaceStorage) settleBackend(ctx context.Context, t target) {
 	key := t.Key()
-	objs, _ := s.cache.SnapshotShared(func(k string) bool { return k == key })
-	n := 0
-	for _, l := range objs {
-		w, ok := l.Obj.(*aggv1.CoderWorkspace)
-		if !ok || !meta.IsStatusConditionPresentAndEqual(w.Status.Conditions, aggv1.ConditionReconciling, metav1.ConditionTrue) {
-			continue
-		}
-		if n++; n > settleMax {
+	settling := s.cache.Select(key, func(o watchcache.Object) bool {
+		w, ok := o.(*aggv1.CoderWorkspace)
+		return ok && meta.IsStatusConditionPresentAndEqual(w.Status.Conditions, aggv1.ConditionReconciling, metav1.ConditionTrue)
+	})
+	for i, o := range settling {
+		if i == settleMax {
 			return
 		}
+		w := o.(*aggv1.CoderWorkspace)
 		name, err := parseWorkspaceName(w.Name)
 		if err != nil {
 			continue
