@@ -216,7 +216,7 @@ func run(ctx context.Context, stateDir, operatorBin string, o options) error {
 		if helm {
 			step("waiting for the agents of %q and %q (pods in %s on the node)", demoWorkspace, demoMemberWorkspace, serviceNamespace)
 			for owner, ws := range map[string]string{coder.Username: demoWorkspace, demoMember: demoMemberWorkspace} {
-				if err := waitAgentsReady(ctx, coder, owner, ws); err != nil {
+				if _, err := coder.WaitAgentsReady(ctx, owner, ws, agentReadyTimeout); err != nil {
 					return err
 				}
 			}

@@ -65,51 +65,6 @@ func demoTemplateFiles(ctx context.Context, node *nodeenv.Node) (map[string]stri
 	return testenv.KubernetesTemplate(testenv.KubernetesTemplateOptions{Namespace: serviceNamespace, Image: ref}), nil
 }
 
-// waitAgentsReady waits until the latest build of workspace owner/name
-// succeeded and each of its agents is connected with its startup script
-// done (lifecycle ready).
-func waitAgentsReady(ctx context.Context, coder *testenv.Coder, owner, name string) error {
-	ctx, cancel := context.WithTimeout(ctx, agentReadyTimeout)
-	defer cancel()
-	last := "no answer"
-	for {
-		ws, err := coder.Client.WorkspaceByOwnerAndName(ctx, owner, name, codersdk.WorkspaceOptions{})
-		if err == nil {
-			if last = agentsNotReady(ws); last == "" {
-				return nil
-			}
-		} else {
-			last = err.Error()
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("workspace %s/%s: no ready agent after %s: %s", owner, name, agentReadyTimeout, last)
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-// agentsNotReady says why ws is not usable yet, or "".
-func agentsNotReady(ws codersdk.Workspace) string {
-	b := ws.LatestBuild
-	if b.Job.Status != codersdk.ProvisionerJobSucceeded {
-		return fmt.Sprintf("build %d (%s) is %s %s", b.BuildNumber, b.Transition, b.Job.Status, b.Job.Error)
-	}
-	n := 0
-	for _, r := range b.Resources {
-		for _, a := range r.Agents {
-			if a.Status != codersdk.WorkspaceAgentConnected || a.LifecycleState != codersdk.WorkspaceAgentLifecycleReady {
-				return fmt.Sprintf("agent %s is %s, lifecycle %s", a.Name, a.Status, a.LifecycleState)
-			}
-			n++
-		}
-	}
-	if n == 0 {
-		return fmt.Sprintf("build %d has no agent", b.BuildNumber)
-	}
-	return ""
-}
-
 // memberDemo is the part of the summary that shows identity mapping: the
 // member's kubeconfig sees and changes only what Coder lets the member.
 func memberDemo(kubeconfig, owner string) string {

@@ -3,14 +3,17 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/coder/coder/v2/codersdk"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -229,15 +232,84 @@ func (k *KubeAPI) WorkspaceKubeconfig(ctx context.Context, namespace, serviceAcc
 	if err != nil {
 		return nil, fmt.Errorf("workspace kubeconfig: token of ServiceAccount %s/%s: %w", namespace, serviceAccount, err)
 	}
-	user := "system:serviceaccount:" + namespace + ":" + serviceAccount
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["kube"] = &clientcmdapi.Cluster{Server: k.Config.Host, CertificateAuthorityData: k.Config.CAData}
-	kc.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
-	kc.Contexts["workspaces"] = &clientcmdapi.Context{Cluster: "kube", AuthInfo: user, Namespace: namespace}
-	kc.CurrentContext = "workspaces"
-	b, err := clientcmd.Write(*kc)
+	cfg := &rest.Config{Host: k.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: k.Config.CAData}, BearerToken: tr.Status.Token}
+	b, err := TokenKubeconfig(cfg, "system:serviceaccount:"+namespace+":"+serviceAccount, namespace)
 	if err != nil {
 		return nil, fmt.Errorf("workspace kubeconfig: %w", err)
 	}
 	return b, nil
+}
+
+// TokenKubeconfig is a kubeconfig for cfg's server and CA (data or file)
+// whose only credential is cfg's bearer token, for user, with namespace as
+// its default ("" for none).
+func TokenKubeconfig(cfg *rest.Config, user, namespace string) ([]byte, error) {
+	ca := cfg.CAData
+	if len(ca) == 0 && cfg.CAFile != "" {
+		b, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read CA %s: %w", cfg.CAFile, err)
+		}
+		ca = b
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["kube"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: ca, TLSServerName: cfg.ServerName}
+	kc.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
+	kc.Contexts["token"] = &clientcmdapi.Context{Cluster: "kube", AuthInfo: user, Namespace: namespace}
+	kc.CurrentContext = "token"
+	b, err := clientcmd.Write(*kc)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig of %s: %w", user, err)
+	}
+	return b, nil
+}
+
+// WaitAgentsReady waits until the latest build of workspace owner/name
+// succeeded and each of its agents is connected with its startup script
+// done (lifecycle ready), and returns the workspace; on timeout or failure
+// the error says what was missing last.
+func (c *Coder) WaitAgentsReady(ctx context.Context, owner, name string, timeout time.Duration) (codersdk.Workspace, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		ws, err := c.Client.WorkspaceByOwnerAndName(ctx, owner, name, codersdk.WorkspaceOptions{})
+		last := ""
+		switch {
+		case err != nil:
+			last = err.Error()
+		case ws.LatestBuild.Job.Status == codersdk.ProvisionerJobFailed || ws.LatestBuild.Job.Status == codersdk.ProvisionerJobCanceled:
+			_, err := c.WaitBuild(ctx, ws.LatestBuild.ID)
+			return ws, fmt.Errorf("workspace %s/%s: %w", owner, name, err)
+		default:
+			if last = AgentsNotReady(ws); last == "" {
+				return ws, nil
+			}
+		}
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			return ws, fmt.Errorf("workspace %s/%s: no ready agent after %s: %s", owner, name, timeout, last)
+		}
+	}
+}
+
+// AgentsNotReady says why workspace ws is not usable yet (its latest build
+// has not succeeded, it has no agent, or an agent is not connected and
+// ready), or "" when it is.
+func AgentsNotReady(ws codersdk.Workspace) string {
+	b := ws.LatestBuild
+	if b.Job.Status != codersdk.ProvisionerJobSucceeded {
+		return fmt.Sprintf("build %d (%s) is %s %s", b.BuildNumber, b.Transition, b.Job.Status, b.Job.Error)
+	}
+	n := 0
+	for _, r := range b.Resources {
+		for _, a := range r.Agents {
+			if a.Status != codersdk.WorkspaceAgentConnected || a.LifecycleState != codersdk.WorkspaceAgentLifecycleReady {
+				return fmt.Sprintf("agent %s is %s, lifecycle %s", a.Name, a.Status, a.LifecycleState)
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Sprintf("build %d has no agent", b.BuildNumber)
+	}
+	return ""
 }

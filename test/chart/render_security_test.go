@@ -514,12 +514,14 @@ func (r *rendered) checkComponentRoles(t *testing.T) {
 		{group: "aggregation.coder.com", resource: "coderworkspaces"}, {group: "aggregation.coder.com", resource: "codertemplates"},
 		{group: "aggregation.coder.com", resource: "codertemplateversions"}, {group: "aggregation.coder.com", resource: "coderusers"},
 		{group: "aggregation.coder.com", resource: "codergroups"}, {group: "aggregation.coder.com", resource: "coderorganizations"},
-		{resource: "pods/log"}, {resource: "events", verbs: []string{"get", "list", "watch"}}}
+		{resource: "pods/log"}, {resource: "events", verbs: []string{"watch"}}}
 	if !r.runsMCP() {
 		forbidden = append(forbidden, grant{group: "authentication.k8s.io", resource: "tokenreviews"})
 	}
 	if !r.runsAggregated() {
-		forbidden = append(forbidden, grant{resource: "namespaces"})
+		// The aggregated API server reads workspaces' pods and events
+		// (for a caller who may read them) and nothing else does.
+		forbidden = append(forbidden, grant{resource: "namespaces"}, grant{resource: "events", verbs: []string{"get", "list"}})
 	}
 	if !r.runsAdmission() {
 		for _, res := range []string{"mutatingwebhookconfigurations", "validatingwebhookconfigurations", "validatingadmissionpolicies",

@@ -163,45 +163,16 @@ func (s *aggStack) workspacePods(ctx context.Context, id uuid.UUID) ([]corev1.Po
 	return l.Items, nil
 }
 
-// waitAgentReady polls coderd's API until workspace owner/name's latest
-// build succeeded and its every agent is connected with lifecycle ready,
-// and returns the workspace.
+// waitAgentReady waits until workspace owner/name's latest build
+// succeeded and its every agent is connected with lifecycle ready
+// (Coder.WaitAgentsReady), and returns the workspace.
 func (s *aggStack) waitAgentReady(t testing.TB, owner, name string, timeout time.Duration) codersdk.Workspace {
 	t.Helper()
-	var ws codersdk.Workspace
-	testenv.WaitFor(t, timeout, func() error {
-		var err error
-		if ws, err = s.coder.Client.WorkspaceByOwnerAndName(t.Context(), owner, name, codersdk.WorkspaceOptions{}); err != nil {
-			return err
-		}
-		return agentsReady(ws)
-	})
+	ws, err := s.coder.WaitAgentsReady(t.Context(), owner, name, timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return ws
-}
-
-// agentsReady says why ws is not usable yet: its latest build has not
-// succeeded, or an agent is not connected and ready.
-func agentsReady(ws codersdk.Workspace) error {
-	b := ws.LatestBuild
-	if b.Job.Status != codersdk.ProvisionerJobSucceeded {
-		if b.Job.Status == codersdk.ProvisionerJobFailed {
-			return fmt.Errorf("build %d (%s) failed: %s", b.BuildNumber, b.Transition, b.Job.Error)
-		}
-		return errNotYet(fmt.Sprintf("build %d (%s) is %s", b.BuildNumber, b.Transition, b.Job.Status))
-	}
-	var agents []string
-	for _, r := range b.Resources {
-		for _, a := range r.Agents {
-			if a.Status != codersdk.WorkspaceAgentConnected || a.LifecycleState != codersdk.WorkspaceAgentLifecycleReady {
-				return errNotYet(fmt.Sprintf("agent %s: %s, lifecycle %s", a.Name, a.Status, a.LifecycleState))
-			}
-			agents = append(agents, a.Name)
-		}
-	}
-	if len(agents) == 0 {
-		return errNotYet(fmt.Sprintf("build %d has no agent", b.BuildNumber))
-	}
-	return nil
 }
 
 // buildLog is the log of a workspace build as coderd returns it, one

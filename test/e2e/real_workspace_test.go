@@ -17,8 +17,8 @@ import (
 // test node, created with kubectl by a mapped member (not an owner): its
 // pod (labelled as Coder's example labels it, holding the agent token
 // only through a Secret) runs on the node, the agent connects to coderd
-// and finishes its startup script, and the token is nowhere in the build
-// log; running:false deletes the pod and the Secret, running:true brings
+// and finishes its startup script, its app is healthy, and the token is
+// nowhere in the build log; running:false deletes the pod and the Secret, running:true brings
 // them back with a connected agent. It prints how long kubectl create
 // takes to a ready agent.
 func TestRealWorkspace(t *testing.T) {
@@ -71,13 +71,33 @@ func TestRealWorkspace(t *testing.T) {
 		}
 	}
 
-	agent := ws.LatestBuild.Resources
 	var a codersdk.WorkspaceAgent
-	for _, r := range agent {
+	for _, r := range ws.LatestBuild.Resources {
 		if len(r.Agents) > 0 {
 			a = r.Agents[0]
 		}
 	}
+	// The app's health check is the agent's own metrics endpoint, so
+	// coderd reports it healthy once the agent serves.
+	testenv.WaitFor(t, time.Minute, func() error {
+		w, err := s.coder.Client.WorkspaceByOwnerAndName(ctx, "alice", name, codersdk.WorkspaceOptions{})
+		if err != nil {
+			return err
+		}
+		for _, r := range w.LatestBuild.Resources {
+			for _, ag := range r.Agents {
+				for _, app := range ag.Apps {
+					if app.Slug == "metrics" && app.Health == codersdk.WorkspaceAppHealthHealthy {
+						return nil
+					}
+					if app.Slug == "metrics" {
+						return errNotYet(fmt.Sprintf("app metrics is %s", app.Health))
+					}
+				}
+			}
+		}
+		return errNotYet("the agent has no app metrics")
+	})
 	startup := s.agentStartupLog(t, a)
 	if !strings.Contains(startup, "hello from kubectl from "+name) {
 		t.Errorf("the agent's startup script log does not show the greeting; it is:\n%s", startup)

@@ -65,8 +65,8 @@ func TestWorkspaceReady(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := agentsReady(ws); err != nil {
-			t.Fatalf("kubectl wait returned but coderd says the workspace is not usable: %v", err)
+		if why := testenv.AgentsNotReady(ws); why != "" {
+			t.Fatalf("kubectl wait returned but coderd says the workspace is not usable: %s", why)
 		}
 		w := getWS(t, kname)
 		c := meta.FindStatusCondition(w.Status.Conditions, aggv1.ConditionReady)

@@ -31,8 +31,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
 	"github.com/coder/coder-k8s/internal/testenv"
@@ -273,23 +271,14 @@ func objectRef(o *unstructured.Unstructured) string {
 // writeTokenKubeconfig writes a kubeconfig for cfg's server and CA with
 // cfg's bearer token as the only credential.
 func writeTokenKubeconfig(path string, cfg *rest.Config, user string) error {
-	ca := cfg.CAData
-	if len(ca) == 0 && cfg.CAFile != "" {
-		b, err := os.ReadFile(cfg.CAFile)
-		if err != nil {
-			return fmt.Errorf("read CA %s: %w", cfg.CAFile, err)
-		}
-		ca = b
+	b, err := testenv.TokenKubeconfig(cfg, user, "")
+	if err != nil {
+		return err
 	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["kube"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: ca, TLSServerName: cfg.ServerName}
-	kc.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
-	kc.Contexts["operator"] = &clientcmdapi.Context{Cluster: "kube", AuthInfo: user}
-	kc.CurrentContext = "operator"
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+	if err := os.WriteFile(path, b, 0o600); err != nil {
 		return fmt.Errorf("write kubeconfig %s: %w", path, err)
 	}
-	return os.Chmod(path, 0o600)
+	return nil
 }
 
 // waitForGrants waits until kube-apiserver's RBAC authorizer, which learns
