@@ -84,8 +84,8 @@ func BenchmarkWorkspaceReady(b *testing.B) {
 		if err != nil {
 			b.Fatalf("coderd: workspace %s/%s: %v", member, name, err)
 		}
-		if err := agentsReady(ws); err != nil {
-			b.Fatalf("kubectl wait returned but coderd says workspace %s/%s is not usable: %v", member, name, err)
+		if why := testenv.AgentsNotReady(ws); why != "" {
+			b.Fatalf("kubectl wait returned but coderd says workspace %s/%s is not usable: %s", member, name, why)
 		}
 		return d
 	}
@@ -110,17 +110,16 @@ func BenchmarkWorkspaceReady(b *testing.B) {
 			if err != nil {
 				b.Fatalf("coderd: workspace %s/%s: %v", member, name, err)
 			}
-			err = agentsReady(ws)
-			if err == nil {
+			why := testenv.AgentsNotReady(ws)
+			if why == "" {
 				return time.Since(start), cli
 			}
-			var notYet errNotYet
-			if !errors.As(err, &notYet) {
-				b.Fatal(err)
+			if ws.LatestBuild.Job.Status == codersdk.ProvisionerJobFailed {
+				b.Fatalf("workspace %s/%s: %s", member, name, why)
 			}
 			select {
 			case <-cctx.Done():
-				b.Fatalf("workspace %s/%s not usable within 5m: %v", member, name, err)
+				b.Fatalf("workspace %s/%s not usable within 5m: %s", member, name, why)
 			case <-time.After(benchReadyAgentPoll):
 			}
 		}
