@@ -147,6 +147,10 @@ bench-users: tools build ## 1,000 Coder users (login type none): LIST of coderus
 bench-logs: tools build ## A finished build's log of 3,000 lines through the log subresource (via kube-apiserver) vs coderd's GET /api/v2/workspacebuilds/{id}/logs of the same build (target ≤ 1.2).
 	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkBuildLog$$' -benchtime 1x -timeout 20m
 
+.PHONY: bench-ready
+bench-ready: tools build ## A workspace of the real Kubernetes template on the test node: kubectl create to kubectl wait --for=condition=Ready vs coder create to every agent connected and ready (same user, template, parameters; BENCH_READY_PAIRS alternating pairs, default 5; target ≤ 1.1).
+	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaceReady$$' -benchtime 1x -timeout 30m
+
 .PHONY: bench-mcp
 bench-mcp: tools build ## list_workspaces over MCP vs a LIST ?resourceVersion=0 through the aggregated API with a watch open (both from the watch cache), and cold (cache stale) vs a plain LIST (300 workspaces); tool calls/s with 10 clients.
 	$(GOPROJ) test ./test/e2e/ -run '^$$' -bench '^BenchmarkWorkspaces$$/^MCP$$' -benchtime 1x -timeout 40m

@@ -213,6 +213,7 @@ const (
 	versions   = "BenchmarkTemplateVersions"
 	users      = "BenchmarkUsers"
 	buildLog   = "BenchmarkBuildLog"
+	ready      = "BenchmarkWorkspaceReady"
 )
 
 // rows are the table, in order. Targets are those the benchmarks print
@@ -287,6 +288,8 @@ var rows = []row{
 		ref: "coderd GET /api/v2/users of the same users %.1f ms", refUnits: []string{"coderd-list-ms"}, target: atMost(1.2, "≤ 1.2")},
 	{label: "build log of 3,000 lines ratio", bench: buildLog, unit: "log-ratio", shown: "×", digits: 2,
 		ref: "coderd GET /api/v2/workspacebuilds/{id}/logs of the same build %.1f ms", refUnits: []string{"coderd-log-ms"}, target: atMost(1.2, "≤ 1.2")},
+	{label: "workspace ready ratio: kubectl create → Ready=True ÷ coder create → agent ready", bench: ready, unit: "ready-ratio", shown: "×", digits: 2,
+		ref: "medians of %.0f pairs: kubectl %.2f s, coder CLI %.2f s", refUnits: []string{"pairs", "kubectl-ready-s", "coder-ready-s"}, target: atMost(1.1, "≤ 1.1")},
 	{label: "member's list of 10 workspaces among 310 (Mapped mode)", bench: identity, unit: "member-list-ratio", shown: "×", digits: 2,
 		ref: "coderd GET /api/v2/workspaces with the member's token %.1f ms", refUnits: []string{"coderd-member-list-ms"}, target: atMost(1.2, "≤ 1.2")},
 	{label: "coderd list requests per poll, 50 users watching (Mapped mode)", bench: identity, unit: "lists-per-poll-50-users", shown: "/poll", digits: 2,

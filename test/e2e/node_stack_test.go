@@ -118,7 +118,7 @@ func newNodeStack(t testing.TB, opts ...stackOption) *aggStack {
 // stack's namespace to the chart's workspace-user ClusterRole as the
 // Kubernetes user of that email (which Mapped mode maps to the member by
 // email), and returns kubectl as that user.
-func (s *aggStack) nodeMember(t *testing.T, name string) testenv.Kubectl {
+func (s *aggStack) nodeMember(t testing.TB, name string) testenv.Kubectl {
 	t.Helper()
 	ctx := t.Context()
 	email := name + "@example.com"
@@ -136,6 +136,21 @@ func (s *aggStack) nodeMember(t *testing.T, name string) testenv.Kubectl {
 		t.Fatal(err)
 	}
 	return s.kubectlAs(t, email, "", "")
+}
+
+// runningWorkspaceManifest writes the manifest of a running CoderWorkspace
+// of template with parameters (name, value pairs) for kubectl -f.
+func runningWorkspaceManifest(t testing.TB, name, ns, template string, params ...[2]string) string {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: aggregation.coder.com/v1alpha1\nkind: CoderWorkspace\nmetadata: {name: %s, namespace: %s}\nspec:\n  templateName: %s\n  running: true\n", name, ns, template)
+	if len(params) > 0 {
+		b.WriteString("  parameters:\n")
+	}
+	for _, p := range params {
+		fmt.Fprintf(&b, "  - {name: %s, value: %q}\n", p[0], p[1])
+	}
+	return writeManifest(t, b.String())
 }
 
 // workspacePods lists the pods of Coder workspace id (label

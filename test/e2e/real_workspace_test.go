@@ -28,16 +28,7 @@ func TestRealWorkspace(t *testing.T) {
 	const name = "dev"
 	kname := s.org + ".alice." + name
 
-	manifest := writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
-kind: CoderWorkspace
-metadata: {name: %s, namespace: %s}
-spec:
-  templateName: %s
-  running: true
-  parameters:
-  - {name: cpu, value: "4"}
-  - {name: greeting, value: "hello from kubectl"}
-`, kname, s.ns, kubernetesTemplate))
+	manifest := runningWorkspaceManifest(t, kname, s.ns, kubernetesTemplate, [2]string{"cpu", "4"}, [2]string{"greeting", "hello from kubectl"})
 	start := time.Now()
 	if r, err := alice.Run(ctx, "", "create", "-f", manifest); err != nil {
 		t.Fatalf("kubectl create as alice@example.com: %v\n%s\noperator log:\n%s", err, r.Combined, s.op.LogTail(30))

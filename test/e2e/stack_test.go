@@ -707,7 +707,7 @@ func (w *lineWatcher) waitLine(t *testing.T, timeout time.Duration, parts ...str
 // kubectlAs is kubectl as Kubernetes user (a client certificate, in
 // group), granted rules in the stack's namespace by a Role and
 // RoleBinding named role (none without rules).
-func (s *aggStack) kubectlAs(t *testing.T, user, group, role string, rules ...rbacv1.PolicyRule) testenv.Kubectl {
+func (s *aggStack) kubectlAs(t testing.TB, user, group, role string, rules ...rbacv1.PolicyRule) testenv.Kubectl {
 	t.Helper()
 	if len(rules) > 0 {
 		r := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: role, Namespace: s.ns}, Rules: rules}

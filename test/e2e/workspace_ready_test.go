@@ -46,14 +46,7 @@ func TestWorkspaceReady(t *testing.T) {
 	create := func(t *testing.T, name, template string) string {
 		t.Helper()
 		kname := s.org + ".alice." + name
-		manifest := writeManifest(t, fmt.Sprintf(`apiVersion: aggregation.coder.com/v1alpha1
-kind: CoderWorkspace
-metadata: {name: %s, namespace: %s}
-spec:
-  templateName: %s
-  running: true
-`, kname, s.ns, template))
-		if r, err := alice.Run(ctx, "", "create", "-f", manifest); err != nil {
+		if r, err := alice.Run(ctx, "", "create", "-f", runningWorkspaceManifest(t, kname, s.ns, template)); err != nil {
 			t.Fatalf("kubectl create as alice@example.com: %v\n%s", err, r.Combined)
 		}
 		return kname

@@ -552,6 +552,26 @@ func (c *Cache) SnapshotShared(match func(key string) bool) ([]Listed, string) {
 	return out, rv
 }
 
+// Select returns the stored (shared: read only) objects of backend key
+// that keep accepts, in no order. keep runs under the cache's lock: it
+// must be quick and must not call the cache. Unlike Snapshot nothing is
+// copied or sorted, so it suits a frequent look for a few objects.
+func (c *Cache) Select(key string, keep func(Object) bool) []Object {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.backends[key]
+	if b == nil {
+		return nil
+	}
+	var out []Object
+	for _, e := range b.objs {
+		if keep(e.obj) {
+			out = append(out, e.obj)
+		}
+	}
+	return out
+}
+
 // objectsLocked returns the stored (immutable) objects of matching backends,
 // sorted by namespace then name.
 func (c *Cache) objectsLocked(match func(key string) bool) []Object {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -293,6 +294,24 @@ func TestSnapshot(t *testing.T) {
 	objs, _ = c.Snapshot(func(key string) bool { return key == "b" })
 	if len(objs) != 2 || objs[0].GetName() != "x" {
 		t.Fatalf("filtered snapshot = %v", objs)
+	}
+}
+
+// Select gives the objects of one backend that its function keeps, and
+// nothing for an unknown backend.
+func TestSelect(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	c.Replace("a", []Object{obj("ns-a", "x", lbl("busy", "yes")), obj("ns-a", "y", nil), obj("ns-a", "z", lbl("busy", "yes"))})
+	c.Replace("b", []Object{obj("ns-b", "w", lbl("busy", "yes"))})
+	busy := func(o Object) bool { return o.GetLabels()["busy"] == "yes" }
+	var names []string
+	for _, o := range c.Select("a", busy) {
+		names = append(names, o.GetNamespace()+"/"+o.GetName())
+	}
+	slices.Sort(names)
+	equalStrings(t, names, []string{"ns-a/x", "ns-a/z"})
+	if got := c.Select("unknown", busy); len(got) != 0 {
+		t.Fatalf("unknown backend: %v", got)
 	}
 }
 
