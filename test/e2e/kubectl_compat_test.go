@@ -65,8 +65,9 @@ func TestOldKubectl(t *testing.T) {
 		start := time.Now()
 		s.coderCLI(t, "stop", s.coder.Username+"/ws-old", "--yes")
 		line := w.waitLine(t, 30*time.Second, "MODIFIED", wsOld, "stopped")
-		if f := strings.Fields(line); len(f) < 6 || f[0] != "MODIFIED" || f[1] != wsOld || f[4] != "stopped" || f[5] != "false" {
-			t.Errorf("watch event %q: want MODIFIED %s with STATUS stopped and RUNNING false", line, wsOld)
+		// Columns: event, NAME, OWNER, TEMPLATE, STATUS, READY, AGENTS, RUNNING, ...
+		if f := strings.Fields(line); len(f) < 8 || f[0] != "MODIFIED" || f[1] != wsOld || f[4] != "stopped" || f[5] != "Stopped" || f[7] != "false" {
+			t.Errorf("watch event %q: want MODIFIED %s with STATUS stopped, READY Stopped and RUNNING false", line, wsOld)
 		}
 		t.Logf("watch event %q %s after coder stop returned", line, time.Since(start).Round(time.Millisecond))
 	})
