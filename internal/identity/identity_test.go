@@ -129,6 +129,39 @@ func TestMapping(t *testing.T) {
 	// On the same coderd, to start one fewer.
 	t.Run("reserved after mapping", func(t *testing.T) { testReservedAfterMapping(t, d) })
 	t.Run("cluster controllers", func(t *testing.T) { testClusterControllers(t, d) })
+	t.Run("created after a refusal", func(t *testing.T) { testCreatedAfterRefusal(t, d) })
+}
+
+// A Coder user created just after a read refused their Kubernetes user
+// (a garbage collector's list, in a cluster where it shares kubectl's
+// user) may write at once: a write does not trust the remembered
+// refusal, while reads keep it for refusedTTL.
+func testCreatedAfterRefusal(t *testing.T, d *coderd) {
+	ctx := t.Context()
+	s := New(testr.New(t), Options{})
+	cd := d.cd
+	cd.Rules = Rules{Mode: ModeMapped, MatchField: MatchUsername, Mappings: []Mapping{{KubernetesUser: "admin", CoderUser: "ops"}}}
+	want := `Kubernetes user "admin" (mapped explicitly to "ops") has no Coder user in control plane ns/cp: no user's username is "ops"`
+	if _, err := s.Caller(ctx, cd, k8sUser("admin")); !IsRefused(err) || err.Error() != want {
+		t.Fatalf("before ops exists: %v, want the refusal %q", err, want)
+	}
+	if _, err := d.c.Client.CreateUserWithOrgs(ctx, codersdk.CreateUserRequestWithOrgs{
+		Email: "ops@example.com", Username: "ops", Password: "SomeSecurePassword!1",
+		OrganizationIDs: []uuid.UUID{d.c.OrganizationID}, UserLoginType: codersdk.LoginTypePassword,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Caller(ctx, cd, k8sUser("admin")); !IsRefused(err) || err.Error() != want {
+		t.Errorf("a read within %s of the refusal: %v, want the remembered refusal %q", refusedTTL, err, want)
+	}
+	c, err := s.CallerToWrite(ctx, cd, k8sUser("admin"))
+	if err != nil || c.Username != "ops" {
+		t.Fatalf("a write once ops exists: %+v, %v; want Coder user ops", c, err)
+	}
+	// The write's lookup is remembered for reads too.
+	if c, err := s.Caller(ctx, cd, k8sUser("admin")); err != nil || c.Username != "ops" {
+		t.Errorf("a read after the write: %+v, %v; want Coder user ops", c, err)
+	}
 }
 
 // A Coder user that becomes reserved after it was mapped (the first

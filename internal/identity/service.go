@@ -257,6 +257,19 @@ func (s *Service) Minted() uint64 {
 // A *Refused error says why u may not act there; any other error is
 // coderd failing to answer.
 func (s *Service) Caller(ctx context.Context, cd Coderd, u user.Info) (*Caller, error) {
+	return s.caller(ctx, cd, u, false)
+}
+
+// CallerToWrite is Caller for a request that writes: a refusal remembered
+// from an earlier request (refusedTTL) is looked up again, so that a
+// Coder user created a moment ago may write at once, whatever the same
+// Kubernetes user read before (a garbage collector's or Argo CD's lists
+// share the user of kubectl in many clusters).
+func (s *Service) CallerToWrite(ctx context.Context, cd Coderd, u user.Info) (*Caller, error) {
+	return s.caller(ctx, cd, u, true)
+}
+
+func (s *Service) caller(ctx context.Context, cd Coderd, u user.Info, write bool) (*Caller, error) {
 	name := ""
 	if u != nil {
 		name = u.GetName()
@@ -264,7 +277,7 @@ func (s *Service) Caller(ctx context.Context, cd Coderd, u user.Info) (*Caller, 
 	if cd.Rules.Mapped() && s.clusterControllers[name] {
 		return &Caller{KubernetesUser: name, ClusterController: true, Client: cd.Owner, svc: s}, nil
 	}
-	cu, err := s.coderUser(ctx, cd, name)
+	cu, err := s.coderUser(ctx, cd, name, write)
 	if err != nil {
 		return nil, err
 	}
@@ -272,14 +285,20 @@ func (s *Service) Caller(ctx context.Context, cd Coderd, u user.Info) (*Caller, 
 	return &Caller{KubernetesUser: name, UserID: cu.ID, Username: cu.Username, Client: e.client, svc: s, token: e}, nil
 }
 
-// coderUser finds (or remembers) the Coder user of Kubernetes user name.
-func (s *Service) coderUser(ctx context.Context, cd Coderd, name string) (codersdk.User, error) {
+// coderUser finds (or remembers) the Coder user of Kubernetes user name;
+// for a write, a remembered refusal is not trusted.
+func (s *Service) coderUser(ctx context.Context, cd Coderd, name string, write bool) (codersdk.User, error) {
 	key := userKey{cd.Key, name}
 	now := s.now()
 	// A user remembered before it became reserved (the first user's
 	// Secret appeared) is looked up again, and refused.
-	if e, ok := s.cachedUser(key); ok && now.Before(e.expires) && (e.refused != nil || !cd.reserves(e.user.Username)) {
-		return e.user, e.refused
+	if e, ok := s.cachedUser(key); ok && now.Before(e.expires) {
+		if e.refused == nil && !cd.reserves(e.user.Username) {
+			return e.user, nil
+		}
+		if e.refused != nil && !write {
+			return e.user, e.refused
+		}
 	}
 
 	u, err := s.lookup(ctx, cd, name)

@@ -144,7 +144,11 @@ func (r *genericStore) caller(ctx context.Context, t target, name string) (targe
 		return t, nil
 	}
 	u, _ := genericapirequest.UserFrom(ctx)
-	c, err := r.ident.Caller(ctx, t.coderd(), u)
+	mapCaller := r.ident.Caller
+	if isWrite(ctx) {
+		mapCaller = r.ident.CallerToWrite
+	}
+	c, err := mapCaller(ctx, t.coderd(), u)
 	if identity.IsRefused(err) {
 		return t, &callerRefused{StatusError: apierrors.NewForbidden(r.gr, name, err), reason: err.Error()}
 	}
@@ -157,6 +161,21 @@ func (r *genericStore) caller(ctx context.Context, t target, name string) (targe
 	}
 	t.caller = c
 	return t, nil
+}
+
+// isWrite reports whether the request writes: its caller is mapped
+// afresh when a read refused them a moment ago
+// (identity.Service.CallerToWrite).
+func isWrite(ctx context.Context) bool {
+	info, ok := genericapirequest.RequestInfoFrom(ctx)
+	if !ok {
+		return false
+	}
+	switch info.Verb {
+	case "create", "update", "patch", "delete", "deletecollection":
+		return true
+	}
+	return false
 }
 
 // mayWrite refuses a write coderd would refuse the caller (asked before
