@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -83,18 +84,61 @@ func FreePort() (int, error) { return freePortOn("127.0.0.1") }
 // still race for one of these, at random among 10,000.
 const freePortLow, freePortHigh = 20000, 30000
 
-// freePortOn returns a TCP port on host that was free a moment ago.
+// freePortOn returns a TCP port on host that was free a moment ago and
+// that no FreePort caller on this machine was handed within portHold.
 func freePortOn(host string) (int, error) {
+	Sweep()
 	var err error
-	for range 100 {
+	for range 200 {
 		port := freePortLow + rand.IntN(freePortHigh-freePortLow)
+		if !reservePort(port) {
+			continue
+		}
 		var l net.Listener
 		if l, err = net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port))); err == nil {
 			_ = l.Close()
 			return port, nil
 		}
 	}
+	if err == nil {
+		err = errors.New("every port tried is reserved")
+	}
 	return 0, fmt.Errorf("find a free port on %s between %d and %d: %w", host, freePortLow, freePortHigh-1, err)
+}
+
+// portHold is how long a port FreePort handed out stays reserved: its
+// caller binds it later, seconds later for the operator (whose RBAC is
+// applied in between), and meanwhile the check alone would hand it to
+// another caller, in this test process or in another package's running
+// beside it. CI saw the operator's aggregated port taken so.
+const portHold = 10 * time.Minute
+
+// portsDir holds one file per port reserved, named by the port.
+func portsDir() string { return filepath.Join(stackRoot(), "ports") }
+
+// reservePort claims port for this caller among every FreePort caller on
+// the machine: false when another claimed it less than portHold ago.
+// Sweep removes older claims.
+func reservePort(port int) bool {
+	if err := os.MkdirAll(portsDir(), 0o755); err != nil {
+		return true // no claims: the bind check alone decides
+	}
+	f, err := os.OpenFile(filepath.Join(portsDir(), strconv.Itoa(port)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return !errors.Is(err, fs.ErrExist)
+	}
+	_ = f.Close()
+	return true
+}
+
+// sweepPorts removes the port claims older than portHold.
+func sweepPorts() {
+	claims, _ := os.ReadDir(portsDir())
+	for _, c := range claims {
+		if info, err := c.Info(); err == nil && time.Since(info.ModTime()) > portHold {
+			_ = os.Remove(filepath.Join(portsDir(), c.Name()))
+		}
+	}
 }
 
 // Process is a component of the test stack running as a child process.
@@ -293,6 +337,7 @@ func sweep() {
 			break
 		}
 	}
+	sweepPorts()
 	// A dead owner's node: its containers carry no marker, but they
 	// live in the node's network namespaces.
 	sweepNodeNetworks()
