@@ -40,6 +40,7 @@ import (
 // own chain at work, fed by objects created in the cluster as a platform
 // team creates them.
 func TestAdmission(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	if _, err := s.coder.PushTemplate(ctx, "adm", testenv.ProviderFreeTemplate()); err != nil {

@@ -32,6 +32,7 @@ import (
 // session token's owner) and Operator (every caller acts with the session
 // token).
 func TestAggregatedStandaloneStaticBackend(t *testing.T) {
+	t.Parallel()
 	t.Run("Mapped", func(t *testing.T) { testStandaloneStaticBackend(t, true) })
 	t.Run("Operator", func(t *testing.T) { testStandaloneStaticBackend(t, false) })
 }
@@ -232,6 +233,7 @@ func testStandaloneStaticBackend(t *testing.T, mapped bool) {
 // control plane: requests that need coderd fail fast with 503 naming it,
 // while the aggregated API itself stays registered, available and ready.
 func TestAggregatedCoderdDown(t *testing.T) {
+	t.Parallel()
 	const coderTimeout = 3 * time.Second
 	// The slack covers kube-apiserver's proxying and the client; a
 	// request held for the default 30s Coder timeout exceeds it.

@@ -40,6 +40,7 @@ output "greeting" {
 // aggregation layer with kubectl, client-go and informers, against a real
 // coderd, and checks every change in coderd itself.
 func TestAggregatedAPI(t *testing.T) {
+	t.Parallel()
 	env := newAggregatedEnv(t)
 	runSubtests(t, env, []subtest[*aggregatedEnv]{
 		{"discovery, short names, category and explain", testAggregatedDiscovery},

@@ -31,6 +31,7 @@ import (
 // server and routes aggregation.coder.com to it. No certificate material
 // comes from outside.
 func TestAutoTLS(t *testing.T) {
+	t.Parallel()
 	kubectl, err := testenv.Binary("kubectl")
 	if err != nil {
 		t.Fatal(err)

@@ -29,6 +29,7 @@ import (
 // newer build, and a new workspace of the same name, show their own log
 // (the subresource remembers ended logs and workspace IDs).
 func TestBuildLogs(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	if _, err := s.coder.PushTemplate(ctx, "loglines", testenv.LogLinesTemplate(40, 0)); err != nil {

@@ -34,6 +34,7 @@ import (
 // the controllers' ServiceAccounts read every object and change only its
 // Kubernetes metadata.
 func TestClusterControllers(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	if _, err := s.coder.PushTemplate(ctx, "base", testenv.ProviderFreeTemplate()); err != nil {

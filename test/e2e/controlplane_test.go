@@ -24,6 +24,7 @@ import (
 // A user adopts an existing coderd with a CoderControlPlane; the running
 // operator sets up its own user and token and reports it in status.
 func TestAdoptExistingCoderd(t *testing.T) {
+	t.Parallel()
 	// newStack adopts the stack's coderd as coder/coder and waits for
 	// operator access.
 	s := newStack(t, withoutAPIService())

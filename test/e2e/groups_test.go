@@ -25,6 +25,7 @@ import (
 // applying again, deleted; an organization created, its display name
 // changed, deleted.
 func TestGroups(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 

@@ -46,6 +46,7 @@ const hostileMCPMaxBody = 1 << 20
 // ConfigMaps. Afterwards the process is alive, its health endpoints
 // answer and normal requests work.
 func TestHostileRequests(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("needs the real stack built by `make tools`; skipped with -short")
 	}

@@ -38,6 +38,7 @@ import (
 // their Coder user, which the test asks coderd itself with that user's
 // own token.
 func TestIdentityMapped(t *testing.T) {
+	t.Parallel()
 	env := newIdentityEnv(t)
 	runSubtests(t, env, []subtest[*identityEnv]{
 		{"each user lists what coderd shows them", testIdentityLists},

@@ -23,6 +23,7 @@ const oldestKubectl = "1.32"
 // versions, watch-list, OpenAPI v3), so the newest kubectl passing is not
 // enough.
 func TestOldKubectl(t *testing.T) {
+	t.Parallel()
 	bin, err := testenv.Binary("kubectl-" + oldestKubectl)
 	if err != nil {
 		t.Fatal(err)

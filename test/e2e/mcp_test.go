@@ -41,6 +41,7 @@ const e2eMCPAgentNamespace = "agents"
 // subtests share one environment (newMCPEnv) and run in order: later ones
 // see what earlier ones changed.
 func TestMCP(t *testing.T) {
+	t.Parallel()
 	env := newMCPEnv(t)
 	runSubtests(t, env, []subtest[*mcpEnv]{
 		{"tools/list matches the golden file; defaults hide destructive tools, read-only hides every mutating tool", testMCPToolsList},

@@ -27,6 +27,7 @@ import (
 // mapped to Coder member alice and as one mapped to the owner, and checks
 // each change in coderd and each refusal's coderd message.
 func TestMCPWorkspaceLifecycle(t *testing.T) {
+	t.Parallel()
 	env := newMCPLifecycleEnv(t)
 	runSubtests(t, env, []subtest[*mcpLifecycleEnv]{
 		{"list_template_parameters shows options, validation, mutability, ephemeral, defaults and presets", testMCPListTemplateParameters},

@@ -39,6 +39,7 @@ import (
 // ownerReferences have a test of their own with kube-controller-manager
 // as clusters run it (TestClusterControllers).
 func TestMetadata(t *testing.T) {
+	t.Parallel()
 	env := newMetadataEnv(t)
 	runSubtests(t, env, []subtest[*metadataEnv]{
 		{"an object made in Coder has generation 1 and coderd's managedFields only", testMetadataMadeInCoder},

@@ -39,6 +39,12 @@ import (
 // measure is what users run.
 var binary string
 
+// Each suite builds a stack of its own, and most wait on coderd and
+// OpenTofu far more than they compute, so they run in parallel (go test's
+// -parallel, GOMAXPROCS by default: two at a time here). The suites that
+// bound latencies or resource use under faults (TestFaultCoderd,
+// TestProcessFaults, TestHungCoderdDoesNotBlockOthers, TestMetrics) do
+// not: they run first, one at a time.
 func TestMain(m *testing.M) {
 	os.Exit(func() int {
 		var err error

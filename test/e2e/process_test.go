@@ -16,6 +16,7 @@ import (
 // In all mode one process serves every component; SIGTERM stops it cleanly
 // and releases the leader lease so a successor need not wait for expiry.
 func TestAllMode(t *testing.T) {
+	t.Parallel()
 	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
 	op := StartOperator(t, OperatorOptions{Mode: "all", Kubeconfig: k.KubeconfigPath})
 	ctx := context.Background()
@@ -95,6 +96,7 @@ func TestAllMode(t *testing.T) {
 
 // Standalone modes run only their own component.
 func TestStandaloneModes(t *testing.T) {
+	t.Parallel()
 	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
 
 	t.Run("controller", func(t *testing.T) {
@@ -129,6 +131,7 @@ func TestStandaloneModes(t *testing.T) {
 
 // An invalid configuration stops the binary before it starts anything.
 func TestInvalidConfigurationStartsNothing(t *testing.T) {
+	t.Parallel()
 	op := StartOperator(t, OperatorOptions{Mode: "all", RunKubeconfig: "/nonexistent", ExtraConfig: "unknownKey: 1\n"})
 	testenv.WaitFor(t, 10*time.Second, func() error {
 		if exited, _ := op.Exited(); !exited {

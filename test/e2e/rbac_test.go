@@ -78,6 +78,7 @@ func assertChartIdentity(t *testing.T, op *Operator) {
 // ServiceAccount, is no cluster admin, and without one rule of the chart it
 // cannot do what that rule is for, until the chart's RBAC is applied again.
 func TestOperatorRunsWithTheChartRBAC(t *testing.T) {
+	t.Parallel()
 	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
 	ctx := context.Background()
 

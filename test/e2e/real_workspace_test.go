@@ -22,6 +22,7 @@ import (
 // them back with a connected agent. It prints how long kubectl create
 // takes to a ready agent.
 func TestRealWorkspace(t *testing.T) {
+	t.Parallel()
 	s := newNodeStack(t)
 	ctx := t.Context()
 	alice := s.nodeMember(t, "alice")

@@ -57,6 +57,7 @@ const replicaControlPlane = "coder"
 // issue 29, the reflector would never see that change. An update whose
 // resourceVersion precondition A handed out is checked on B by content.
 func TestReplicas(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	// Polls 20s apart, so that the test can place each replica's polls.
 	const interval = 20 * time.Second

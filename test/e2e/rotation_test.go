@@ -43,6 +43,7 @@ const (
 // works in coderd afterwards, and a workspace created after the
 // revocation reaches its owner's watch (the poller uses the new token).
 func TestOperatorTokenRotation(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("needs kube-apiserver, etcd, PostgreSQL and coderd from bin/ (make tools)")
 	}

@@ -44,6 +44,7 @@ const (
 // the admin relabels and deletes templates there and Coder changes a
 // workspace there.
 func TestSharedClusterViewer(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

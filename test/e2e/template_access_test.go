@@ -20,6 +20,7 @@ import (
 // front of the same coderd, with real users, the list is written as a
 // whole, read back, shows changes made in Coder and is healed by apply.
 func TestTemplateAccess(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	manifest := func(ns, name, access string) string { return templateManifest(t, ns, name, access, mainTF) }

@@ -31,6 +31,7 @@ const slowImport = 90 * time.Second
 // applying the same files again, a build that fails, and SIGKILL of the
 // operator mid-build with two replicas taking over.
 func TestTemplateBuilds(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	slow := newSlowState(t)

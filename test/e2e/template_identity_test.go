@@ -28,6 +28,7 @@ import (
 // version, and tags no provisioner daemon has leave the import waiting
 // with a condition that says so.
 func TestTemplateVersionIdentity(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	const name = "coder.named"

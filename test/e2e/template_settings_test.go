@@ -30,6 +30,7 @@ import (
 // fake of a licensed coderd in front of the same coderd (licensedCoderd),
 // the licensed ones are written and read back.
 func TestTemplateSettings(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	manifest := func(name, settings string) string { return templateManifest(t, s.ns, name, settings, mainTF) }

@@ -56,6 +56,7 @@ const variableSecret = "s3cr3t-registry-token-7f1c"
 // nowhere in Kubernetes, a variable dropped from the spec goes back to
 // its default, and a changed Secret is applied by the next apply.
 func TestTemplateVariables(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	const name = "coder.kube"

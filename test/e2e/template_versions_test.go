@@ -27,6 +27,7 @@ import (
 // version promoted in Coder read as active; delete archiving (the active
 // version refused with 409); and a member seeing what Coder lets them.
 func TestTemplateVersions(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	const tplName = "vt"

@@ -28,6 +28,7 @@ import (
 // as a member and as a user admin; a user admin refused granting owner;
 // kubectl get's columns.
 func TestUsers(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	ctx := context.Background()
 	const password = "Users-Secret-Pa55word!"

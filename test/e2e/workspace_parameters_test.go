@@ -22,6 +22,7 @@ import (
 // kubectl reads back: coderd validates the values and its messages reach
 // kubectl under spec.parameters[name].
 func TestWorkspaceParameters(t *testing.T) {
+	t.Parallel()
 	env := newParamsEnv(t)
 	runSubtests(t, env, []subtest[*paramsEnv]{
 		{"a create stores the parameters in coderd and reads show them", testParamsCreate},

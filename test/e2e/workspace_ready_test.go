@@ -28,6 +28,7 @@ import (
 // build, while one who may not sees no pod; MCP's diagnose_workspace
 // gives the pod, its events and the build log's end.
 func TestWorkspaceReady(t *testing.T) {
+	t.Parallel()
 	s := newNodeStack(t)
 	ctx := t.Context()
 	alice := s.nodeMember(t, "alice")
