@@ -40,7 +40,7 @@ GOPROJ := CGO_ENABLED=0 GOFLAGS='-trimpath -ldflags=-w $(GOENVFLAGS)' $(GO)
 
 # go test flags; CI and people can add -run, -v, -count.
 TEST_FLAGS ?=
-# Per test binary; test/e2e takes about 14 minutes on two quiet cores.
+# Per test binary; test/e2e takes about 15 minutes on two quiet cores.
 TEST_TIMEOUT ?= 40m
 
 ##@ Build
@@ -86,8 +86,9 @@ dev: test-tools build build-dev $(if $(filter helm,$(DEV_RUN)),image) ## Run the
 ##@ Test
 
 # go test starts the packages' runs in the order it is given them, two at
-# a time: test/e2e, by far the longest (about 20 of its minutes), comes
-# first so the other packages run beside it instead of before it.
+# a time: test/e2e, by far the longest (about 15 of its minutes, its suites
+# two at a time), comes first so the other packages run beside it instead
+# of before it.
 .PHONY: test
 test: test-tools build image chart-lint test-gitops-modules ## Build the binary and the image, then run every test suite against the real components (the chart's Go tests in test/chart, the GitOps engine suites and the fuzz targets' seeds included).
 	$(GOPROJ) test -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./test/e2e/ ./...
