@@ -370,15 +370,10 @@ var _ rest.StorageMetadata = (*WorkspaceLogStorage)(nil)
 // another user's workspace is the 404 a GET of it gives.
 func (l *WorkspaceLogStorage) Get(ctx context.Context, name string, opts runtime.Object) (runtime.Object, error) {
 	s := l.ws
-	o, err := logOptions(opts, name, true)
+	o, t, n, err := logRequest(ctx, s, opts, name, true)
 	if err != nil {
 		return nil, err
 	}
-	t, n, err := s.lookup(ctx, name)
-	if err != nil {
-		return nil, s.refusedReads(name, err)
-	}
-	t = t.acting()
 	b, err := l.latestBuild(ctx, t, n, name)
 	if err != nil {
 		return nil, err
@@ -402,6 +397,22 @@ func (l *WorkspaceLogStorage) Get(ctx context.Context, name string, opts runtime
 			return b.Job, err
 		})
 	return j.serve(ctx, o, func(err error) error { return s.coderErr(t, err, name) })
+}
+
+// logRequest checks a log request's options (builds: whether it may name
+// a build) and finds the object name names, acting as the caller; a
+// caller refused in its backend gets the 404 a GET gives.
+func logRequest[N objectName, T object](ctx context.Context, s objectStore[N, T], opts runtime.Object, name string, builds bool) (*aggv1.CoderLogOptions, target, N, error) {
+	var n N
+	o, err := logOptions(opts, name, builds)
+	if err != nil {
+		return nil, target{}, n, err
+	}
+	t, n, err := s.lookup(ctx, name)
+	if err != nil {
+		return nil, t, n, s.store().refusedReads(name, err)
+	}
+	return o, t.acting(), n, nil
 }
 
 // jobLog is the log of job, the job of id, as t reads it: path is its
@@ -453,15 +464,10 @@ var _ rest.StorageMetadata = (*TemplateVersionLogStorage)(nil)
 // Get reads the version's import log as the caller.
 func (l *TemplateVersionLogStorage) Get(ctx context.Context, name string, opts runtime.Object) (runtime.Object, error) {
 	s := l.vs
-	o, err := logOptions(opts, name, false)
+	o, t, n, err := logRequest(ctx, s, opts, name, false)
 	if err != nil {
 		return nil, err
 	}
-	t, n, err := s.lookup(ctx, name)
-	if err != nil {
-		return nil, s.refusedReads(name, err)
-	}
-	t = t.acting()
 	// Not fetch: a 404 the caller gets must not drop the version from
 	// the cache everyone reads.
 	orgID, err := s.tpls.orgs.get(ctx, t, n.Org)
