@@ -88,11 +88,11 @@ func TestPodLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		duration := time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
-		// The roll's last old pod released the Lease as it stopped; a new
-		// pod takes it at its next retry, within the lease duration.
+		// The roll's last old pod released the Lease as it stopped (a
+		// released Lease says 1 s); a new pod takes it at its next retry,
+		// within the chart's lease duration (15 s).
 		var holder, leader string
-		testenv.WaitFor(t, duration, func() error {
+		testenv.WaitFor(t, 15*time.Second, func() error {
 			if lease, err = leases.Get(ctx, lease.Name, metav1.GetOptions{}); err != nil {
 				return err
 			}
@@ -103,6 +103,8 @@ func TestPodLifecycle(t *testing.T) {
 			}
 			return nil
 		})
+		// The duration its holder wrote.
+		duration := time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
 		before := p.snapshot()
 		start := time.Now()
 		if err := c.k.Clientset.CoreV1().Pods(ns).Delete(ctx, leader, metav1.DeleteOptions{}); err != nil {
