@@ -170,9 +170,19 @@ func (s *aggStack) waitAgentReady(t testing.TB, owner, name string, timeout time
 	t.Helper()
 	ws, err := s.coder.WaitAgentsReady(t.Context(), owner, name, timeout)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\n%s", err, s.workspacePodsReport(ws))
 	}
 	return ws
+}
+
+// workspacePodsReport describes workspace ws's pods (status and events)
+// and prints the tail of their logs (the agent's): why an agent did not
+// connect.
+func (s *aggStack) workspacePodsReport(ws codersdk.Workspace) string {
+	sel := "-l=com.coder.workspace.id=" + ws.ID.String()
+	describe, _ := s.run("describe", "pods", "-n", s.ns, sel)
+	logs, _ := s.run("logs", "-n", s.ns, sel, "--all-containers", "--tail=60", "--prefix")
+	return "workspace pods:\n" + describe + "\nworkspace pod logs:\n" + logs
 }
 
 // buildLog is the log of a workspace build as coderd returns it, one

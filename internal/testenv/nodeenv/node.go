@@ -48,6 +48,11 @@ type Node struct {
 	procs []*testenv.Process // in start order
 }
 
+// nodeFreeSpace is the free space a node needs to start: its containerd
+// holds each image pulled twice (the compressed layers and the unpacked
+// snapshot), and several nodes run at once in make test.
+const nodeFreeSpace = 2 << 30
+
 // StartNode starts a node on network for k, which must serve that network
 // (KubeAPIOptions.Node set to network.Serving()), and waits until it is
 // Ready.
@@ -71,6 +76,9 @@ func StartNode(ctx context.Context, k *testenv.KubeAPI, network *Network) (n *No
 		if bins[name], err = exec.LookPath(name); err != nil {
 			return nil, fmt.Errorf("%s not found: run `make tools` (it installs containerd, runc and iptables from Debian)", name)
 		}
+	}
+	if err := testenv.RequireFreeSpace(k.Dir, nodeFreeSpace, "a node (containerd unpacks its images there)"); err != nil {
+		return nil, fmt.Errorf("start node: %w", err)
 	}
 	// Sweep finds a killed run's node directory there (kube-*/node-*).
 	dir, err := os.MkdirTemp(k.Dir, "node-")
