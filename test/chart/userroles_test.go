@@ -46,6 +46,26 @@ var shippedUserRoles = map[string][]rbacv1.PolicyRule{
 	},
 }
 
+// builtinRoles are what rbac.aggregateToDefaultRoles adds to the built-in
+// roles: view reads every aggregated resource and its build logs (as it
+// reads pods/log); edit and admin, which include view, also write.
+var builtinRoles = map[string][]rbacv1.PolicyRule{
+	"view": {
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: aggregatedResources, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces/log", "codertemplateversions/log"}, Verbs: []string{"get"}},
+	},
+	"edit":  builtinWriteRules,
+	"admin": builtinWriteRules,
+}
+
+var builtinWriteRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{"aggregation.coder.com"}, Resources: aggregatedResources, Verbs: aggregatedVerbs},
+	{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces/log", "codertemplateversions/log"}, Verbs: []string{"get"}},
+}
+
+// aggregatedResources are the aggregated API's resources.
+var aggregatedResources = []string{"codertemplates", "codertemplateversions", "coderusers", "coderworkspaces", "codergroups", "coderorganizations"}
+
 // aggregatedVerbs are the verbs the aggregated API serves.
 var aggregatedVerbs = []string{"get", "list", "watch", "create", "update", "patch", "delete"}
 
@@ -160,6 +180,21 @@ func TestUserRoles(t *testing.T) {
 		checkAll(t, map[string]map[string]string{ccp.Namespace: cpSecrets, releaseNamespace: releaseSecrets})
 	})
 
+	step(t, "the built-in view, edit and admin roles, as kube-controller-manager aggregates them", func(t *testing.T) {
+		c.k.NewControllerManager(t, "clusterrole-aggregation")
+		for _, role := range []string{"view", "edit", "admin"} {
+			u := newRoleUser(t, c, "builtin-"+role+"@example.com", role)
+			if _, err := admin.RbacV1().RoleBindings(ccp.Namespace).Create(ctx, &rbacv1.RoleBinding{
+				ObjectMeta: metav1.ObjectMeta{Name: "builtin-" + role},
+				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+				Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: u.name}},
+			}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			u.wantForWhatItIs(t, ccp.Namespace)
+		}
+	})
+
 	step(t, "mode aggregated-apiserver: the chart's static backend token Secret", func(t *testing.T) {
 		vals := ciValues(t, "mode-aggregated-apiserver")
 		m := mustRender(t, renderOptions{kubeVersion: c.kubeVersion}, vals)
@@ -254,12 +289,17 @@ func (u *roleUser) allowed(t *testing.T, ns string, a attrs) (bool, string) {
 	return sar.Status.Allowed, sar.Status.Reason
 }
 
-// wantForWhatItIs: every verb of the role's rules is allowed in ns (waiting
-// up to 30 s for the RoleBinding to take effect), and the writes it does
-// not name are refused.
+// wantForWhatItIs: every verb of the role's rules (a shipped role's, or
+// what the chart adds to a built-in one) is allowed in ns (waiting up to
+// 30 s for the RoleBinding, or kube-controller-manager's aggregation, to
+// take effect), and the writes it does not name are refused.
 func (u *roleUser) wantForWhatItIs(t *testing.T, ns string) {
 	t.Helper()
-	for _, rule := range shippedUserRoles[u.role] {
+	rules, ok := shippedUserRoles[u.role]
+	if !ok {
+		rules = builtinRoles[u.role]
+	}
+	for _, rule := range rules {
 		for _, res := range rule.Resources {
 			for _, verb := range aggregatedVerbs {
 				a := attrs{verb: verb, group: "aggregation.coder.com", resource: res}
