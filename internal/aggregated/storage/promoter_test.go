@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -107,7 +108,7 @@ func TestPromoterHungCoderd(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer w.Stop()
-		cur, _ := waitPromoted(t, w, name, created.Status.ActiveVersionID)
+		cur, _ := waitPromoted(t, fastCtx, ps, w, name, created.Status.ActiveVersionID)
 		for i := range 3 {
 			next := cur.DeepCopy()
 			next.Spec.Files = map[string]string{"main.tf": fmt.Sprintf("output \"sample\" {\n  value = %d\n}\n", i)}
@@ -120,7 +121,7 @@ func TestPromoterHungCoderd(t *testing.T) {
 				t.Fatalf("update %d shows no building version", i)
 			}
 			var seen time.Time
-			cur, seen = waitPromoted(t, w, name, building)
+			cur, seen = waitPromoted(t, fastCtx, ps, w, name, building)
 			v, err := ps.fast.Client.TemplateVersion(ctx, uuid.MustParse(building))
 			if err != nil {
 				t.Fatal(err)
@@ -201,17 +202,69 @@ func TestPromoterHungCoderd(t *testing.T) {
 }
 
 // waitPromoted waits for the watch to show template name with versionID
-// active and built, and returns it and when the event arrived.
-func waitPromoted(t *testing.T, w watch.Interface, name, versionID string) (*aggv1.CoderTemplate, time.Time) {
+// active and built, and returns it and when the event arrived. On timeout
+// it reports the events it saw, what a GET answers, and the goroutines
+// of the watch cache and the storage (a watch gone silent is otherwise
+// undiagnosable).
+func waitPromoted(t *testing.T, ctx context.Context, ps *promoterStack, w watch.Interface, name, versionID string) (*aggv1.CoderTemplate, time.Time) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	timeout := time.After(2 * time.Minute)
+	var seen []string
 	for {
-		ev := nextEvent(t, w, name, time.Until(deadline))
-		o, ok := ev.Object.(*aggv1.CoderTemplate)
-		if ok && o.Status.ActiveVersionID == versionID && o.Status.BuildingVersionID == "" && readyCondition(o).Status == metav1.ConditionTrue {
-			return o, time.Now()
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatalf("the watch closed waiting for %s to show version %s active; events seen: %q", name, versionID, seen)
+			}
+			o, ok := ev.Object.(*aggv1.CoderTemplate)
+			if !ok || o.Name != name {
+				continue
+			}
+			c := readyCondition(o)
+			seen = append(seen, fmt.Sprintf("%s rv=%s active=%s building=%s Ready=%s %s", ev.Type, o.ResourceVersion, o.Status.ActiveVersionID, o.Status.BuildingVersionID, c.Status, c.Reason))
+			if o.Status.ActiveVersionID == versionID && o.Status.BuildingVersionID == "" && c.Status == metav1.ConditionTrue {
+				return o, time.Now()
+			}
+		case <-timeout:
+			t.Fatalf("the watch did not show %s with version %s active within 2m; events seen: %q\nGET: %s\ngoroutines:\n%s",
+				name, versionID, seen, ps.describeTemplate(ctx, name), storageGoroutines())
 		}
 	}
+}
+
+// describeTemplate is what a GET of template name answers, within 10 s.
+func (ps *promoterStack) describeTemplate(ctx context.Context, name string) string {
+	got := make(chan string, 1)
+	go func() {
+		out, err := ps.tpls.Get(ctx, name, &metav1.GetOptions{})
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		o := out.(*aggv1.CoderTemplate)
+		c := readyCondition(o)
+		got <- fmt.Sprintf("rv=%s active=%s building=%s Ready=%s %s %q", o.ResourceVersion, o.Status.ActiveVersionID, o.Status.BuildingVersionID, c.Status, c.Reason, c.Message)
+	}()
+	select {
+	case s := <-got:
+		return s
+	case <-time.After(10 * time.Second):
+		return "no answer within 10s"
+	}
+}
+
+// storageGoroutines are the stacks of the goroutines running code of the
+// watch cache or this package.
+func storageGoroutines() string {
+	buf := make([]byte, 8<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "internal/aggregated/watchcache.") || strings.Contains(g, "internal/aggregated/storage.") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
 
 // reachedSince finds the time T in "coderd could not be reached since T:"
