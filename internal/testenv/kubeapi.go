@@ -12,9 +12,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,7 +27,16 @@ import (
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
+
+// quietEnvtestLog gives controller-runtime a logger that drops everything
+// unless the test package set its own first (controllertest does; only the
+// first SetLogger takes effect). envtest logs through controller-runtime's
+// root logger, which otherwise prints a stack trace to stderr when it is
+// first used more than 30 s after the process started, and then drops
+// everything all the same.
+var quietEnvtestLog = sync.OnceFunc(func() { ctrllog.SetLogger(logr.Discard()) })
 
 // KubeAPI is a real kube-apiserver backed by a real etcd, with the
 // aggregation layer's front proxy configured as in a cluster and the
@@ -197,6 +208,7 @@ func StartKubeAPI(ctx context.Context, opts KubeAPIOptions) (*KubeAPI, error) {
 	// instead of waiting for them until the one-minute request timeout.
 	args.Set("shutdown-watch-termination-grace-period", "2s")
 
+	quietEnvtestLog()
 	cfg, err := k.env.Start()
 	if err != nil {
 		k.Stop()
