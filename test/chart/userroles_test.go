@@ -30,12 +30,12 @@ var shippedUserRoles = map[string][]rbacv1.PolicyRule{
 	"workspace-user": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions", "coderusers", "codergroups", "coderorganizations"}, Verbs: []string{"get", "list", "watch"}},
-		readBuildLogs,
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces/log", "codertemplateversions/log"}, Verbs: []string{"get"}},
 	},
 	"template-author": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplates", "codertemplateversions"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces", "coderusers", "codergroups", "coderorganizations"}, Verbs: []string{"get", "list", "watch"}},
-		readBuildLogs,
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"codertemplateversions/log", "coderworkspaces/log"}, Verbs: []string{"get"}},
 	},
 	"user-admin": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderusers"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
@@ -52,7 +52,7 @@ var shippedUserRoles = map[string][]rbacv1.PolicyRule{
 var builtinRoles = map[string][]rbacv1.PolicyRule{
 	"view": {
 		{APIGroups: []string{"aggregation.coder.com"}, Resources: aggregatedResources, Verbs: []string{"get", "list", "watch"}},
-		readBuildLogs,
+		{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces/log", "codertemplateversions/log"}, Verbs: []string{"get"}},
 	},
 	"edit":  builtinWriteRules,
 	"admin": builtinWriteRules,
@@ -60,11 +60,8 @@ var builtinRoles = map[string][]rbacv1.PolicyRule{
 
 var builtinWriteRules = []rbacv1.PolicyRule{
 	{APIGroups: []string{"aggregation.coder.com"}, Resources: aggregatedResources, Verbs: aggregatedVerbs},
-	readBuildLogs,
+	{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces/log", "codertemplateversions/log"}, Verbs: []string{"get"}},
 }
-
-// readBuildLogs reads the build logs of workspaces and template versions.
-var readBuildLogs = rbacv1.PolicyRule{APIGroups: []string{"aggregation.coder.com"}, Resources: []string{"coderworkspaces/log", "codertemplateversions/log"}, Verbs: []string{"get"}}
 
 // aggregatedResources are the aggregated API's resources.
 var aggregatedResources = []string{"codertemplates", "codertemplateversions", "coderusers", "coderworkspaces", "codergroups", "coderorganizations"}
