@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +34,8 @@ type CountingProxy struct {
 
 	mu    sync.Mutex
 	stats map[string]EndpointStats
+	// onAnswer holds hooks by endpoint (see OnAnswer).
+	onAnswer map[string]func()
 	// recent holds the last recentSize requests, oldest first once full
 	// (from next on).
 	recent []Request
@@ -91,7 +94,8 @@ func StartCountingProxy(target *url.URL) (*CountingProxy, error) {
 		FlushInterval: -1,
 		// A stopped target is a case tests make on purpose: the client
 		// sees 502, the test log need not.
-		ErrorLog: log.New(io.Discard, "", 0),
+		ErrorLog:       log.New(io.Discard, "", 0),
+		ModifyResponse: p.holdAnswer,
 	}
 	p.srv = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -232,6 +236,42 @@ func (p *CountingProxy) Stats() ProxyStats {
 // that gives up during the delay gets no answer and the request is not
 // forwarded.
 func (p *CountingProxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
+
+// OnAnswer makes the proxy call f with every answer to endpoint ("METHOD
+// endpoint", see Endpoint) once the server has sent all of it, and pass
+// the answer on when f returns: what f makes the server do reaches the
+// client after an answer that predates it. nil f removes the hook.
+func (p *CountingProxy) OnAnswer(endpoint string, f func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.onAnswer == nil {
+		p.onAnswer = map[string]func(){}
+	}
+	if f == nil {
+		delete(p.onAnswer, endpoint)
+		return
+	}
+	p.onAnswer[endpoint] = f
+}
+
+// holdAnswer runs the OnAnswer hook of res's endpoint, if any, with res's
+// body read in full.
+func (p *CountingProxy) holdAnswer(res *http.Response) error {
+	p.mu.Lock()
+	f := p.onAnswer[res.Request.Method+" "+Endpoint(res.Request.URL.Path)]
+	p.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	body, err := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if err != nil {
+		return err
+	}
+	res.Body = io.NopCloser(bytes.NewReader(body))
+	f()
+	return nil
+}
 
 // Abandoned is the number of requests whose client gave up while they were
 // delayed; they are not forwarded and not in Stats or Recent.

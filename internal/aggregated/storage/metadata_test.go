@@ -60,12 +60,69 @@ func newMetaStack(t *testing.T) *metaStack {
 // every interval.
 func newMetaStackPolling(t *testing.T, interval time.Duration) *metaStack {
 	t.Helper()
+	bs := newBackendStack(t, metaNS)
+	ctx, cancel := context.WithCancel(bs.ctx)
+	o := Options{Backends: fxProvider{backends: []backend.Backend{bs.backend}}, PollInterval: interval, Records: bs.records, Log: testr.New(t)}
+	tpls, err := NewTemplates(o, TemplateOptions{Limits: templatesource.DefaultLimits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wss, err := NewWorkspaces(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{}, 2)
+	go func() { tpls.Run(ctx); done <- struct{}{} }()
+	go func() { wss.Run(ctx); done <- struct{}{} }()
+	t.Cleanup(func() { cancel(); <-done; <-done })
+
+	ms := &metaStack{ctx: genericapirequest.WithNamespace(ctx, metaNS), coder: bs.coder, proxy: bs.proxy, kube: bs.kube, tpls: tpls, wss: wss, org: bs.org}
+	ms.version = ms.buildVersion(t)
+	return ms
+}
+
+// backendStack is one real coderd, behind a counting proxy (to see which
+// requests reach it), as the backend of a namespace, and kube-apiserver
+// holding the records.
+type backendStack struct {
+	ctx     context.Context // ends with the test
+	coder   *testenv.Coder
+	proxy   *testenv.CountingProxy
+	kube    client.Client
+	records *records.Store
+	// backend is the coderd as namespace ns's control plane "", through
+	// the proxy.
+	backend backend.Backend
+	// org is the name of the coderd's default organization.
+	org string
+}
+
+func newBackendStack(t *testing.T, ns string) *backendStack {
+	t.Helper()
 	k := testenv.NewKubeAPI(t, testenv.KubeAPIOptions{})
 	c := testenv.NewCoder(t, testenv.CoderOptions{})
-	proxy := testenv.NewCountingProxy(t, c.URL)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
+	bs := &backendStack{ctx: ctx, coder: c, proxy: testenv.NewCountingProxy(t, c.URL)}
+	bs.records, bs.kube = startRecords(t, ctx, k)
+	if err := bs.kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	org, err := c.Client.Organization(ctx, c.OrganizationID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs.org = org.Name
+	bs.backend = backend.Backend{Namespace: ns, URL: bs.proxy.URL,
+		Client: coderapi.NewClient(bs.proxy.URL, c.SessionToken, 30*time.Second, coderapi.Target{})}
+	return bs
+}
 
+// startRecords starts a records store on k as the aggregated API server
+// has one (an informer cache until ctx ends, and a client that writes),
+// and returns it with a client of k.
+func startRecords(t *testing.T, ctx context.Context, k *testenv.KubeAPI) (*records.Store, client.Client) {
+	t.Helper()
 	s := scheme.New()
 	co := kubecache.Options()
 	co.Scheme = s
@@ -82,32 +139,7 @@ func newMetaStackPolling(t *testing.T, interval time.Duration) *metaStack {
 	if err := store.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := kc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: metaNS}}); err != nil {
-		t.Fatal(err)
-	}
-	org, err := c.Client.Organization(ctx, c.OrganizationID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := backend.Backend{Namespace: metaNS, URL: proxy.URL,
-		Client: coderapi.NewClient(proxy.URL, c.SessionToken, 30*time.Second, coderapi.Target{})}
-	o := Options{Backends: fxProvider{backends: []backend.Backend{b}}, PollInterval: interval, Records: store, Log: testr.New(t)}
-	tpls, err := NewTemplates(o, TemplateOptions{Limits: templatesource.DefaultLimits})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wss, err := NewWorkspaces(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{}, 2)
-	go func() { tpls.Run(ctx); done <- struct{}{} }()
-	go func() { wss.Run(ctx); done <- struct{}{} }()
-	t.Cleanup(func() { cancel(); <-done; <-done })
-
-	ms := &metaStack{ctx: genericapirequest.WithNamespace(ctx, metaNS), coder: c, proxy: proxy, kube: kc, tpls: tpls, wss: wss, org: org.Name}
-	ms.version = ms.buildVersion(t)
-	return ms
+	return store, kc
 }
 
 // buildVersion uploads the provider-free template as a version of no

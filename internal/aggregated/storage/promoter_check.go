@@ -221,11 +221,16 @@ func (s *TemplateStorage) refreshTemplate(ctx context.Context, t target, coderID
 	if err != nil {
 		return fmt.Errorf("template ID %q: %w", coderID, err)
 	}
+	// The record before the template: see convert.
+	rec, err := s.templateRecord(ctx, t, id)
+	if err != nil {
+		return err
+	}
 	tpl, err := t.Client.Template(ctx, id)
 	if err != nil {
 		return fmt.Errorf("get template %s: %w", id, err)
 	}
-	obj, err := s.convert(ctx, t, &tpl)
+	obj, err := s.convert(ctx, t, &tpl, rec)
 	if err != nil {
 		return err
 	}

@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	aggv1 "github.com/coder/coder-k8s/api/aggregation/v1alpha1"
@@ -32,8 +31,6 @@ import (
 	"github.com/coder/coder-k8s/internal/aggregated/records"
 	"github.com/coder/coder-k8s/internal/aggregated/templatesource"
 	"github.com/coder/coder-k8s/internal/coderapi"
-	"github.com/coder/coder-k8s/internal/kubecache"
-	"github.com/coder/coder-k8s/internal/scheme"
 	"github.com/coder/coder-k8s/internal/testenv"
 )
 
@@ -319,21 +316,8 @@ func newPromoterStack(t *testing.T) *promoterStack {
 		*c.org = org.Name
 	}
 
-	s := scheme.New()
-	co := kubecache.Options()
-	co.Scheme = s
-	rc, err := cache.New(k.Config, co)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = rc.Start(ctx) }()
-	if ps.kube, err = client.New(k.Config, client.Options{Scheme: s}); err != nil {
-		t.Fatal(err)
-	}
-	store := records.New(rc, ps.kube)
-	if err := store.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	var store *records.Store
+	store, ps.kube = startRecords(t, ctx, k)
 	for _, ns := range []string{"fast", "hung"} {
 		if err := ps.kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			t.Fatal(err)

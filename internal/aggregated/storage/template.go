@@ -10,6 +10,7 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -106,6 +107,11 @@ func (s *TemplateStorage) ShortNames() []string    { return []string{"ctpl"} }
 // addressed) are remembered, so a steady-state poll is one request.
 func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchcache.Object, error) {
 	started := time.Now()
+	// The records before the templates: see convert.
+	recs, err := s.records.list(ctx, t.Namespace, s.gr.Resource, t.ControlPlane)
+	if err != nil {
+		return nil, fmt.Errorf("list template records: %w", err)
+	}
 	tpls, err := t.Client.Templates(ctx, codersdk.TemplateFilter{})
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
@@ -115,7 +121,7 @@ func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchc
 	g.SetLimit(coderapi.MaxParallel)
 	for i := range tpls {
 		g.Go(func() error {
-			obj, err := s.convert(gctx, t, &tpls[i])
+			obj, err := s.convert(gctx, t, &tpls[i], recs[tpls[i].ID.String()])
 			out[i] = obj
 			return err
 		})
@@ -129,15 +135,24 @@ func (s *TemplateStorage) listTemplates(ctx context.Context, t target) ([]watchc
 	return out, nil
 }
 
-// convert reads what a template's view needs besides the template.
-// The poller's, it serves access lists read within accessTTL.
-func (s *TemplateStorage) convert(ctx context.Context, t target, tpl *codersdk.Template) (*aggv1.CoderTemplate, error) {
-	return s.convertWith(ctx, t, tpl, nil, false)
+// convert reads what a template's view needs besides the template and
+// its record rec (nil: none). The poller's, it serves access lists read
+// within accessTTL.
+//
+// rec must have been read before tpl. The promoter makes a built version
+// active in Coder first and clears the build from the record after; a
+// record read after the clearing paired with a template read before the
+// promotion would show the old version active and no build running, and
+// nothing would show the promotion until the next poll. Read the other
+// way round, a record without its build always meets the promoted
+// template.
+func (s *TemplateStorage) convert(ctx context.Context, t target, tpl *codersdk.Template, rec *records.Record) (*aggv1.CoderTemplate, error) {
+	return s.convertWith(ctx, t, tpl, rec, false)
 }
 
-// convertWith is convert with the template's record given (nil: read
-// from the informer cache), for the answer to a write that just saved it;
-// freshACL reads the access list from coderd.
+// convertWith is convert for a request's answer: freshACL reads the
+// access list from coderd. rec is read before tpl, or the record a write
+// just saved.
 func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *codersdk.Template, rec *records.Record, freshACL bool) (*aggv1.CoderTemplate, error) {
 	v, err := s.versions.get(ctx, t, tpl.ActiveVersionID)
 	if err != nil {
@@ -146,11 +161,6 @@ func (s *TemplateStorage) convertWith(ctx context.Context, t target, tpl *coders
 	files, err := s.shownFiles(ctx, t, v.Job.FileID, "template", tpl.Name)
 	if err != nil {
 		return nil, err
-	}
-	if rec == nil {
-		if rec, err = s.templateRecord(ctx, t, tpl.ID); err != nil {
-			return nil, err
-		}
 	}
 	obj := toTemplate(t, tpl, &v, files)
 	if err := s.showAccess(ctx, t, obj, tpl, freshACL); err != nil {
@@ -223,11 +233,31 @@ func (s *TemplateStorage) read(ctx context.Context, t target, n templateObjectNa
 
 // readCoder fetches one template from coderd: Coder's view, without its
 // Kubernetes metadata, showing the background build of rec (nil: of the
-// template's record).
+// template's record, read before the template as convert says).
 func (s *TemplateStorage) readCoder(ctx context.Context, t target, n templateObjectName, name string, rec *records.Record) (*aggv1.CoderTemplate, error) {
+	// The record of the template the cache knows by this name, if any.
+	var known *records.Record
+	knownID := ""
+	if o, ok := s.cache.Get(t.Key(), name); ok && rec == nil {
+		knownID = string(o.GetUID())
+		var err error
+		if known, err = s.records.get(ctx, s.recordKey(t, knownID)); err != nil {
+			return nil, apierrors.NewInternalError(err)
+		}
+	}
 	tpl, err := s.fetch(ctx, t, n, name)
 	if err != nil {
 		return nil, err
+	}
+	if rec == nil {
+		rec = known
+		if knownID != tpl.ID.String() {
+			// A template the cache did not know by this name: its
+			// record is read now.
+			if rec, err = s.templateRecord(ctx, t, tpl.ID); err != nil {
+				return nil, err
+			}
+		}
 	}
 	obj, err := s.convertWith(ctx, t, &tpl, rec, true)
 	if err != nil {
