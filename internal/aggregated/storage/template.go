@@ -10,7 +10,6 @@ import (
 	"github.com/coder/coder/v2/codersdk"
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -237,12 +236,15 @@ func (s *TemplateStorage) read(ctx context.Context, t target, n templateObjectNa
 func (s *TemplateStorage) readCoder(ctx context.Context, t target, n templateObjectName, name string, rec *records.Record) (*aggv1.CoderTemplate, error) {
 	// The record of the template the cache knows by this name, if any.
 	var known *records.Record
-	knownID := ""
-	if o, ok := s.cache.Get(t.Key(), name); ok && rec == nil {
-		knownID = string(o.GetUID())
-		var err error
-		if known, err = s.records.get(ctx, s.recordKey(t, knownID)); err != nil {
-			return nil, apierrors.NewInternalError(err)
+	var knownID uuid.UUID
+	if rec == nil {
+		if o, ok := s.cache.Get(t.Key(), name); ok {
+			if id, err := uuid.Parse(string(o.GetUID())); err == nil {
+				knownID = id
+				if known, err = s.templateRecord(ctx, t, id); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
 	tpl, err := s.fetch(ctx, t, n, name)
@@ -251,7 +253,7 @@ func (s *TemplateStorage) readCoder(ctx context.Context, t target, n templateObj
 	}
 	if rec == nil {
 		rec = known
-		if knownID != tpl.ID.String() {
+		if knownID != tpl.ID {
 			// A template the cache did not know by this name: its
 			// record is read now.
 			if rec, err = s.templateRecord(ctx, t, tpl.ID); err != nil {
