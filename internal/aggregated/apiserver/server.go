@@ -307,7 +307,7 @@ func (s *Server) build(ctx context.Context) (*genericapiserver.GenericAPIServer,
 	rc.OpenAPIV3Config.Info.Title = rc.OpenAPIConfig.Info.Title
 	rc.OpenAPIV3Config.Info.Version = rc.OpenAPIConfig.Info.Version
 	rc.BuildHandlerChainFunc = func(api http.Handler, c *genericapiserver.Config) http.Handler {
-		return genericapiserver.DefaultBuildHandlerChain(withRequestLog(withListCompression(withBodyErrorsAsBadRequest(api)), s.log), c)
+		return genericapiserver.DefaultBuildHandlerChain(withRequestLog(withListCompression(withBodyErrorsAsBadRequest(api), &gzipMemo{}), s.log), c)
 	}
 	rc.RequestTimeout = s.requestTimeout
 	// A log read may follow a build for longer than the request timeout,
