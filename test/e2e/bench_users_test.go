@@ -113,10 +113,13 @@ func (st *benchStack) seedUsers(b *testing.B, ctx context.Context, n int) {
 
 // usersBreakdown shows where the aggregated LIST's time goes: through
 // kube-apiserver (gzip accepted, as kubectl and the figure ask, and
-// without: coderd compresses no API answer) and straight to coder-k8s,
-// next to what coder-k8s asks coderd for (the users list and, when the
-// last read is older than the poll interval, the organizations and the
-// default organization's members).
+// without: coderd compresses no API answer), at resourceVersion 0 (the
+// same answer from coder-k8s's watch cache, which reads nothing from
+// coderd: every hop and coder-k8s's serving of the answer, without the
+// read of coderd and its conversion) and straight to coder-k8s, next to
+// what coder-k8s asks coderd for (the users list and, when the last read
+// is older than the poll interval, the organizations and the default
+// organization's members).
 func (st *benchStack) usersBreakdown(b *testing.B, agg string) {
 	b.Helper()
 	direct := st.op.Aggregated + "/apis/aggregation.coder.com/v1alpha1/namespaces/" + st.ns + "/coderusers"
@@ -124,6 +127,7 @@ func (st *benchStack) usersBreakdown(b *testing.B, agg string) {
 	printBreakdown(b, "users list", []breakdownStep{
 		st.getStep("through kube-apiserver", agg),
 		{name: "through kube-apiserver uncompressed", f: func() (time.Duration, error) { d, _, _, err := timedGet(st.hc, agg, "identity"); return d, err }},
+		st.getStep("through kube-apiserver at resourceVersion 0", agg+"?resourceVersion=0"),
 		st.getStep("coder-k8s directly", direct),
 		st.getStep("coderd users list", base+"/users"),
 		st.getStep("coderd users list (limit 5000)", base+"/users?limit=5000"),
