@@ -113,14 +113,14 @@ func (l lister) listOne(ctx context.Context, t target) ([]watchcache.Listed, err
 		// What coderd showed the caller: it updates the cache (the same
 		// objects the operator would read) and deletes nothing, since the
 		// caller sees only part of coderd.
-		return l.cache.UpsertShared(t.Key(), objs...), nil
+		return l.cache.UpsertListedShared(t.Key(), start, objs...), nil
 	case t.caller != nil:
 		return nil, err
 	case errors.Is(err, watchcache.ErrIncomplete):
 		// coderd changed between pages: what was read updates the cache,
 		// and the backend's objects are answered from it, which keeps
 		// those the pages may have skipped.
-		l.cache.Upsert(t.Key(), objs...)
+		l.cache.UpsertListedShared(t.Key(), start, objs...)
 		key := t.Key()
 		stamped, _ := l.cache.SnapshotShared(func(k string) bool { return k == key })
 		return stamped, nil

@@ -325,24 +325,40 @@ func (r *genericStore) mergeListed(ctx context.Context, t target, objs []watchca
 
 // onRecordChange re-merges the cached object of a record that changed
 // (written by this or another replica, or by hand), so that open watches
-// see the new metadata.
+// see the new metadata. The merge replaces the cached object only if no
+// newer one was stored meanwhile (a request's answer, a poll, the
+// promoter's re-read): a merge into the object it replaced would bring
+// back Coder's older view with the new metadata (a template's previous
+// build shown again as current). Such a newer object is merged again.
 func (r *genericStore) onRecordChange(rec *records.Record) {
 	if rec.Spec.Resource != r.gr.Resource {
 		return
 	}
 	key := rec.Namespace + "/" + rec.Spec.ControlPlane
-	obj := r.cachedByUID(key, rec.Spec.Name, rec.Spec.CoderID)
-	if obj == nil {
-		return
+	for range recordMergeTries {
+		obj := r.cachedByUID(key, rec.Spec.Name, rec.Spec.CoderID)
+		if obj == nil {
+			return
+		}
+		cur, err := r.records.get(context.Background(), records.KeyOf(rec))
+		if err != nil {
+			r.log.Error(err, "re-merging a changed record", "record", rec.Name)
+			return
+		}
+		rv := obj.GetResourceVersion()
+		mergeRecord(obj, cur)
+		if r.cache.UpsertIfUnchanged(key, obj, rv) {
+			return
+		}
 	}
-	cur, err := r.records.get(context.Background(), records.KeyOf(rec))
-	if err != nil {
-		r.log.Error(err, "re-merging a changed record", "record", rec.Name)
-		return
-	}
-	mergeRecord(obj, cur)
-	r.cache.Upsert(key, obj)
+	// Each try lost to a newer object, each merged with the records as
+	// they were when it was made; the next read or poll merges again.
+	r.log.V(1).Info("re-merging a changed record: the cached object kept changing; left to the next read", "record", rec.Name)
 }
+
+// recordMergeTries bounds onRecordChange's merges that lose to a newer
+// object.
+const recordMergeTries = 5
 
 // cachedByUID finds the cached object of backend key with Coder ID id,
 // trying the name it had when last written first.

@@ -414,21 +414,29 @@ func (c *Cache) replaceLocked(key string, ps []prepared, listedAfter uint64, at 
 
 // mergeLocked applies a partial list: the objects it read are updated as
 // replaceLocked would, the others are kept (no DELETED events), and the
-// backend's sync state and LastReplaced stay as they were.
-func (c *Cache) mergeLocked(key string, ps []prepared, listedAfter uint64) {
+// backend's sync state and LastReplaced stay as they were. It returns the
+// entries holding the listed objects' names, as replaceLocked does.
+func (c *Cache) mergeLocked(key string, ps []prepared, listedAfter uint64) []*entry {
 	b := c.backendLocked(key)
 	var batch []*event
+	es := make([]*entry, 0, len(ps))
 	for _, p := range ps {
 		name := p.obj.GetName()
 		if e := b.objs[name]; e != nil && e.seq > listedAfter {
+			es = append(es, e)
 			continue
 		}
 		if s, ok := b.deleted[name]; ok && s > listedAfter {
 			continue
 		}
-		_, _, batch = c.recordLocked(key, b, p, batch)
+		e, ok, next := c.recordLocked(key, b, p, batch)
+		batch = next
+		if ok {
+			es = append(es, e)
+		}
 	}
 	c.commitLocked(batch)
+	return es
 }
 
 func sortedNames(b *backend) []string {
@@ -448,10 +456,18 @@ func (c *Cache) Upsert(key string, objs ...Object) []Object {
 	return copies(c.upsert(key, objs))
 }
 
-// UpsertShared is Upsert returning the stored objects as a list answers
-// them, without copying them.
-func (c *Cache) UpsertShared(key string, objs ...Object) []Listed {
-	return listed(c.upsert(key, objs))
+// UpsertListedShared is Upsert for what a read that began at start
+// (StartList) returned, a caller's part of a backend or an incomplete
+// list: objects written or deleted while it ran keep their newer state,
+// as ReplaceListed keeps them, so that a read never moves an object back
+// in time. It returns the stored objects as a list answers them, without
+// copying them: the stored object in place of one written meanwhile, and
+// none for one deleted meanwhile.
+func (c *Cache) UpsertListedShared(key string, start ListStart, objs ...Object) []Listed {
+	ps := c.prepare(key, objs)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return listed(c.mergeLocked(key, ps, start.seq))
 }
 
 func (c *Cache) upsert(key string, objs []Object) []*entry {
@@ -470,6 +486,27 @@ func (c *Cache) upsert(key string, objs []Object) []*entry {
 	c.commitLocked(batch)
 	c.mu.Unlock()
 	return es
+}
+
+// UpsertIfUnchanged is Upsert of o, a change of the stored object of its
+// name read at resourceVersion rv (with Get): when the stored object is
+// no longer at rv (written since, or gone) it stores nothing and returns
+// false, so that a read-modify-write never undoes a newer write; the
+// caller reads again and retries.
+func (c *Cache) UpsertIfUnchanged(key string, o Object, rv string) bool {
+	ps := c.prepare(key, []Object{o})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.backends[key]
+	if b == nil || len(ps) == 0 {
+		return false
+	}
+	if e := b.objs[ps[0].obj.GetName()]; e == nil || e.obj.GetResourceVersion() != rv {
+		return false
+	}
+	_, _, batch := c.recordLocked(key, b, ps[0], nil)
+	c.commitLocked(batch)
+	return true
 }
 
 // Delete records that the named objects of a backend are gone.

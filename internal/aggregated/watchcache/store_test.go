@@ -257,6 +257,61 @@ func TestUpsertDeleteDrop(t *testing.T) {
 	}
 }
 
+// TestUpsertIfUnchanged: a change of an object read with Get is stored
+// only while the object is still the one read; once another write
+// stored a newer one, or deleted it, the change is refused and the newer
+// state stays, with no event.
+func TestUpsertIfUnchanged(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	c.Upsert("k", obj("ns", "a", lbl("v", "1")))
+	w := startWatch(t, c, WatchOptions{ResourceVersion: c.ResourceVersion()})
+
+	read, _ := c.Get("k", "a")
+	read.SetLabels(lbl("v", "1", "merged", "yes"))
+	if !c.UpsertIfUnchanged("k", read, read.GetResourceVersion()) {
+		t.Fatal("a change of the object as stored was refused")
+	}
+
+	stale, _ := c.Get("k", "a")
+	c.Upsert("k", obj("ns", "a", lbl("v", "2")))
+	stale.SetLabels(lbl("v", "1", "merged", "again"))
+	if c.UpsertIfUnchanged("k", stale, stale.GetResourceVersion()) {
+		t.Error("a change of an object replaced since it was read was stored")
+	}
+	c.Delete("k", "a")
+	if c.UpsertIfUnchanged("k", stale, stale.GetResourceVersion()) {
+		t.Error("a change of a deleted object was stored")
+	}
+	if c.UpsertIfUnchanged("other", stale, stale.GetResourceVersion()) {
+		t.Error("a change in an unknown backend was stored")
+	}
+	equalStrings(t, nextEvents(t, w, 3), []string{"MODIFIED ns/a", "MODIFIED ns/a", "DELETED ns/a"})
+	expectNoEvent(t, w)
+}
+
+// TestUpsertListed: what a read that began before a write returns does
+// not undo the write: an object written meanwhile keeps its newer content
+// (and is answered with it), one deleted meanwhile stays deleted (and is
+// left out of the answer); the rest is stored as Upsert stores it.
+func TestUpsertListed(t *testing.T) {
+	c, _ := newTestCache(t, Options{})
+	c.Upsert("k", obj("ns", "a", lbl("v", "1")), obj("ns", "b", nil), obj("ns", "c", lbl("v", "1")))
+	w := startWatch(t, c, WatchOptions{ResourceVersion: c.ResourceVersion()})
+
+	start := c.StartList()
+	c.Upsert("k", obj("ns", "a", lbl("v", "2")))
+	c.Delete("k", "b")
+	got := c.UpsertListedShared("k", start, obj("ns", "a", lbl("v", "1")), obj("ns", "b", nil),
+		obj("ns", "c", lbl("v", "2")), obj("ns", "d", nil))
+	var answer []string
+	for _, l := range got {
+		answer = append(answer, l.Obj.GetName()+"="+l.Obj.GetLabels()["v"])
+	}
+	equalStrings(t, answer, []string{"a=2", "c=2", "d="})
+	equalStrings(t, nextEvents(t, w, 4), []string{"MODIFIED ns/a", "DELETED ns/b", "MODIFIED ns/c", "ADDED ns/d"})
+	expectNoEvent(t, w)
+}
+
 func TestCopiesAreIndependent(t *testing.T) {
 	c, _ := newTestCache(t, Options{})
 	in := obj("ns", "a", lbl("x", "1"))
