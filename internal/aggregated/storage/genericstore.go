@@ -79,6 +79,9 @@ type genericStore struct {
 	// poller lists them, so that what is kept per backend is dropped
 	// once a backend is gone.
 	sourcesListed func([]target)
+	// recordMerged, when set, is called by onRecordChange with the
+	// record it merged, before it stores the merge (tests).
+	recordMerged func(*records.Record)
 
 	// bg is Run's context, which background probes of failing backends
 	// run in; probing holds the keys being probed, and probes waits for

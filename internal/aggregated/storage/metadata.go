@@ -347,6 +347,9 @@ func (r *genericStore) onRecordChange(rec *records.Record) {
 		}
 		rv := obj.GetResourceVersion()
 		mergeRecord(obj, cur)
+		if r.recordMerged != nil {
+			r.recordMerged(cur)
+		}
 		if r.cache.UpsertIfUnchanged(key, obj, rv) {
 			return
 		}

@@ -36,25 +36,9 @@ import (
 // its delivery.
 func TestReadsDuringPromotion(t *testing.T) {
 	const ns = "promoting"
-	bs := newBackendStack(t, ns)
-	ctx, cancel := context.WithCancel(bs.ctx)
-	t.Cleanup(cancel)
-	c, proxy, b := bs.coder, bs.proxy, bs.backend
-	// No poll but those the test asks for.
-	s, err := NewTemplates(Options{Backends: fxProvider{backends: []backend.Backend{b}}, PollInterval: time.Hour, Records: bs.records, Log: testr.New(t)},
-		TemplateOptions{Limits: templatesource.DefaultLimits})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx := genericapirequest.WithNamespace(ctx, ns)
-	name := bs.org + ".promoting"
-
-	created, err := s.Create(rctx, &aggv1.CoderTemplate{ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: aggv1.CoderTemplateSpec{Files: testenv.ProviderFreeTemplate()}}, nil, &metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl := created.(*aggv1.CoderTemplate)
+	ts := newTemplateStack(t, ns, "promoting")
+	ctx, cancel, rctx, s, name, tpl := ts.ctx, ts.cancel, ts.rctx, ts.s, ts.name, ts.tpl
+	c, proxy, b := ts.coder, ts.proxy, ts.backend
 	key := records.Key{Namespace: ns, Resource: s.gr.Resource, CoderID: string(tpl.UID)}
 	// promote runs the promoter's check of versionID's build once its
 	// import has ended: it makes the version active in Coder and clears
@@ -184,6 +168,42 @@ func TestReadsDuringPromotion(t *testing.T) {
 }
 
 // waitImported waits until coderd has imported template version id.
+// templateStack is a template storage on a backendStack, whose watch
+// cache polls only when asked (an hour apart), holding one template made
+// through it. Neither the storage nor its promoter runs until the test
+// starts them.
+type templateStack struct {
+	*backendStack
+	s *TemplateStorage
+	// ctx ends with the test, or with cancel; rctx is ctx in the
+	// namespace.
+	ctx, rctx context.Context
+	cancel    context.CancelFunc
+	// name is the template's, <organization>.<template>.
+	name string
+	tpl  *aggv1.CoderTemplate
+}
+
+func newTemplateStack(t *testing.T, ns, template string) *templateStack {
+	t.Helper()
+	bs := newBackendStack(t, ns)
+	ctx, cancel := context.WithCancel(bs.ctx)
+	t.Cleanup(cancel)
+	s, err := NewTemplates(Options{Backends: fxProvider{backends: []backend.Backend{bs.backend}}, PollInterval: time.Hour, Records: bs.records, Log: testr.New(t)},
+		TemplateOptions{Limits: templatesource.DefaultLimits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx := genericapirequest.WithNamespace(ctx, ns)
+	name := bs.org + "." + template
+	created, err := s.Create(rctx, &aggv1.CoderTemplate{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: aggv1.CoderTemplateSpec{Files: testenv.ProviderFreeTemplate()}}, nil, &metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &templateStack{backendStack: bs, s: s, ctx: ctx, rctx: rctx, cancel: cancel, name: name, tpl: created.(*aggv1.CoderTemplate)}
+}
+
 func waitImported(ctx context.Context, c *testenv.Coder, id string) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
