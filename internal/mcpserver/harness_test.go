@@ -146,6 +146,12 @@ func (h *harness) grant(t *testing.T, namespace, name, roleNamespace string, rul
 			t.Fatal(err)
 		}
 	}
+	// In effect once kube-apiserver's authorizer has seen the binding.
+	for _, r := range rules {
+		if err := testenv.WaitAllowed(ctx, h.cs, namespace, name, roleNamespace, r); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // connect opens an MCP client session over HTTP with token as the bearer

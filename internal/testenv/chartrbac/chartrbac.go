@@ -21,7 +21,6 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	authenticationv1 "k8s.io/api/authentication/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -311,7 +310,7 @@ func waitForGrants(ctx context.Context, cs kubernetes.Interface, objs []*unstruc
 		if len(rules) == 0 {
 			continue
 		}
-		if err := waitAllowed(ctx, cs, id, o.GetNamespace(), rules[0]); err != nil {
+		if err := testenv.WaitAllowed(ctx, cs, id.Namespace, id.ServiceAccount, o.GetNamespace(), rules[0]); err != nil {
 			return fmt.Errorf("%s: %w", objectRef(o), err)
 		}
 	}
@@ -349,47 +348,4 @@ func roleRules(ctx context.Context, cs kubernetes.Interface, rendered map[string
 		return nil, fmt.Errorf("cluster role %s: %w", name, err)
 	}
 	return r.Rules, nil
-}
-
-// waitAllowed asks kube-apiserver (SubjectAccessReview) whether id may do
-// what rule grants, in namespace (empty: cluster-wide), until it may.
-func waitAllowed(ctx context.Context, cs kubernetes.Interface, id *Identity, namespace string, rule rbacv1.PolicyRule) error {
-	spec := authorizationv1.SubjectAccessReviewSpec{
-		User:   id.Username,
-		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + id.Namespace, "system:authenticated"},
-	}
-	switch {
-	case len(rule.NonResourceURLs) > 0 && len(rule.Verbs) > 0:
-		spec.NonResourceAttributes = &authorizationv1.NonResourceAttributes{Path: rule.NonResourceURLs[0], Verb: rule.Verbs[0]}
-	case len(rule.APIGroups) > 0 && len(rule.Resources) > 0 && len(rule.Verbs) > 0:
-		resource, sub, _ := strings.Cut(rule.Resources[0], "/")
-		attrs := &authorizationv1.ResourceAttributes{
-			Namespace: namespace, Group: rule.APIGroups[0], Resource: resource, Subresource: sub, Verb: rule.Verbs[0],
-		}
-		if len(rule.ResourceNames) > 0 {
-			attrs.Name = rule.ResourceNames[0]
-		}
-		spec.ResourceAttributes = attrs
-	default:
-		return nil
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		sar, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx,
-			&authorizationv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
-		if err == nil && sar.Status.Allowed {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			if err == nil {
-				err = fmt.Errorf("denied (%s)", sar.Status.Reason)
-			}
-			return fmt.Errorf("kube-apiserver does not grant %s the rule %v after 30s: %w", id.Username, rule, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
